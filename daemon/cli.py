@@ -1,0 +1,70 @@
+"""The ``bide`` command line.
+
+Each subcommand lives in its own module under :mod:`daemon.commands` and exposes
+``add_parser(subparsers)``, which registers the subcommand and sets ``func`` on its
+namespace to a callable ``(argparse.Namespace) -> int`` returning the exit status.
+
+Exit statuses shared by every command: 0 success, 1 the command ran and found a
+problem (damage, mismatch, failure), 2 usage or I/O error (a missing file, a bad
+flag). Commands document any other status in their own ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from daemon.errors import DaemonError, UsageError
+from eventlog.errors import EventLogError
+
+#: Subcommand modules, in the order ``bide --help`` lists them.
+COMMANDS: tuple[str, ...] = (
+    "demo",
+)
+
+EXAMPLES = """\
+examples:
+  bide demo                      run every scenario against the built-in simulator
+  bide keygen /etc/bide/keys     create data.key, signing.key (0600) and verify.pub
+  bide verify /var/lib/bide/log --verify-key verify.pub
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bide",
+        description="Wait on external jobs under a contract: deadlines, budgets, "
+        "backoff, and an encrypted, hash-chained audit log.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"daemon.commands.{name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        status: int = args.func(args)
+    except UsageError as exc:
+        print(f"bide {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (DaemonError, EventLogError) as exc:
+        print(f"bide {args.command}: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_status", 2)
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
