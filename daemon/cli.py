@@ -22,6 +22,9 @@ from eventlog.errors import EventLogError
 #: Subcommand modules, in the order ``bide --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "demo",
+    "keygen",
+    "verify",
+    "log",
 )
 
 EXAMPLES = """\

@@ -1,0 +1,127 @@
+"""The daemon's config file (TOML) and where every other path is derived from.
+
+Lookup order: ``--config FILE``, then ``$BIDE_CONFIG``, then ``/etc/bide/bide.toml``.
+Relative paths in the file are relative to the file's own directory, so a config written
+next to its state (``bide demo --keep DIR``) works from any working directory.
+
+Example::
+
+    [paths]
+    state_dir = "/var/lib/bide"           # log/, spool/, outbox/ live here
+    keys_dir = "/etc/bide/keys"           # omit under systemd: $CREDENTIALS_DIRECTORY
+    profiles_dir = "/etc/bide/profiles"   # one TOML provider profile per file
+
+    [log]
+    checkpoint_every = 1000               # records between signed checkpoints
+    checkpoint_interval_seconds = 60      # and at least this often while running
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from daemon.errors import ConfigError, UsageError
+
+DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
+
+
+class PathsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    state_dir: str
+    keys_dir: str | None = None
+    profiles_dir: str | None = None
+    credentials_dir: str | None = None
+
+
+class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    segment_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+    checkpoint_every: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    checkpoint_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+
+
+class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    paths: PathsConfig
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+
+
+class Config:
+    """A loaded config with every path resolved."""
+
+    def __init__(self, path: Path, raw: ConfigFile) -> None:
+        self.path = path
+        self.raw = raw
+        base = path.parent
+        self.state_dir = (base / raw.paths.state_dir).resolve()
+        self.keys_dir = (base / raw.paths.keys_dir).resolve() if raw.paths.keys_dir else None
+        self.profiles_dir = (
+            (base / raw.paths.profiles_dir).resolve() if raw.paths.profiles_dir else None
+        )
+        self.credentials_dir = (
+            (base / raw.paths.credentials_dir).resolve() if raw.paths.credentials_dir else None
+        )
+        self.log = raw.log
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.state_dir / "outbox"
+
+    @property
+    def verify_key_path(self) -> Path:
+        if self.keys_dir is not None:
+            return self.keys_dir / "verify.pub"
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        if creds:
+            return Path(creds) / "verify.pub"
+        raise ConfigError(
+            f"{self.path}: no [paths] keys_dir and no $CREDENTIALS_DIRECTORY; set keys_dir to "
+            f"the directory `bide keygen` wrote"
+        )
+
+
+def config_path(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("BIDE_CONFIG")
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG
+
+
+def load_config(explicit: str | None) -> Config:
+    path = config_path(explicit)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(
+            f"config file {path} does not exist; pass --config FILE or set $BIDE_CONFIG "
+            f"(`bide demo --keep DIR` writes a working example to DIR/bide.toml)"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        raw = msgspec.toml.decode(data, type=ConfigFile)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return Config(path.resolve(), raw)
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="config file (default: $BIDE_CONFIG, else /etc/bide/bide.toml)",
+    )

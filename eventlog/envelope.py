@@ -1,0 +1,124 @@
+"""Low-level record framing. Only :mod:`eventlog.writer` builds records; this module picks nothing.
+
+A log is a sequence of records, one JSON object per line. Every record carries its sequence
+number and the hash of the record before it; a record's own hash is a domain-separated SHA-256
+over its exact stored bytes (the line without its newline), so any change to any byte of a record
+breaks the link stored in its successor.
+
+Record kinds:
+    genesis     seq 0, first line of the first segment: format version, log id, signer fingerprint
+    segment     first line of every later segment: its index; ``prev`` is the last hash of the
+                previous segment, so deleting or reordering a whole segment breaks the chain
+    event       an encrypted payload: log id, key id, nonce, AEAD ciphertext
+    checkpoint  clear text, Ed25519-signed (log id, seq, head hash, time, previous checkpoint hash)
+    recovery    written on open after a torn tail was cut: the cut bytes' length, hash, quarantine
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Literal
+
+import msgspec
+
+FORMAT_VERSION = 1
+ZERO_HASH = "0" * 64
+_RECORD_DOMAIN = b"bide.record.v1\n"
+_AAD_DOMAIN = b"bide.aad.v1\n"
+_CHECKPOINT_DOMAIN = b"bide.checkpoint.v1\n"
+_RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
+
+
+class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
+              forbid_unknown_fields=True):
+    seq: int
+    prev: str
+    format: int
+    log: str
+    signer: str
+    t_us: int
+
+
+class Segment(msgspec.Struct, frozen=True, tag="segment", tag_field="kind",
+              forbid_unknown_fields=True):
+    seq: int
+    prev: str
+    log: str
+    index: int
+
+
+class EventRecord(msgspec.Struct, frozen=True, tag="event", tag_field="kind",
+                  forbid_unknown_fields=True):
+    seq: int
+    prev: str
+    log: str
+    kid: str
+    nonce: str
+    ct: str
+
+
+class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind",
+                 forbid_unknown_fields=True):
+    seq: int
+    prev: str
+    log: str
+    t_us: int
+    prev_cp: str
+    final: bool
+    sig: str
+
+
+class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
+               forbid_unknown_fields=True):
+    seq: int
+    prev: str
+    log: str
+    t_us: int
+    segment: str
+    offset: int
+    cut_len: int
+    cut_sha256: str
+    quarantine: str
+
+
+Record = Genesis | Segment | EventRecord | Checkpoint | Recovery
+RecordKind = Literal["genesis", "segment", "event", "checkpoint", "recovery"]
+
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    """The stored bytes of ``record``, without the trailing newline."""
+    return _encoder.encode(record)
+
+
+def decode_record(line: bytes) -> Record:
+    """Parse one stored line (without newline). Raises ``msgspec.DecodeError`` if malformed."""
+    return _decoder.decode(line)
+
+
+def record_hash(line: bytes) -> str:
+    """Domain-separated SHA-256 of a record's exact stored bytes, as lowercase hex."""
+    h = _RECORD_HASHER.copy()
+    h.update(line)
+    return h.hexdigest()
+
+
+def associated_data(log_id: str, seq: int, prev: str, kid: str) -> bytes:
+    """AEAD associated data: binds a ciphertext to its header as stored."""
+    return b"".join(
+        (_AAD_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq), bytes.fromhex(prev),
+         kid.encode("ascii"))
+    )
+
+
+def checkpoint_message(
+    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool
+) -> bytes:
+    """The bytes a checkpoint signature covers. ``head`` is the hash of record ``seq - 1``."""
+    return b"".join(
+        (_CHECKPOINT_DOMAIN, bytes.fromhex(log_id), struct.pack(">Qq", seq, t_us),
+         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00")
+    )

@@ -1,0 +1,231 @@
+"""Keys: the data keyring (AEAD), the signing key and its public verify key.
+
+Files (each one line of base64, so they survive copy-paste and systemd credentials):
+    data.key          the active data key (32 bytes), 0600
+    data-<kid>.key    older data keys kept readable after a rotation; delete one to retire it
+                      (its records stay verifiable, their payloads become unreadable)
+    signing.key       the Ed25519 private key (32-byte seed), 0600
+    verify.pub        the Ed25519 public key (32 bytes); not a secret: give it to auditors
+
+Keys load from a directory, or from ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
+Errors name the file and the fix, never key material.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from eventlog.errors import KeyFileError, UnknownKeyError
+
+DATA_KEY = "data.key"
+SIGNING_KEY = "signing.key"
+VERIFY_KEY = "verify.pub"
+KEY_BYTES = 32
+
+
+def key_id(key: bytes) -> str:
+    """A data key's id: 16 hex chars, derived from the key (records name it)."""
+    return hashlib.sha256(b"bide.kid.v1\n" + key).hexdigest()[:16]
+
+
+def fingerprint(public_key: bytes) -> str:
+    """A verify key's fingerprint, written into the genesis record."""
+    return hashlib.sha256(b"bide.fp.v1\n" + public_key).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """Data keys by id; ``active`` encrypts new records."""
+
+    active: str
+    keys: dict[str, bytes] = field(repr=False)
+
+    def get(self, kid: str) -> bytes:
+        try:
+            return self.keys[kid]
+        except KeyError:
+            raise UnknownKeyError(
+                f"no data key with id {kid} in the keyring; it was retired or the wrong keys "
+                f"directory is configured (a rotated key is kept as data-{kid}.key)"
+            ) from None
+
+
+@dataclass(frozen=True)
+class Signer:
+    private: Ed25519PrivateKey = field(repr=False)
+
+    @property
+    def public_bytes(self) -> bytes:
+        return self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.public_bytes)
+
+    def sign(self, message: bytes) -> bytes:
+        return self.private.sign(message)
+
+
+@dataclass(frozen=True)
+class VerifyKey:
+    public: Ed25519PublicKey
+    raw: bytes
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.raw)
+
+
+def keys_directory(explicit: Path | None) -> Path:
+    """``explicit``, else ``$CREDENTIALS_DIRECTORY``; a clear error when neither is set."""
+    if explicit is not None:
+        return explicit
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        return Path(creds)
+    raise KeyFileError(
+        "no keys directory: pass one (config [paths] keys_dir) or run under systemd with "
+        "LoadCredential= so $CREDENTIALS_DIRECTORY is set"
+    )
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise KeyFileError(
+            f"key file {path} does not exist; create keys with `bide keygen {path.parent}`"
+        ) from None
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise KeyFileError(
+            f"key file {path} is accessible by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
+        )
+    return _decode_key_file(path)
+
+
+def _decode_key_file(path: Path) -> bytes:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != KEY_BYTES:
+        raise KeyFileError(
+            f"{path} is not a bide key (expected one line of base64 encoding {KEY_BYTES} "
+            f"bytes); recreate it with `bide keygen`"
+        )
+    return raw
+
+
+def load_keyring(directory: Path) -> KeyRing:
+    active = _read_secret(directory / DATA_KEY)
+    keys = {key_id(active): active}
+    for path in sorted(directory.glob("data-*.key")):
+        raw = _read_secret(path)
+        keys[key_id(raw)] = raw
+    return KeyRing(active=key_id(active), keys=keys)
+
+
+def load_signer(directory: Path) -> Signer:
+    return Signer(Ed25519PrivateKey.from_private_bytes(_read_secret(directory / SIGNING_KEY)))
+
+
+def load_verify_key(path: Path) -> VerifyKey:
+    if not path.exists():
+        raise KeyFileError(
+            f"verify key {path} does not exist; it is the verify.pub that `bide keygen` wrote"
+        )
+    raw = _decode_key_file(path)
+    return VerifyKey(Ed25519PublicKey.from_public_bytes(raw), raw)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # O_CREAT's mode is filtered by the umask
+
+
+def _b64line(raw: bytes) -> bytes:
+    return base64.b64encode(raw) + b"\n"
+
+
+@dataclass(frozen=True)
+class Generated:
+    directory: Path
+    created: list[Path]
+    active_kid: str
+    signer_fingerprint: str
+
+
+def generate(directory: Path, *, rotate: bool = False) -> Generated:
+    """Create a fresh key set in ``directory``, or with ``rotate`` a new active data key.
+
+    Never overwrites a key: creating keys where some exist is an error naming them, and a
+    rotation keeps the old data key as ``data-<kid>.key``.
+    """
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    created: list[Path] = []
+    if rotate:
+        old = _read_secret(directory / DATA_KEY)
+        retired = directory / f"data-{key_id(old)}.key"
+        os.rename(directory / DATA_KEY, retired)
+        new = os.urandom(KEY_BYTES)
+        _write_new(directory / DATA_KEY, _b64line(new), 0o600)
+        _fsync_dir(directory)
+        signer = load_signer(directory)
+        return Generated(directory, [directory / DATA_KEY, retired], key_id(new),
+                         signer.fingerprint)
+    existing = [p for p in (DATA_KEY, SIGNING_KEY, VERIFY_KEY) if (directory / p).exists()]
+    if existing:
+        raise KeyFileError(
+            f"{directory} already holds {', '.join(existing)}; refusing to overwrite keys "
+            f"(use --rotate for a new data key, or choose an empty directory)"
+        )
+    data = os.urandom(KEY_BYTES)
+    private = Ed25519PrivateKey.generate()
+    signer = Signer(private)
+    seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    for name, raw, mode in (
+        (DATA_KEY, data, 0o600),
+        (SIGNING_KEY, seed, 0o600),
+        (VERIFY_KEY, signer.public_bytes, 0o644),
+    ):
+        _write_new(directory / name, _b64line(raw), mode)
+        created.append(directory / name)
+    _fsync_dir(directory)
+    return Generated(directory, created, key_id(data), signer.fingerprint)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

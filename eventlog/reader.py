@@ -1,0 +1,137 @@
+"""Reading a log while a writer may be appending to it.
+
+The reader yields only complete records (a line with its newline), checks sequence numbers and
+hash links as it goes (a break raises :class:`DamagedLogError`), and decrypts event payloads
+when given the keyring. It never writes and never takes the writer lock. ``follow`` waits for
+new records with watchfiles (inotify) instead of polling the files. Signatures are the
+auditor's business (``bide verify``); the reader trusts its own host's files to that extent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import msgspec
+import watchfiles
+
+from eventlog.envelope import (
+    ZERO_HASH,
+    EventRecord,
+    Genesis,
+    Record,
+    associated_data,
+    decode_record,
+    record_hash,
+)
+from eventlog.errors import DamagedLogError, EventLogError
+from eventlog.keys import KeyRing
+from eventlog.seal import Sealer
+from eventlog.segments import list_segments
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    seq: int
+    hash: str
+    record: Record
+
+
+class LogReader:
+    """Incremental reader: each :meth:`poll` returns the records appended since the last one."""
+
+    def __init__(self, log_dir: Path, keyring: KeyRing | None = None) -> None:
+        if not log_dir.is_dir():
+            raise EventLogError(
+                f"log directory {log_dir} does not exist; check [paths] state_dir in the config, "
+                f"or start `bide run` once to create the log"
+            )
+        self.log_dir = log_dir
+        self._keyring = keyring
+        self._sealers: dict[str, Sealer] = {}
+        self._ordinal = 0  # index into the sorted segment list, from 1; 0 = not started
+        self._segment: Path | None = None
+        self._offset = 0
+        self.next_seq = 0
+        self.head_hash = ZERO_HASH
+        self.log_id = ""
+
+    def poll(self) -> list[StoredRecord]:
+        out: list[StoredRecord] = []
+        segments = list_segments(self.log_dir)
+        while True:
+            if self._segment is None:
+                if self._ordinal >= len(segments):
+                    return out
+                self._ordinal += 1
+                self._segment = segments[self._ordinal - 1][1]
+                self._offset = 0
+            with self._segment.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+            end = data.rfind(b"\n")
+            if end >= 0:
+                for line in data[: end].split(b"\n"):
+                    out.append(self._accept(line))
+                self._offset += end + 1
+            if self._ordinal < len(segments) and end == len(data) - 1:
+                self._segment = None  # this segment is finished; a later one exists
+                continue
+            return out
+
+    def _accept(self, line: bytes) -> StoredRecord:
+        where = f"{self._segment} offset {self._offset}"
+        try:
+            rec = decode_record(line)
+        except (msgspec.DecodeError, UnicodeDecodeError, ValueError):
+            raise DamagedLogError(
+                f"{where}: record {self.next_seq} does not parse; run `bide verify`"
+            ) from None
+        if rec.seq != self.next_seq or rec.prev != self.head_hash:
+            raise DamagedLogError(
+                f"{where}: record {rec.seq} breaks the chain (expected record {self.next_seq} "
+                f"linking to {self.head_hash[:16]}…); run `bide verify`"
+            )
+        if isinstance(rec, Genesis):
+            self.log_id = rec.log
+        h = record_hash(line)
+        self.next_seq += 1
+        self.head_hash = h
+        return StoredRecord(rec.seq, h, rec)
+
+    def decrypt(self, stored: StoredRecord) -> bytes:
+        """The plaintext payload of an event record; needs the keyring."""
+        rec = stored.record
+        if not isinstance(rec, EventRecord):
+            raise TypeError(f"record {stored.seq} is a {type(rec).__name__}, not an event")
+        if self._keyring is None:
+            raise EventLogError("reading payloads needs the data keys (keys_dir in the config)")
+        sealer = self._sealers.get(rec.kid)
+        if sealer is None:
+            sealer = self._sealers[rec.kid] = Sealer(self._keyring.get(rec.kid))
+        aad = associated_data(rec.log, rec.seq, rec.prev, rec.kid)
+        return sealer.open(rec.nonce, rec.ct, aad, where=f"record {rec.seq}")
+
+    def payloads(self) -> Iterator[tuple[int, bytes]]:
+        """(seq, plaintext) of every event appended since the last poll."""
+        for stored in self.poll():
+            if isinstance(stored.record, EventRecord):
+                yield stored.seq, self.decrypt(stored)
+
+    async def follow(self, stop: anyio.Event | None = None) -> AsyncIterator[StoredRecord]:
+        """Yield records as they are appended, forever or until ``stop`` is set."""
+        for stored in self.poll():
+            yield stored
+        async for _ in watchfiles.awatch(
+            self.log_dir, stop_event=stop, debounce=0, step=5, rust_timeout=1000,
+            watch_filter=lambda _change, path: Path(path).name.startswith("seg-"),
+        ):
+            for stored in self.poll():
+                yield stored
+
+
+def read_payloads(log_dir: Path, keyring: KeyRing) -> Iterator[tuple[int, bytes]]:
+    """Every event payload of the log, in order."""
+    yield from LogReader(log_dir, keyring).payloads()

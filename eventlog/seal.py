@@ -1,0 +1,41 @@
+"""Low-level AEAD sealing. Only :mod:`eventlog.writer` picks nonces and key ids.
+
+AES-256-GCM-SIV with a random 96-bit nonce: nonce-misuse resistant, so even a repeated nonce
+(a broken RNG, a cloned VM) leaks only whether two payloads were equal, never the key stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
+
+from eventlog.errors import DecryptError
+
+NONCE_BYTES = 12
+
+
+class Sealer:
+    """Encrypts and decrypts with one data key; keeps the cipher object (its key schedule)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCMSIV(key)
+
+    def seal(self, payload: bytes, aad: bytes) -> tuple[str, str]:
+        nonce = os.urandom(NONCE_BYTES)
+        ct = self._aead.encrypt(nonce, payload, aad)
+        return base64.b64encode(nonce).decode("ascii"), base64.b64encode(ct).decode("ascii")
+
+    def open(self, nonce_b64: str, ct_b64: str, aad: bytes, *, where: str) -> bytes:
+        try:
+            nonce = base64.b64decode(nonce_b64, validate=True)
+            ct = base64.b64decode(ct_b64, validate=True)
+            return self._aead.decrypt(nonce, ct, aad)
+        except (InvalidTag, binascii.Error, ValueError):
+            raise DecryptError(
+                f"{where}: payload failed authentication (wrong data key, or the record or its "
+                f"header was altered); run `bide verify` on the log"
+            ) from None

@@ -1,0 +1,401 @@
+"""The log writer: the recipe layer that picks nonces, key ids and associated data.
+
+Theory of operation:
+    * One writer per log directory, enforced by an ``flock`` the kernel drops if we die.
+    * On open the whole chain is verified with the signer's own public key. A torn tail
+      (crash artifact) is copied to ``quarantine/``, cut, and a ``recovery`` record naming the
+      cut bytes is appended; any other damage refuses the open (:class:`DamagedLogError`).
+    * Appends are group-committed: callers queue payloads, one flusher task frames, encrypts
+      and writes everything queued with one ``write`` and one ``fdatasync`` in a worker thread,
+      then wakes the callers. ``append`` returns only once its record is durable, and a task's
+      appends keep their order because each waits for the previous one.
+    * A signed checkpoint is written every ``checkpoint_every`` records, every
+      ``checkpoint_interval`` seconds even when idle, and (``final``) on clean close.
+    * A failed write or fsync is never retried on the same file descriptor (after a failed
+      fsync the kernel may have dropped the dirty pages): the writer marks itself failed and
+      every later append raises :class:`LogIOError` until :meth:`LogWriter.reopen`, which
+      re-verifies the tail from disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from eventlog.envelope import (
+    FORMAT_VERSION,
+    ZERO_HASH,
+    Checkpoint,
+    EventRecord,
+    Genesis,
+    Record,
+    Recovery,
+    Segment,
+    associated_data,
+    checkpoint_message,
+    encode_record,
+    record_hash,
+)
+from eventlog.errors import DamagedLogError, LogIOError
+from eventlog.keys import KeyRing, Signer, VerifyKey
+from eventlog.lock import WriterLock
+from eventlog.seal import Sealer
+from eventlog.segments import QUARANTINE_DIR, segment_name
+from eventlog.verify import verify_log
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+DEFAULT_CHECKPOINT_EVERY = 1000
+DEFAULT_CHECKPOINT_INTERVAL = 60.0
+
+
+@dataclass(frozen=True)
+class Appended:
+    """Where a payload landed: its sequence number and record hash."""
+
+    seq: int
+    hash: str
+
+
+@dataclass
+class _Batch:
+    payloads: Sequence[bytes]
+    done: anyio.Event
+    checkpoint: str | None = None  # "periodic" or "final": a checkpoint instead of payloads
+    results: list[Appended] | None = None
+    error: BaseException | None = None
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogWriter:
+    """Use as ``async with LogWriter(dir, keyring, signer) as log: await log.append(b"...")``."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        keyring: KeyRing,
+        signer: Signer,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+    ) -> None:
+        self.log_dir = log_dir
+        self._keyring = keyring
+        self._sealer = Sealer(keyring.get(keyring.active))
+        self._signer = signer
+        self._segment_bytes = segment_bytes
+        self._checkpoint_every = checkpoint_every
+        self._checkpoint_interval = checkpoint_interval
+        self._lock = WriterLock(log_dir)
+        self._queue: list[_Batch] = []
+        self._wake = anyio.Event()
+        self._closing = False
+        self._failed: LogIOError | None = None
+        self._fd = -1
+        self._tg: anyio.abc.TaskGroup | None = None
+        # Head state, advanced only once a write is durable.
+        self.log_id = ""
+        self.head_seq = -1
+        self.head_hash = ZERO_HASH
+        self._last_cp_hash = ZERO_HASH
+        self._since_cp = 0
+        self._segment_index = 0
+        self._segment_size = 0
+        self.recovered: Recovery | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LogWriter:
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            await anyio.to_thread.run_sync(self._open_sync)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._flusher)
+        self._tg.start_soon(self._ticker)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            # The log stays valid up to its last durable record if this fails; reopen re-checks.
+            with anyio.CancelScope(shield=True), contextlib.suppress(LogIOError):
+                if self._failed is None:
+                    await self._enqueue_checkpoint(final=True)
+        finally:
+            self._closing = True
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._lock.release()
+        return None
+
+    @property
+    def failed(self) -> LogIOError | None:
+        return self._failed
+
+    async def reopen(self) -> None:
+        """After an I/O failure: drop the descriptor, re-verify from disk, resume appending."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        await anyio.to_thread.run_sync(self._open_sync)
+        self._failed = None
+
+    # -- appending ---------------------------------------------------------------------------
+
+    async def append(self, payload: bytes) -> Appended:
+        """Encrypt and append one payload; returns once it is durable."""
+        return (await self.append_many([payload]))[0]
+
+    async def append_many(self, payloads: Sequence[bytes]) -> list[Appended]:
+        """Append payloads in order, in one batch; returns once all are durable."""
+        if self._failed is not None:
+            raise self._failed
+        if self._closing:
+            raise LogIOError(f"log {self.log_dir} is closing; no more appends")
+        batch = _Batch(payloads, anyio.Event())
+        self._queue.append(batch)
+        self._wake.set()
+        # Shielded: once queued the record will be written; the caller must learn the outcome.
+        with anyio.CancelScope(shield=True):
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        assert batch.results is not None
+        return batch.results
+
+    async def checkpoint(self) -> Appended:
+        return await self._enqueue_checkpoint(final=False)
+
+    async def _enqueue_checkpoint(self, *, final: bool) -> Appended:
+        batch = _Batch((), anyio.Event(), "final" if final else "periodic")
+        self._queue.append(batch)
+        self._wake.set()
+        with anyio.CancelScope(shield=True):
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        assert batch.results is not None
+        return batch.results[0]
+
+    async def _ticker(self) -> None:
+        while True:
+            await anyio.sleep(self._checkpoint_interval)
+            if self._failed is None and not self._closing:
+                self._tg_start_checkpoint()
+
+    def _tg_start_checkpoint(self) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._quiet_checkpoint)
+
+    async def _quiet_checkpoint(self) -> None:
+        # A failure is kept in self._failed and raised to the next appender.
+        with contextlib.suppress(LogIOError):
+            await self._enqueue_checkpoint(final=False)
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            batches, self._queue = self._queue, []
+            if not batches:
+                continue
+            try:
+                await anyio.to_thread.run_sync(self._write_batches, batches)
+            except LogIOError as exc:
+                self._failed = exc
+                for b in batches:
+                    b.error = exc
+            except OSError as exc:
+                failure = LogIOError(
+                    f"writing log {self.log_dir} failed: {exc.strerror or exc}; the writer "
+                    f"stopped and will re-check the tail before appending again"
+                )
+                self._failed = failure
+                for b in batches:
+                    b.error = failure
+            for b in batches:
+                b.done.set()
+
+    # -- framing (worker thread; the flusher is the only caller) -----------------------------
+
+    def _write_batches(self, batches: list[_Batch]) -> None:
+        if self._failed is not None:
+            raise self._failed
+        seq, prev = self.head_seq, self.head_hash
+        last_cp, since_cp = self._last_cp_hash, self._since_cp
+        lines: list[bytes] = []
+        size = self._segment_size
+        rotate_at: list[int] = []  # indexes into lines where a new segment starts
+        index = self._segment_index
+
+        def emit(line: bytes) -> str:
+            nonlocal seq, prev, size
+            lines.append(line)
+            size += len(line) + 1
+            seq += 1
+            prev = record_hash(line)
+            return prev
+
+        def emit_checkpoint(final: bool) -> Appended:
+            nonlocal last_cp, since_cp
+            t_us = _now_us()
+            cp_seq = seq + 1
+            msg = checkpoint_message(self.log_id, cp_seq, prev, t_us, last_cp, final)
+            rec = Checkpoint(cp_seq, prev, self.log_id, t_us, last_cp, final,
+                             base64.b64encode(self._signer.sign(msg)).decode("ascii"))
+            h = emit(encode_record(rec))
+            last_cp, since_cp = h, 0
+            return Appended(cp_seq, h)
+
+        for batch in batches:
+            if batch.checkpoint is not None:
+                batch.results = [emit_checkpoint(final=batch.checkpoint == "final")]
+                continue
+            results = []
+            for payload in batch.payloads:
+                if size >= self._segment_bytes:
+                    index += 1
+                    rotate_at.append(len(lines))
+                    size = 0
+                    emit(encode_record(Segment(seq + 1, prev, self.log_id, index)))
+                kid = self._keyring.active
+                aad = associated_data(self.log_id, seq + 1, prev, kid)
+                nonce, ct = self._sealer.seal(payload, aad)
+                h = emit(encode_record(EventRecord(seq + 1, prev, self.log_id, kid, nonce, ct)))
+                results.append(Appended(seq, h))
+                since_cp += 1
+                if since_cp >= self._checkpoint_every:
+                    emit_checkpoint(final=False)
+            batch.results = results
+        self._write_lines(lines, rotate_at, index)
+        self.head_seq, self.head_hash = seq, prev
+        self._last_cp_hash, self._since_cp = last_cp, since_cp
+
+    def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
+        cuts = [0, *rotate_at, len(lines)]
+        index = last_index - len(rotate_at)
+        for i in range(len(cuts) - 1):
+            chunk = lines[cuts[i]:cuts[i + 1]]
+            if i > 0:
+                self._start_segment(index + i)
+            if chunk:
+                self._write_all(b"\n".join(chunk) + b"\n")
+        os.fdatasync(self._fd)
+        self._segment_size = os.fstat(self._fd).st_size
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def _start_segment(self, index: int) -> None:
+        os.fdatasync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        path = self.log_dir / segment_name(index)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        _fsync_dir(self.log_dir)
+        self._segment_index = index
+
+    # -- open and recovery (worker thread) ---------------------------------------------------
+
+    def _open_sync(self) -> None:
+        if not any(p.name.startswith("seg-") for p in self.log_dir.iterdir()):
+            self._create()
+            return
+        verify_key = VerifyKey(self._signer.private.public_key(), self._signer.public_bytes)
+        report = verify_log(self.log_dir, verify_key, writer_live=False)  # the lock is ours
+        if report.damage is not None:
+            d = report.damage
+            raise DamagedLogError(
+                f"log {self.log_dir} is damaged at record {d.seq} ({d.kind}: {d.detail}; "
+                f"{d.segment} offset {d.offset}); refusing to append. Inspect it with "
+                f"`bide verify {self.log_dir}`; nothing was changed"
+            )
+        self.log_id = report.log_id
+        self.head_seq, self.head_hash = report.head_seq, report.head_hash
+        self._last_cp_hash = report.last_checkpoint_hash
+        self._since_cp = report.unsigned_tail
+        assert report.last_segment is not None
+        self._segment_index = report.last_segment_index
+        self._fd = os.open(report.last_segment, os.O_WRONLY | os.O_APPEND)
+        if report.torn is not None:
+            self._cut_torn_tail(report.torn.segment, report.torn.offset)
+        self._segment_size = os.fstat(self._fd).st_size
+
+    def _create(self) -> None:
+        self.log_id = os.urandom(16).hex()
+        path = self.log_dir / segment_name(1)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        genesis = Genesis(0, ZERO_HASH, FORMAT_VERSION, self.log_id,
+                          self._signer.fingerprint, _now_us())
+        line = encode_record(genesis)
+        self._write_all(line + b"\n")
+        os.fdatasync(self._fd)
+        _fsync_dir(self.log_dir)
+        self.head_seq, self.head_hash = 0, record_hash(line)
+        self._segment_index = 1
+
+    def _cut_torn_tail(self, segment: Path, offset: int) -> None:
+        """Copy the torn bytes aside, cut them, and record the recovery in the chain."""
+        with segment.open("rb") as f:
+            f.seek(offset)
+            torn = f.read()
+        qdir = self.log_dir / QUARANTINE_DIR
+        qdir.mkdir(mode=0o700, exist_ok=True)
+        qname = f"{segment.name}.{offset}.{_now_us()}.torn"
+        fd = os.open(qdir / qname, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, torn)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(qdir)
+        _fsync_dir(self.log_dir)
+        os.truncate(segment, offset)
+        os.fsync(self._fd)
+        rec: Record = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
+                               segment.name, offset, len(torn),
+                               hashlib.sha256(torn).hexdigest(), f"{QUARANTINE_DIR}/{qname}")
+        line = encode_record(rec)
+        self._write_all(line + b"\n")
+        os.fdatasync(self._fd)
+        self.head_seq, self.head_hash = self.head_seq + 1, record_hash(line)
+        self._since_cp += 1
+        assert isinstance(rec, Recovery)
+        self.recovered = rec
