@@ -1,0 +1,621 @@
+"""Every event bide records, and their one encoder and decoder.
+
+Events are facts, named in the past tense, frozen msgspec Structs tagged with an explicit and
+stable string (``type``), never a class name. They fall in three groups:
+
+* **registration**: ``operation_registered`` (the operation record of S5/S12, with the contract
+  in force), ``registration_rejected``;
+* **facts the daemon records** after a request (observations of the world, S31):
+  ``status_response_received``, ``transport_failed``, ``request_outcome_unknown``;
+* **decisions** that ``decide`` returns (each carries ``at``, the ``now`` it was computed with,
+  and a ``PollScheduled`` carries the jitter ``draw``, so ``check`` can re-derive it):
+  ``status_request_intended``, ``response_classified``, ``hint_rejected``, ``poll_scheduled``,
+  ``operation_succeeded``, ``operation_stopped``, ``escalation_raised``, ``decision_recorded``,
+  ``decision_rejected``.
+
+Schema evolution (msgspec's rules): a new field always has a default; stored events never forbid
+unknown fields, so an older bide reads a newer *minor* version. Every payload is an envelope
+``{"schema": MAJOR, "minor": MINOR, "event": {...}}``; a payload with a newer major version, or
+whose event type this bide does not know, raises :class:`~replay.errors.NewerSchemaError`
+("this log was written by a newer bide (schema N); upgrade bide"), never a silent misread.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+from replay.contract import Contract
+from replay.errors import EventDecodeError, NewerSchemaError
+
+__all__ = [
+    "SCHEMA_MAJOR",
+    "SCHEMA_MINOR",
+    "DecisionRecorded",
+    "DecisionRejected",
+    "DelaySource",
+    "EscalationContext",
+    "EscalationRaised",
+    "Event",
+    "HintName",
+    "HintRejected",
+    "Histogram",
+    "HttpOutcome",
+    "JobOutcome",
+    "OperationRegistered",
+    "OperationStopped",
+    "OperationSucceeded",
+    "Option",
+    "OptionKind",
+    "PollScheduled",
+    "RegistrationRejected",
+    "RequestOutcomeUnknown",
+    "ResponseClassified",
+    "ResponseHeaders",
+    "StatusRequestIntended",
+    "StatusResponseReceived",
+    "StopReason",
+    "TransportFailed",
+    "TransportKind",
+    "decode_event",
+    "encode_event",
+]
+
+#: The schema major version this bide writes and reads. A newer major refuses to decode.
+SCHEMA_MAJOR: Final = 1
+#: The schema minor version this bide writes; minor additions are fields with defaults.
+SCHEMA_MINOR: Final = 0
+
+Seconds = Annotated[float, Meta(ge=0)]
+Count = Annotated[int, Meta(ge=0)]
+RequestNumber = Annotated[int, Meta(ge=1)]
+
+#: Where the delay before the next poll came from (S38).
+DelaySource = Literal[
+    "provider_retry_after",  # RFC 9110 §10.2.3 Retry-After, on any response (S20, S21)
+    "provider_poll_hint",  # a validated next_check_at / poll_after_seconds (S8)
+    "local_backoff",  # exponential backoff with floored jitter (S6), or the 429 delay (S21)
+    "rate_limit_policy",  # pacing from the IETF RateLimit / RateLimit-Policy headers
+    "manual_extension",  # the first poll after a human extended the operation (S36)
+    "local_quota",  # the daemon's per-provider quota held the poll back
+]
+
+#: Machine-readable stop reasons (S26); each decides the permitted options (replay.tables).
+StopReason = Literal[
+    "deadline_exceeded",  # S16: the operation's own deadline
+    "business_deadline_exceeded",  # S28: the result's usefulness window closed first
+    "request_budget_exhausted",  # S17
+    "retry_after_past_deadline",  # S20: the provider asks us to wait past the deadline
+    "rate_limited",  # S21: the rate-limited-response budget is spent
+    "delivery_ambiguous",  # S18, S25: the transport-failure budget is spent
+    "unknown_state",  # S15
+    "unparseable_response",  # S15
+    "integration_failure",  # S23: a status the contract cannot explain, 3xx, over-cap body
+    "contradiction",  # S4, S5: success without results, pending past expiry, other job id
+    "provider_failure",  # S3: terminal failure, error kept verbatim
+    "canceled",  # S3, S29
+    "expired",  # S3, S29
+    "not_found",  # S23
+    "authorization_denied",  # S24
+]
+
+#: How a transport failure happened; see ``replay.tables.TRANSPORT_KINDS`` for what each means.
+TransportKind = Literal[
+    "connect_refused",
+    "dns",
+    "tls",
+    "connect_timeout",
+    "pool_timeout",
+    "read_timeout",
+    "write_timeout",
+    "connection_reset",
+    "protocol_error",
+    "body_too_large",
+]
+
+#: The HTTP outcome of a response (S2), separate from the job outcome.
+HttpOutcome = Literal[
+    "ok",
+    "not_found",
+    "auth_denied",
+    "rate_limited",
+    "server_error",
+    "redirect",
+    "unexplained",
+]
+
+#: The job outcome of a response (S2): the category of its state in the state table, if read.
+JobOutcome = Literal["pending", "success", "failure", "canceled", "expired", "unknown"]
+
+#: What a hint rejection was about (S8, RFC 9110 §10.2.3, IETF RateLimit headers).
+HintName = Literal[
+    "retry_after",
+    "next_check_at",
+    "poll_after_seconds",
+    "expires_at",
+    "ratelimit",
+    "ratelimit_policy",
+]
+
+#: The kinds of escalation options (S27, S36); the option id is its kind.
+OptionKind = Literal[
+    "extend",
+    "rotate_credential_and_resume",
+    "cancel_at_provider",
+    "retry_same_idempotency_key",
+    "inspect_provider_console",
+    "abandon",
+]
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Fields every event has.
+
+    Attributes:
+        operation_id: The operation the event belongs to.
+        at: When it happened (POSIX seconds, UTC): for a fact, when it was observed; for a
+            decision, the ``now`` it was computed with.
+    """
+
+    operation_id: str
+    at: float
+
+
+class Option(msgspec.Struct, frozen=True, kw_only=True):
+    """One option of an escalation, with its concrete numbers (S27).
+
+    Attributes:
+        id: The option's id (its kind); what a decision names.
+        label: Human-readable, with the numbers: "extend 15 minutes and 4 more checks".
+        params: Concrete numbers computed when the escalation was raised, e.g.
+            ``{"add_seconds": 900, "add_status_requests": 4}``.
+    """
+
+    id: OptionKind
+    label: str
+    params: dict[str, int] = {}
+
+
+class Histogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts of what the operation observed (S27): status codes, job states, transport kinds."""
+
+    status_codes: dict[str, int] = {}
+    job_states: dict[str, int] = {}
+    transport: dict[str, int] = {}
+
+
+class EscalationContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What a human needs to decide, and no secret (S27, S37)."""
+
+    operation_id: str
+    provider: str
+    provider_job_id: str
+    reason: StopReason
+    detail: str
+    last_state: str | None
+    last_state_at: float | None
+    elapsed_seconds: float
+    started_at: float
+    deadline_at: float
+    business_deadline_at: float | None
+    status_requests_used: int
+    max_status_requests: int
+    transport_failures_used: int
+    max_transport_failures: int
+    rate_limited_used: int
+    max_rate_limited: int
+    last_http_status: int | None
+    last_http_at: float | None
+    last_provider_request_id: str | None
+    histogram: Histogram
+
+
+class ResponseHeaders(msgspec.Struct, frozen=True, kw_only=True):
+    """The response headers that matter, as received (the daemon caps their length).
+
+    Attributes:
+        retry_after: ``Retry-After`` (RFC 9110 §10.2.3).
+        ratelimit: ``RateLimit`` (IETF httpapi-ratelimit-headers).
+        ratelimit_policy: ``RateLimit-Policy``.
+        request_id: The provider's request id (``X-Request-Id`` or the profile's header), S25.
+        location: ``Location`` (S22).
+        content_type: ``Content-Type``.
+    """
+
+    retry_after: str | None = None
+    ratelimit: str | None = None
+    ratelimit_policy: str | None = None
+    request_id: str | None = None
+    location: str | None = None
+    content_type: str | None = None
+
+
+# --- registration ------------------------------------------------------------------------------
+
+
+class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_only=True):
+    """The operation record, persisted before the first poll (S5, S12).
+
+    Attributes:
+        provider: Provider name (the contract's).
+        provider_job_id: The job id at the provider.
+        account_context: The provider account context (a name, never a credential).
+        request_fingerprint: Fingerprint of the original submit request (S5).
+        expected_terminal_state: The success state the submitter expects, if any.
+        idempotency_key: The submission's idempotency key, if one was persisted (S29).
+        status_location: The status resource from a 202's Location, if any (S22).
+        started_at: When the job was submitted (at or before ``at``).
+        deadline_at: The operation's wall-clock deadline (S10).
+        business_deadline_at: When the result stops being useful, if earlier known (S28).
+        max_status_requests: Status-request budget (S10).
+        max_transport_failures: Transport-failure budget (S10).
+        max_rate_limited: Rate-limited-response budget (S21).
+        first_poll_at: When the first poll is due (S7).
+        contract: The provider contract in force.
+        contract_digest: ``contract_digest(contract)``.
+    """
+
+    provider: str
+    provider_job_id: str
+    account_context: str = ""
+    request_fingerprint: str = ""
+    expected_terminal_state: str | None = None
+    idempotency_key: str | None = None
+    status_location: str | None = None
+    started_at: float
+    deadline_at: float
+    business_deadline_at: float | None = None
+    max_status_requests: Annotated[int, Meta(ge=1)]
+    max_transport_failures: Annotated[int, Meta(ge=1)]
+    max_rate_limited: Annotated[int, Meta(ge=1)]
+    first_poll_at: float
+    contract: Contract
+    contract_digest: str
+
+
+class RegistrationRejected(_Event, tag="registration_rejected", frozen=True, kw_only=True):
+    """A registration that did not validate; no operation exists.
+
+    Attributes:
+        reason: A machine-readable reason (``replay.decide.RegistrationProblem``).
+        detail: A human-readable explanation, without the offending value.
+    """
+
+    reason: str
+    detail: str = ""
+
+
+# --- facts the daemon records ------------------------------------------------------------------
+
+
+class StatusResponseReceived(_Event, tag="status_response_received", frozen=True, kw_only=True):
+    """A status request got an HTTP response; ``at`` is when it was received (S2, S25, S31).
+
+    Attributes:
+        request_number: The ``StatusRequestIntended.request_number`` it answers.
+        status_code: The HTTP status code: the HTTP outcome, recorded apart from the job's.
+        headers: The headers that matter.
+        body: The body, as received, capped by the daemon.
+        body_truncated: The body was larger than the daemon's cap (and is cut).
+    """
+
+    request_number: RequestNumber
+    status_code: Annotated[int, Meta(ge=100, le=599)]
+    headers: ResponseHeaders = msgspec.field(default_factory=ResponseHeaders)
+    body: bytes = b""
+    body_truncated: bool = False
+
+
+class TransportFailed(_Event, tag="transport_failed", frozen=True, kw_only=True):
+    """A status request got no HTTP response (S10, S25); ``at`` is when it failed.
+
+    Attributes:
+        request_number: The request it was.
+        kind: How it failed (never delivered, delivery ambiguous, or over the size cap).
+        detail: A short description without secrets (no URL query, no header values).
+    """
+
+    request_number: RequestNumber
+    kind: TransportKind
+    detail: str = ""
+
+
+class RequestOutcomeUnknown(_Event, tag="request_outcome_unknown", frozen=True, kw_only=True):
+    """On restart, an intent was found without an outcome (S11, S13): it counted, and its
+    delivery is ambiguous.
+
+    Attributes:
+        request_number: The request whose outcome is unknown.
+    """
+
+    request_number: RequestNumber
+
+
+# --- decisions -----------------------------------------------------------------------------------
+
+
+class StatusRequestIntended(_Event, tag="status_request_intended", frozen=True, kw_only=True):
+    """One status request is about to be sent; durable before it is (S13, S31, S32).
+
+    Attributes:
+        request_number: The status-request counter after the increment (S13).
+        deadline_at: The deadline in force (the earlier of operation and business deadline).
+        max_status_requests: The budget in force.
+    """
+
+    request_number: RequestNumber
+    deadline_at: float
+    max_status_requests: int
+
+
+class ResponseClassified(_Event, tag="response_classified", frozen=True, kw_only=True):
+    """How ``decide`` read a response: HTTP outcome and job outcome, two facts (S2).
+
+    Attributes:
+        request_number: The request answered.
+        http_status: The status code.
+        http_outcome: What the status code means under the contract.
+        job_state: The job state read from the body, if one was read.
+        job_outcome: Its category in the state table, if one was read (S3).
+        provider_request_id: The provider's request id, if sent (S25).
+        retry_after_at: The absolute time a valid Retry-After asked to wait until (S20).
+    """
+
+    request_number: RequestNumber
+    http_status: int
+    http_outcome: HttpOutcome
+    job_state: str | None = None
+    job_outcome: JobOutcome | None = None
+    provider_request_id: str | None = None
+    retry_after_at: float | None = None
+
+
+class HintRejected(_Event, tag="hint_rejected", frozen=True, kw_only=True):
+    """A provider hint or protocol header was rejected and ignored (S8).
+
+    Attributes:
+        request_number: The response it came with.
+        hint: Which hint.
+        value: The value as received, cut to 200 characters.
+        reason: Why it was rejected.
+    """
+
+    request_number: int
+    hint: HintName
+    value: str
+    reason: str
+
+
+class PollScheduled(_Event, tag="poll_scheduled", frozen=True, kw_only=True):
+    """When the next poll is due, and why (S6, S8, S20, S21, S38).
+
+    Attributes:
+        next_poll_at: The earliest time of the next status request.
+        delay_source: Where the delay came from.
+        raw_delay: The raw delay: for local backoff ``min(cap, base * 2**attempt)`` (S6) or the
+            429 delay; for guidance, the time it asked for minus ``at``.
+        delay: ``next_poll_at - at``.
+        draw: The jitter draw in [0, 1) the local delay was computed with, if any.
+        until: The absolute time the provider or the quota asked for, if any.
+        clamped_to_deadline: The poll was moved to the deadline, where it will stop (S8, S16).
+    """
+
+    next_poll_at: float
+    delay_source: DelaySource
+    raw_delay: Seconds
+    delay: Seconds
+    draw: float | None = None
+    until: float | None = None
+    clamped_to_deadline: bool = False
+
+
+class OperationSucceeded(_Event, tag="operation_succeeded", frozen=True, kw_only=True):
+    """The job reached an accepted success state and every required result validated (S14).
+
+    Attributes:
+        request_number: The response that showed it.
+        state: The success state.
+        results: The result fields, by name (strings; other JSON values as JSON text).
+    """
+
+    request_number: int
+    state: str
+    results: dict[str, str] = {}
+
+
+class OperationStopped(_Event, tag="operation_stopped", frozen=True, kw_only=True):
+    """The wait ended without success; an escalation follows at once (S15, S16, S26).
+
+    Attributes:
+        reason: The machine-readable reason.
+        detail: A human-readable explanation (no secret).
+        last_state: The last job state observed (S16).
+        provider_error: The provider's error, verbatim and capped (provider_failure).
+        provider_error_truncated: The provider's error was cut at the contract's cap.
+        request_number: The response that caused it, or 0 for a wake-up.
+    """
+
+    reason: StopReason
+    detail: str = ""
+    last_state: str | None = None
+    provider_error: str | None = None
+    provider_error_truncated: bool = False
+    request_number: int = 0
+
+
+class EscalationRaised(_Event, tag="escalation_raised", frozen=True, kw_only=True):
+    """A human decision is needed; the options are finite and concrete (S26, S27, S37).
+
+    Attributes:
+        escalation_id: 1 for the operation's first escalation, then 2, ...
+        reason: The stop reason.
+        options: The permitted options, with their numbers.
+        context: What the decision needs to know.
+    """
+
+    escalation_id: Annotated[int, Meta(ge=1)]
+    reason: StopReason
+    options: tuple[Option, ...]
+    context: EscalationContext
+
+
+class DecisionRecorded(_Event, tag="decision_recorded", frozen=True, kw_only=True):
+    """A human chose an offered option; a resuming option is a new authorization (S36).
+
+    Counters are never reset (S17): new budgets are ``used + added``.
+
+    Attributes:
+        escalation_id: The escalation decided.
+        option_id: The option chosen.
+        approver: The user name of the decision's owner (filled by the daemon).
+        note: The approver's note.
+        resumes: Polling resumes (extend, rotate_credential_and_resume).
+        new_deadline_at: The operation deadline from now on.
+        new_business_deadline_at: The business deadline from now on.
+        new_max_status_requests: The status-request budget from now on.
+        new_max_transport_failures: The transport-failure budget from now on.
+        new_max_rate_limited: The rate-limited budget from now on.
+        follow_up: What the daemon or a human does next when polling does not resume
+            (``cancel_at_provider``, ``retry_same_idempotency_key``,
+            ``inspect_provider_console``, ``abandon``): a separate operation (S34).
+    """
+
+    escalation_id: int
+    option_id: OptionKind
+    approver: str
+    note: str = ""
+    resumes: bool = False
+    new_deadline_at: float
+    new_business_deadline_at: float | None = None
+    new_max_status_requests: int
+    new_max_transport_failures: int
+    new_max_rate_limited: int
+    follow_up: OptionKind | None = None
+
+
+class DecisionRejected(_Event, tag="decision_rejected", frozen=True, kw_only=True):
+    """A decision that named no offered option; nothing else changes (S36).
+
+    Attributes:
+        option_id: The option named, as given (cut to 64 characters).
+        approver: Who submitted it.
+        note: Their note.
+        escalation_id: The escalation the decision named, if it named one.
+        reason: Why it was rejected.
+    """
+
+    option_id: str
+    approver: str
+    note: str = ""
+    escalation_id: int | None = None
+    reason: str
+
+
+Event = (
+    OperationRegistered
+    | RegistrationRejected
+    | StatusResponseReceived
+    | TransportFailed
+    | RequestOutcomeUnknown
+    | StatusRequestIntended
+    | ResponseClassified
+    | HintRejected
+    | PollScheduled
+    | OperationSucceeded
+    | OperationStopped
+    | EscalationRaised
+    | DecisionRecorded
+    | DecisionRejected
+)
+
+#: Every event class, for code that must enumerate them (tests, docs).
+EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
+    OperationRegistered,
+    RegistrationRejected,
+    StatusResponseReceived,
+    TransportFailed,
+    RequestOutcomeUnknown,
+    StatusRequestIntended,
+    ResponseClassified,
+    HintRejected,
+    PollScheduled,
+    OperationSucceeded,
+    OperationStopped,
+    EscalationRaised,
+    DecisionRecorded,
+    DecisionRejected,
+)
+
+_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
+
+
+class _Envelope(msgspec.Struct, frozen=True):
+    schema: int
+    event: Event
+    minor: int = 0
+
+
+class _RawEnvelope(msgspec.Struct, frozen=True):
+    schema: int
+    event: msgspec.Raw
+    minor: int = 0
+
+
+class _TagOnly(msgspec.Struct, frozen=True):
+    type: str
+
+
+_encoder: Final = msgspec.json.Encoder()
+_raw_decoder: Final = msgspec.json.Decoder(_RawEnvelope)
+_event_decoder: Final = msgspec.json.Decoder(Event)
+_tag_decoder: Final = msgspec.json.Decoder(_TagOnly)
+
+
+def encode_event(event: Event) -> bytes:
+    """Encode an event as the versioned JSON payload the log stores.
+
+    Args:
+        event: Any event.
+
+    Returns:
+        ``{"schema": 1, "event": {...}, "minor": 0}`` as UTF-8 JSON bytes.
+    """
+    return _encoder.encode(_Envelope(schema=SCHEMA_MAJOR, minor=SCHEMA_MINOR, event=event))
+
+
+def decode_event(data: bytes) -> Event:
+    """Decode a payload written by :func:`encode_event` (this or an older compatible bide).
+
+    Args:
+        data: The payload bytes.
+
+    Returns:
+        The event.
+
+    Raises:
+        NewerSchemaError: The payload has a newer schema major, or an event type this bide
+            does not know.
+        EventDecodeError: The payload is not a bide event.
+    """
+    try:
+        envelope = _raw_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"payload is not a bide event envelope: {exc}") from None
+    if envelope.schema > SCHEMA_MAJOR:
+        raise NewerSchemaError(envelope.schema)
+    if envelope.schema < 1:
+        raise EventDecodeError(f"payload has an invalid schema version {envelope.schema}")
+    try:
+        return _event_decoder.decode(envelope.event)
+    except msgspec.DecodeError as exc:
+        try:
+            tag = _tag_decoder.decode(envelope.event).type
+        except msgspec.DecodeError:
+            tag = None
+        if tag is not None and tag not in _TAGS:
+            raise NewerSchemaError(
+                envelope.schema, f"unknown event type {tag[:64]!r}"
+            ) from None
+        raise EventDecodeError(f"payload is not a valid bide event: {exc}") from None

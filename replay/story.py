@@ -1,0 +1,264 @@
+"""The audit trail as a story (S38, S39).
+
+:func:`story` renders a log (one or many operations) as the timeline the source article shows,
+one line per observation, times in ISO-8601 UTC::
+
+    2025-04-18T10:20:00Z registered job exp_71c at acme, deadline 2025-04-18T11:00:00Z, budget 12
+    2025-04-18T10:20:05Z polled (request 1 of 12), state queued, next poll ... from local backoff
+    2025-04-18T10:20:31Z received 503, Retry-After 120, next poll ... from provider guidance
+    2025-04-18T10:58:00Z polled (request 12 of 12), state running, request budget exhausted, ...
+
+A line starts at a registration, a response, a transport failure, a wake-up decision or a human
+decision; the decisions taken on it (``at`` equal to the first of them) continue the line.
+:func:`story_json` gives the same lines as JSON-ready dicts, each with the events it tells.
+
+No secret is printed: result URLs lose their query and fragment (signed URLs carry tokens);
+bodies are not printed; the provider's error is (it is the provider's message, S3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+import msgspec
+
+from replay.decide import format_time
+from replay.events import (
+    DecisionRecorded,
+    DecisionRejected,
+    DelaySource,
+    EscalationRaised,
+    Event,
+    HintRejected,
+    OperationRegistered,
+    OperationStopped,
+    OperationSucceeded,
+    PollScheduled,
+    RegistrationRejected,
+    RequestOutcomeUnknown,
+    ResponseClassified,
+    StatusRequestIntended,
+    StatusResponseReceived,
+    TransportFailed,
+)
+
+__all__ = ["StoryLine", "story", "story_json"]
+
+#: How a delay source reads in a story (S38, S39).
+SOURCE_PHRASES: dict[DelaySource, str] = {
+    "provider_retry_after": "provider guidance (Retry-After)",
+    "provider_poll_hint": "provider hint",
+    "local_backoff": "local backoff",
+    "rate_limit_policy": "rate-limit policy",
+    "manual_extension": "manual extension",
+    "local_quota": "local quota",
+}
+
+
+class StoryLine(msgspec.Struct, kw_only=True):
+    """One line of the story.
+
+    Attributes:
+        at: When (POSIX seconds).
+        time: ``at`` in ISO-8601 UTC.
+        operation_id: The operation.
+        text: The line's text, without its time.
+        events: The tags of the events the line tells.
+    """
+
+    at: float
+    time: str
+    operation_id: str
+    text: str
+    events: list[str] = []
+    group_at: float | None = None
+
+
+def _redact_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "<unparseable>"
+    if not parts.scheme or not parts.hostname:
+        return value if len(value) <= 80 else value[:80] + "…"
+    port = f":{parts.port}" if parts.port else ""
+    tail = "?…" if parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path}{tail}"
+
+
+def _tag(event: Event) -> str:
+    return str(event.__struct_config__.tag)
+
+
+def _lines(events: Iterable[Event]) -> list[StoryLine]:
+    lines: list[StoryLine] = []
+    open_line: dict[str, StoryLine] = {}
+    intents: dict[str, StatusRequestIntended] = {}
+
+    def start(event: Event, text: str) -> None:
+        line = StoryLine(
+            at=event.at,
+            time=format_time(event.at),
+            operation_id=event.operation_id,
+            text=text,
+            events=[_tag(event)],
+        )
+        lines.append(line)
+        open_line[event.operation_id] = line
+
+    def extend(event: Event, text: str) -> None:
+        """Continue the line of this decision's group, or start a line of its own."""
+        line = open_line.get(event.operation_id)
+        if line is not None and line.group_at in (None, event.at):
+            line.group_at = event.at
+            line.text = f"{line.text}, {text}" if text else line.text
+            line.events.append(_tag(event))
+        else:
+            start(event, text)
+            open_line[event.operation_id].group_at = event.at
+
+    def of_budget(op: str, number: int) -> str:
+        intent = intents.get(op)
+        if intent is not None and intent.request_number == number:
+            return f"request {number} of {intent.max_status_requests}"
+        return f"request {number}"
+
+    for event in events:
+        op = event.operation_id
+        match event:
+            case OperationRegistered():
+                text = (
+                    f"registered job {event.provider_job_id} at {event.provider}, "
+                    f"deadline {format_time(event.deadline_at)}"
+                )
+                if event.business_deadline_at is not None:
+                    text += f", business deadline {format_time(event.business_deadline_at)}"
+                text += (
+                    f", budget {event.max_status_requests} status requests, "
+                    f"{event.max_transport_failures} transport failures, "
+                    f"{event.max_rate_limited} rate-limited responses; "
+                    f"first poll {format_time(event.first_poll_at)}"
+                )
+                start(event, text)
+            case RegistrationRejected():
+                start(event, f"registration rejected: {event.reason} ({event.detail})")
+                open_line.pop(op, None)
+            case StatusRequestIntended():
+                intents[op] = event
+                open_line.pop(op, None)
+            case StatusResponseReceived():
+                head = "polled" if 200 <= event.status_code < 300 else "received"
+                text = f"{head} ({of_budget(op, event.request_number)})"
+                if head == "received":
+                    text = f"received {event.status_code} ({of_budget(op, event.request_number)})"
+                h = event.headers
+                for label, value in (
+                    ("Retry-After", h.retry_after),
+                    ("RateLimit", h.ratelimit),
+                    ("RateLimit-Policy", h.ratelimit_policy),
+                    ("provider request id", h.request_id),
+                    ("Location", None if h.location is None else _redact_url(h.location)),
+                ):
+                    if value is not None:
+                        text += f", {label} {value[:120]}"
+                if event.body_truncated:
+                    text += ", body over the size cap"
+                start(event, text)
+            case TransportFailed():
+                detail = f" ({event.detail[:120]})" if event.detail else ""
+                start(
+                    event,
+                    f"{of_budget(op, event.request_number)} failed: {event.kind}{detail}",
+                )
+            case RequestOutcomeUnknown():
+                start(
+                    event,
+                    f"{of_budget(op, event.request_number)}: outcome unknown after a restart "
+                    "(counted; delivery ambiguous)",
+                )
+            case ResponseClassified():
+                extend(event, "" if event.job_state is None else f"state {event.job_state}")
+            case HintRejected():
+                extend(event, f"{event.hint} {event.value[:60]!r} rejected ({event.reason})")
+            case PollScheduled():
+                text = (
+                    f"next poll {format_time(event.next_poll_at)} from "
+                    f"{SOURCE_PHRASES[event.delay_source]}"
+                )
+                if event.clamped_to_deadline:
+                    text += " (the deadline)"
+                extend(event, text)
+            case OperationSucceeded():
+                shown = ", ".join(f"{k}={_redact_url(v)}" for k, v in event.results.items())
+                extend(event, f"succeeded ({event.state})" + (f": {shown}" if shown else ""))
+            case OperationStopped():
+                text = f"stopped: {event.reason} ({event.detail})"
+                if event.provider_error is not None:
+                    text += f", provider error {event.provider_error[:200]!r}"
+                extend(event, text)
+            case EscalationRaised():
+                options = "; ".join(f"{o.id}: {o.label}" for o in event.options)
+                extend(event, f"escalated (#{event.escalation_id}), options: {options}")
+            case DecisionRecorded():
+                note = f" ({event.note[:200]})" if event.note else ""
+                if event.resumes:
+                    text = (
+                        f"decision by {event.approver}: {event.option_id}{note}; new deadline "
+                        f"{format_time(event.new_deadline_at)}, budget "
+                        f"{event.new_max_status_requests} status requests"
+                    )
+                else:
+                    text = (
+                        f"decision by {event.approver}: {event.option_id}{note}; "
+                        "bide stops waiting"
+                    )
+                start(event, text)
+                open_line[op].group_at = event.at
+            case DecisionRejected():
+                start(
+                    event,
+                    f"decision by {event.approver} rejected: {event.reason}",
+                )
+                open_line[op].group_at = event.at
+    return lines
+
+
+def story(events: Iterable[Event]) -> str:
+    """Render a log as the audit story (S39), one line per observation.
+
+    Args:
+        events: Events in log order (one or many operations).
+
+    Returns:
+        The story, lines ending in newlines; each line starts with its ISO-8601 UTC time, and
+        with ``[operation id]`` if the log holds more than one operation.
+    """
+    lines = _lines(events)
+    many = len({line.operation_id for line in lines}) > 1
+    out = []
+    for line in lines:
+        prefix = f"[{line.operation_id}] " if many else ""
+        out.append(f"{line.time} {prefix}{line.text}\n")
+    return "".join(out)
+
+
+def story_json(events: Iterable[Event]) -> list[dict[str, object]]:
+    """The story as JSON-ready dicts: ``at``, ``time``, ``operation_id``, ``text``, ``events``.
+
+    Args:
+        events: Events in log order.
+
+    Returns:
+        One dict per story line.
+    """
+    return [
+        {
+            "at": line.at,
+            "time": line.time,
+            "operation_id": line.operation_id,
+            "text": line.text,
+            "events": list(line.events),
+        }
+        for line in _lines(events)
+    ]
