@@ -21,7 +21,17 @@ from eventlog.errors import EventLogError
 
 #: Subcommand modules, in the order ``bide --help`` lists them.
 COMMANDS: tuple[str, ...] = (
+    "run",
+    "watch",
+    "wait",
+    "status",
+    "story",
+    "escalations",
+    "decide",
+    "replay",
+    "check-profile",
     "demo",
+    "simulate",
     "keygen",
     "verify",
     "log",
@@ -45,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module = importlib.import_module(f"daemon.commands.{name}")
+        module = importlib.import_module(f"daemon.commands.{name.replace('-', '_')}")
         module.add_parser(sub)
     return parser
 

@@ -1,0 +1,58 @@
+"""``bide decide``: answer an open escalation with one of its options."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from daemon.commands.watch import report
+from daemon.config import add_config_flag, load_config
+from daemon.errors import UsageError
+from daemon.spool import DecisionFile, Spool, new_request_id
+
+EPILOG = """\
+examples:
+  bide escalations                       # see what is open and which options each offers
+  bide decide nightly-export extend --note "provider status page says 30 min delay"
+  bide decide nightly-export abandon
+
+The daemon records you, the decision file's owner, as the approver, and accepts only an
+option the open escalation offered. Only members of the approvers' group can write to the
+decisions directory (see the README's permissions section).
+exit status: 0 recorded; 1 rejected (prints why); 2 usage error; 75 queued (daemon not running)
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "decide", help="answer an open escalation with one of its options",
+        description="Record a human decision on an operation's open escalation.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("operation", metavar="OP", help="the operation id")
+    p.add_argument("option", metavar="OPTION", help="an option id the escalation offers")
+    p.add_argument("--note", default="", help="why (recorded with the decision)")
+    p.add_argument("--escalation", type=int, help="the escalation number, to be exact")
+    p.add_argument("--wait-seconds", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    rid = new_request_id()
+    try:
+        data = msgspec.json.encode(DecisionFile(1, rid, args.operation, args.option, args.note,
+                                                args.escalation))
+        msgspec.json.decode(data, type=DecisionFile)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid decision: {exc}") from None
+    spool = Spool(cfg.spool_dir)
+    try:
+        spool.drop(spool.decisions, rid, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {spool.decisions}: {exc.strerror} (only the "
+                         f"approvers' group may decide)") from None
+    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json, "recorded")

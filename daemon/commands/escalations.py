@@ -1,0 +1,48 @@
+"""``bide escalations``: open escalations and the options each offers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import msgspec
+
+from daemon.config import add_config_flag, load_config
+from daemon.outbox import escalation_text
+from daemon.readers import load_log, open_keyring
+from replay.events import EscalationRaised
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("escalations", help="open escalations awaiting a decision (read-only)",
+                       description="List every escalation awaiting a human decision, with its "
+                       "reason, context and numbered options.",
+                       epilog="examples:\n  bide escalations\n  bide escalations --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    log = load_log(cfg.log_dir, open_keyring(cfg))
+    raised: dict[tuple[str, int], EscalationRaised] = {}
+    for _, event in log.events:
+        if isinstance(event, EscalationRaised):
+            raised[(event.operation_id, event.escalation_id)] = event
+    open_: list[EscalationRaised] = []
+    for op in log.ops.values():
+        if op.phase == "escalated" and op.escalation is not None:
+            found = raised.get((op.operation_id, op.escalation.escalation_id))
+            if found is not None:
+                open_.append(found)
+    open_.sort(key=lambda e: e.at)
+    if args.json:
+        print(json.dumps([msgspec.to_builtins(ev) for ev in open_]))
+    elif not open_:
+        print("no open escalations")
+    else:
+        print("\n".join(escalation_text(ev) for ev in open_), end="")
+    return 0

@@ -1,0 +1,127 @@
+"""``bide watch``: hand a job that was already submitted to the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import time
+from typing import Any
+
+import anyio
+import msgspec
+import watchfiles
+
+from daemon.config import Config, add_config_flag, load_config
+from daemon.errors import UsageError
+from daemon.readers import parse_duration, parse_time
+from daemon.spool import Receipt, RegistrationFile, Spool, new_request_id
+from eventlog.lock import writer_alive
+from replay.observations import Registration
+
+EXIT_QUEUED = 75  # EX_TEMPFAIL: accepted into the spool, the daemon will take it when it runs
+
+EPILOG = """\
+examples:
+  bide watch --provider acme --job exp_123 --deadline 40m --max-requests 20
+  bide watch --provider acme --job exp_123 --operation nightly-export --json
+
+Flags left out default from the provider's profile (deadline, budgets).
+exit status: 0 registered (prints the operation id); 1 rejected (prints the reason);
+2 usage error; 75 queued: the daemon is not running, it registers the job when it starts.
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "watch", help="register a job already submitted to a provider",
+        description="Register a job that was already submitted, so the daemon waits on it under "
+        "its provider's contract. Writes a registration into the spool and waits (bounded) for "
+        "the daemon to record or reject it.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--provider", required=True, help="provider name (its profile's file stem)")
+    p.add_argument("--job", required=True, help="the provider's job id")
+    p.add_argument("--operation", help="bide's operation id (default: op-<random>)")
+    p.add_argument("--deadline", help="wall-clock deadline from now, e.g. 40m (default: profile)")
+    p.add_argument("--business-deadline", metavar="TIME",
+                   help="when the result stops being useful: ISO-8601 or +DURATION (S28)")
+    p.add_argument("--max-requests", type=int, help="status-request budget")
+    p.add_argument("--max-transport-failures", type=int, help="transport-failure budget")
+    p.add_argument("--max-rate-limited", type=int, help="rate-limited-response budget")
+    p.add_argument("--fingerprint", default="", help="fingerprint of the original submit request")
+    p.add_argument("--account", default="", help="provider account context (a name, no secret)")
+    p.add_argument("--expected-state", help="the success state you expect")
+    p.add_argument("--wait-seconds", type=float, default=10.0,
+                   help="how long to wait for the daemon's answer (default 10)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    now = time.time()
+    op_id = args.operation or f"op-{secrets.token_hex(6)}"
+    try:
+        reg = Registration(
+            operation_id=op_id, provider=args.provider, provider_job_id=args.job,
+            account_context=args.account, request_fingerprint=args.fingerprint,
+            expected_terminal_state=args.expected_state, started_at=None,
+            deadline_at=now + parse_duration(args.deadline, "--deadline") if args.deadline
+            else None,
+            business_deadline_at=parse_time(args.business_deadline, "--business-deadline", now)
+            if args.business_deadline else None,
+            max_status_requests=args.max_requests,
+            max_transport_failures=args.max_transport_failures,
+            max_rate_limited=args.max_rate_limited,
+        )
+        rid = new_request_id()
+        data = msgspec.json.encode(msgspec.convert(
+            {"version": 1, "request_id": rid, "registration": msgspec.to_builtins(reg)},
+            RegistrationFile))
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid registration: {exc}") from None
+    spool = Spool(cfg.spool_dir)
+    try:
+        spool.drop(spool.incoming, rid, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write to the spool {spool.incoming}: {exc.strerror}") from None
+    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json, "registered")
+
+
+def report(cfg: Config, spool: Spool, rid: str, op_id: str, wait_seconds: float,
+           as_json: bool, verb: str) -> int:
+    """Wait (bounded) for the receipt and print it; shared with ``bide decide``."""
+    if not writer_alive(cfg.log_dir):
+        return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
+                      f"queued {op_id}: the daemon is not running; it will take the request "
+                      f"when it starts", EXIT_QUEUED)
+    receipt = anyio.run(wait_receipt, spool, rid, wait_seconds)
+    if receipt is None:
+        return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
+                      f"queued {op_id}: no answer from the daemon within {wait_seconds:g}s; "
+                      f"it will take the request", EXIT_QUEUED)
+    if receipt.status == "rejected":
+        return _print(as_json, msgspec.to_builtins(receipt),
+                      f"rejected: {receipt.reason}", 1)
+    return _print(as_json, msgspec.to_builtins(receipt), receipt.operation_id or op_id, 0)
+
+
+def _print(as_json: bool, obj: object, text: str, status: int) -> int:
+    print(json.dumps(obj) if as_json else text)
+    return status
+
+
+async def wait_receipt(spool: Spool, rid: str, seconds: float) -> Receipt | None:
+    stop = anyio.Event()
+    with anyio.move_on_after(seconds):
+        receipt = spool.read_receipt(rid)
+        if receipt is not None:
+            return receipt
+        async for _ in watchfiles.awatch(spool.receipts, stop_event=stop, debounce=0, step=5,
+                                         rust_timeout=200, yield_on_timeout=True):
+            receipt = spool.read_receipt(rid)
+            if receipt is not None:
+                stop.set()
+                return receipt
+    return spool.read_receipt(rid)

@@ -1,0 +1,58 @@
+"""Escalations as messages a human reads: one text file per escalation in the outbox (S27).
+
+The same text goes to the daemon's log output. It carries ids, states, counts and times; never
+a credential (the event it renders holds none).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from replay.decide import format_time
+from replay.events import EscalationRaised
+
+
+def escalation_text(ev: EscalationRaised) -> str:
+    c = ev.context
+    last_http = (
+        f"HTTP {c.last_http_status} at {format_time(c.last_http_at)}"
+        if c.last_http_status is not None and c.last_http_at is not None
+        else "no HTTP response yet"
+    )
+    lines = [
+        f"bide escalation {c.operation_id} #{ev.escalation_id}: {ev.reason}",
+        f"  operation:     {c.operation_id} (provider {c.provider}, job {c.provider_job_id})",
+        f"  reason:        {ev.reason}" + (f" ({c.detail})" if c.detail else ""),
+        f"  last state:    {c.last_state or 'none observed'}"
+        + (f" at {format_time(c.last_state_at)}" if c.last_state_at is not None else ""),
+        f"  elapsed:       {c.elapsed_seconds:.0f}s since {format_time(c.started_at)}",
+        f"  deadline:      {format_time(c.deadline_at)}"
+        + (f" (business deadline {format_time(c.business_deadline_at)})"
+           if c.business_deadline_at is not None else ""),
+        f"  requests:      {c.status_requests_used} of {c.max_status_requests} used; "
+        f"transport failures {c.transport_failures_used} of {c.max_transport_failures}; "
+        f"rate-limited {c.rate_limited_used} of {c.max_rate_limited}",
+        f"  last HTTP:     {last_http}"
+        + (f", provider request id {c.last_provider_request_id}"
+           if c.last_provider_request_id else ""),
+        "  options:",
+    ]
+    for n, option in enumerate(ev.options, start=1):
+        params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
+        lines.append(f"    {n}. {option.id}: {option.label}" + (f" [{params}]" if params else ""))
+    lines.append(f"  decide with:   bide decide {c.operation_id} OPTION [--note TEXT]")
+    return "\n".join(lines) + "\n"
+
+
+def write_escalation(outbox: Path, ev: EscalationRaised) -> Path:
+    """Write the message atomically; an existing one (a replayed escalation) is kept."""
+    outbox.mkdir(mode=0o750, parents=True, exist_ok=True)
+    safe_id = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in ev.operation_id)
+    path = outbox / f"{safe_id}.{ev.escalation_id}.txt"
+    if path.exists():
+        return path
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(escalation_text(ev), encoding="utf-8")
+    os.rename(tmp, path)
+    return path

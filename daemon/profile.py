@@ -1,0 +1,218 @@
+"""Provider profiles: one TOML file per provider, validated before anything loads.
+
+A profile has the daemon's half (how to call the provider) and the model's half (the
+``[contract]`` table: how to read what comes back, as :class:`replay.contract.Contract`).
+The provider's name is the file's stem (``acme.toml`` is provider ``acme``).
+
+Example (``profiles/acme.toml``)::
+
+    [status]
+    url = "https://api.acme.example/v1/exports/{job_id}"   # job id is percent-encoded in
+    method = "GET"                                         # GET or HEAD only (S19, S34)
+    timeout_seconds = 10
+    max_body_bytes = 65536
+    request_id_header = "X-Request-Id"
+
+    [credential]                 # optional; read at request time, never logged
+    file = "acme.token"          # under credentials_dir or $CREDENTIALS_DIRECTORY
+    header = "Authorization"
+    scheme = "Bearer"
+
+    [quota]                      # shared by every operation of this provider
+    requests_per_second = 10
+    max_in_flight = 4
+
+    [contract]
+    state_pointer = "/status"
+    job_id_pointer = "/id"
+    results = [{ name = "result_url", pointer = "/result_url", kind = "https_url" }]
+    backoff_base_seconds = 2
+    backoff_cap_seconds = 60
+    rate_limited_delay_seconds = 120
+
+    [contract.states]
+    pending = ["queued", "running"]
+    success = ["succeeded"]
+    failure = ["failed"]
+    canceled = ["canceled"]
+    expired = ["expired"]
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import quote, urlsplit
+
+import msgspec
+from msgspec import Meta
+
+from daemon.errors import ConfigError
+from replay.contract import Contract, contract_digest
+
+SAFE_METHODS = ("GET", "HEAD")
+_PLACEHOLDER = "{job_id}"
+
+
+class StatusCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    url: str
+    method: Literal["GET", "HEAD"] = "GET"
+    timeout_seconds: Annotated[float, Meta(gt=0, le=300)] = 10.0
+    max_body_bytes: Annotated[int, Meta(ge=256, le=16 * 1024 * 1024)] = 64 * 1024
+    request_id_header: str = "X-Request-Id"
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    file: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+    header: Annotated[str, Meta(pattern=r"^[A-Za-z0-9-]{1,64}$")] = "Authorization"
+    scheme: Annotated[str, Meta(max_length=32)] = "Bearer"
+
+
+class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    requests_per_second: Annotated[float, Meta(gt=0, le=100_000)] = 10.0
+    max_in_flight: Annotated[int, Meta(ge=1, le=10_000)] = 8
+
+
+class ProfileFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    status: StatusCall
+    contract: dict[str, object]
+    credential: CredentialRef | None = None
+    quota: Quota = msgspec.field(default_factory=Quota)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated profile: the call, the credential reference, the quota and the contract."""
+
+    name: str
+    path: Path
+    status: StatusCall
+    credential: CredentialRef | None
+    quota: Quota
+    contract: Contract
+    digest: str
+
+    def status_url(self, job_id: str) -> str:
+        """The status URL for ``job_id``, percent-encoded so it cannot change the path."""
+        encoded = quote(job_id, safe="")
+        if encoded in (".", ".."):
+            encoded = encoded.replace(".", "%2E")  # a bare dot segment would be normalised away
+        return self.status.url.replace(_PLACEHOLDER, encoded)
+
+
+_CONTRACT_FIELDS = frozenset(Contract.__struct_fields__)
+
+
+def load_profile(path: Path) -> Profile:
+    """Load and validate one profile; every problem is a :class:`ConfigError` with key and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"profile {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read profile {path}: {exc}") from None
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    name = path.stem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise ConfigError(
+            f"{path}: the file name is the provider's name and must be letters, digits, "
+            f"'_', '.', '-' (at most 64)"
+        )
+    try:
+        raw = msgspec.convert(table, ProfileFile)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(path, text, str(exc))) from None
+    unknown = sorted(set(raw.contract) - _CONTRACT_FIELDS - {"provider"})
+    if unknown:
+        line = _line_of(text, ("contract",), unknown[0])
+        raise ConfigError(
+            f"{path}:{line}: unknown key contract.{unknown[0]} (known keys: "
+            f"{', '.join(sorted(_CONTRACT_FIELDS - {'provider'}))})"
+        )
+    if raw.contract.get("provider", name) != name:
+        raise ConfigError(
+            f"{path}: contract.provider is {raw.contract['provider']!r} but the file is named "
+            f"for provider {name!r}; drop the key or rename the file"
+        )
+    try:
+        contract = msgspec.convert({**raw.contract, "provider": name}, Contract)
+    except msgspec.ValidationError as exc:
+        message = str(exc).replace("$.", "$.contract.", 1)
+        raise ConfigError(_explain(path, text, message)) from None
+    _check_url(path, text, raw.status.url)
+    return Profile(name, path, raw.status, raw.credential, raw.quota, contract,
+                   contract_digest(contract))
+
+
+def _check_url(path: Path, text: str, url: str) -> None:
+    line = _line_of(text, ("status",), "url")
+    if url.count(_PLACEHOLDER) != 1:
+        raise ConfigError(f"{path}:{line}: status.url must contain {_PLACEHOLDER} exactly once")
+    parts = urlsplit(url.replace(_PLACEHOLDER, "x"))
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(f"{path}:{line}: status.url must be an absolute http(s) URL")
+    if _PLACEHOLDER in (parts.netloc and url.split("//", 1)[1].split("/", 1)[0]):
+        raise ConfigError(f"{path}:{line}: {_PLACEHOLDER} may not be in the host")
+
+
+_PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+
+
+def _explain(path: Path, text: str, message: str) -> str:
+    """Turn msgspec's ``... - at `$.a.b` `` into ``FILE:LINE: a.b: ...``."""
+    m = _PATH_RE.search(message)
+    if not m:
+        return f"{path}: {message}"
+    keys = [k for k in re.findall(r"\.([A-Za-z0-9_]+)", m.group(1))]
+    dotted = ".".join(keys)
+    line = _line_of(text, tuple(keys[:-1]), keys[-1]) if keys else 0
+    detail = message[: m.start()].rstrip(" -")
+    where = f"{path}:{line}" if line else str(path)
+    if "Object missing required field" in message:
+        return f"{where}: {message.replace(' - at', ' in')}"
+    return f"{where}: {dotted}: {detail}"
+
+
+def _line_of(text: str, table: tuple[str, ...], key: str) -> int:
+    """Best-effort line number of ``key`` inside ``[table]`` (0 when not found)."""
+    current: tuple[str, ...] = ()
+    want = ".".join(table)
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
+        if header:
+            current = tuple(p.strip().strip('"') for p in header.group(1).split("."))
+            if current == (*table, key):
+                return number
+            continue
+        m = re.match(r"^([A-Za-z0-9_\-\"\.]+)\s*=", line)
+        if m:
+            dotted = tuple(p.strip('"') for p in m.group(1).split("."))
+            full = (*current, *dotted)
+            if ".".join(full[:-1]) == want and full[-1] == key:
+                return number
+            if ".".join(full) == f"{want}.{key}" if want else full == (key,):
+                return number
+    return 0
+
+
+def load_profiles(directory: Path) -> tuple[dict[str, Profile], dict[Path, str]]:
+    """Every ``*.toml`` in ``directory``: the valid profiles, and an error per invalid file."""
+    good: dict[str, Profile] = {}
+    bad: dict[Path, str] = {}
+    if not directory.is_dir():
+        raise ConfigError(f"profiles directory {directory} does not exist; create it and put "
+                          f"one TOML profile per provider in it (see `bide check-profile -h`)")
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            good[path.stem] = load_profile(path)
+        except ConfigError as exc:
+            bad[path] = str(exc)
+    return good, bad

@@ -1,0 +1,184 @@
+"""The spool: how other processes talk to the daemon, through files.
+
+    spool/incoming/    registrations dropped by `bide watch` (writable by the agents' group)
+    spool/decisions/   decisions dropped by `bide decide` (writable by approvers only)
+    spool/rejected/    files the daemon refused, each with NAME.reason beside it
+    spool/receipts/    REQUEST_ID.json: what became of each file (registered, recorded, rejected)
+
+Writers drop a file atomically (a dot-file in the same directory, fsync, rename) so the daemon
+never reads half a file. The daemon reads each file with ``O_NOFOLLOW`` and a size cap,
+validates it, appends the event, writes the receipt, and only then deletes the file: a crash in
+between leaves the file to be read again, and ingest is idempotent (the operation id is fixed
+by the file, and an id already in the log is not registered twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from replay.observations import Registration
+
+SPOOL_VERSION = 1
+MAX_FILE_BYTES = 64 * 1024
+REQUEST_ID = Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
+
+
+class RegistrationFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    version: Literal[1]
+    request_id: REQUEST_ID
+    registration: Registration
+
+
+class DecisionFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    version: Literal[1]
+    request_id: REQUEST_ID
+    operation_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    option: Annotated[str, Meta(min_length=1, max_length=64)]
+    note: Annotated[str, Meta(max_length=4096)] = ""
+    escalation_id: int | None = None
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    request_id: str
+    status: Literal["registered", "recorded", "rejected"]
+    operation_id: str | None = None
+    reason: str = ""
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(16)
+
+
+class Spool:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.incoming = root / "incoming"
+        self.decisions = root / "decisions"
+        self.rejected = root / "rejected"
+        self.receipts = root / "receipts"
+
+    def create(self) -> None:
+        """Make the directories (the daemon does this at start; modes are the operator's)."""
+        for d, mode in ((self.root, 0o755), (self.incoming, 0o730), (self.decisions, 0o730),
+                        (self.rejected, 0o750), (self.receipts, 0o755)):
+            d.mkdir(mode=mode, parents=True, exist_ok=True)
+
+    # -- writers (CLI side) -----------------------------------------------------------------
+
+    def drop(self, directory: Path, request_id: str, data: bytes) -> Path:
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                errno.ENOENT, f"spool directory {directory} does not exist (has `bide run` "
+                f"started once with this config?)")
+        final = directory / f"{request_id}.json"
+        tmp = directory / f".{request_id}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+        return final
+
+    def receipt_path(self, request_id: str) -> Path:
+        return self.receipts / f"{request_id}.json"
+
+    def read_receipt(self, request_id: str) -> Receipt | None:
+        try:
+            return msgspec.json.decode(self.receipt_path(request_id).read_bytes(), type=Receipt)
+        except (FileNotFoundError, msgspec.DecodeError):
+            return None
+
+    # -- daemon side -----------------------------------------------------------------------
+
+    def pending(self, directory: Path) -> list[Path]:
+        """Files waiting in ``directory``, oldest first; dot-files are writes in progress."""
+        try:
+            entries = [p for p in directory.iterdir() if not p.name.startswith(".")]
+        except FileNotFoundError:
+            return []
+        entries = [p for p in entries if not p.name.endswith(".reason")]
+        entries.sort(key=lambda p: (_mtime(p), p.name))
+        return entries
+
+    def read(self, path: Path) -> tuple[bytes, int]:
+        """(content, owner uid) of a spool file; refuses links, non-files and large files."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SpoolReject("a symbolic link; spool files must be regular files") from None
+            raise SpoolReject(f"cannot open: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SpoolReject("not a regular file")
+            if st.st_size > MAX_FILE_BYTES:
+                raise SpoolReject(f"{st.st_size} bytes; the limit is {MAX_FILE_BYTES}")
+            data = os.read(fd, MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                raise SpoolReject(f"more than {MAX_FILE_BYTES} bytes")
+            return data, st.st_uid
+        finally:
+            os.close(fd)
+
+    def reject(self, path: Path, request_id: str | None, reason: str) -> None:
+        """Move ``path`` to ``rejected/`` with NAME.reason beside it, and write the receipt."""
+        self.rejected.mkdir(parents=True, exist_ok=True)
+        target = self.rejected / path.name
+        while target.exists() or target.is_symlink():
+            target = self.rejected / f"{path.stem}.{secrets.token_hex(3)}{path.suffix}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, target)
+        reason_path = target.with_name(target.name + ".reason")
+        reason_path.write_text(reason + "\n", encoding="utf-8")
+        if request_id is not None:
+            self.write_receipt(Receipt(request_id, "rejected", None, reason))
+
+    def write_receipt(self, receipt: Receipt) -> None:
+        self.receipts.mkdir(parents=True, exist_ok=True)
+        final = self.receipt_path(receipt.request_id)
+        tmp = final.with_name(f".{final.name}.tmp")
+        tmp.write_bytes(msgspec.json.encode(receipt))
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, final)
+
+    def done(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+class SpoolReject(Exception):
+    """A spool file is refused; the message is the reason written beside it."""
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def request_id_of(path: Path) -> str | None:
+    """The request id a spool file name carries, if it is a well-formed one."""
+    stem = path.name.removesuffix(".json")
+    return stem if len(stem) == 32 and all(c in "0123456789abcdef" for c in stem) else None

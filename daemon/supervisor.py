@@ -1,0 +1,441 @@
+"""The supervisor: the one task group that owns the log, the timers and every request.
+
+Theory of operation (S9, S11, S13, S30-S33):
+    * Start: take the log (its lock refuses a second daemon), replay every event into state,
+      record an unknown outcome for each intent whose outcome never made it to the log (the
+      daemon died in between: the request counted, S11/S13), then schedule one wake-up per live
+      operation at its ``next_poll_at``. An overdue operation gets one wake-up, never a burst
+      (S9); ``decide`` checks its deadline first.
+    * A wake-up runs the seed's order (S32): load; ``decide(WakeUp)`` (deadline, budget, due);
+      the provider's quota (a poll it holds back is recorded as a ``local_quota`` delay); append
+      ``StatusRequestIntended`` and wait until it is durable; send one request; append what came
+      back; ``decide`` on it; append; schedule. Nothing is held while sleeping (S33): the state
+      is in the log, the timer is one heap entry.
+    * The spool is watched with watchfiles (plus one scan at start): registrations and
+      decisions are validated, recorded, receipted, then deleted.
+    * SIGTERM/SIGINT: stop starting requests, give those in flight ``drain_seconds`` to finish,
+      record the rest as unknown outcomes, write a final checkpoint, exit 0. SIGHUP or a change
+      in the profiles directory reloads profiles; an invalid profile keeps the last good one.
+
+Every event is appended before the state it leads to is acted on: the in-memory ``ops`` only
+ever reflects durable events.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import random
+import signal
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import msgspec
+import watchfiles
+
+from daemon import logfmt
+from daemon.config import Config
+from daemon.errors import ConfigError
+from daemon.http import CredentialError, StatusClient
+from daemon.outbox import escalation_text, write_escalation
+from daemon.profile import Profile, load_profiles
+from daemon.spool import DecisionFile, Receipt, RegistrationFile, Spool, SpoolReject
+from daemon.spool import request_id_of as spool_request_id
+from daemon.timers import RateQuota, TimerHeap
+from eventlog.keys import KeyRing, Signer
+from eventlog.reader import LogReader
+from eventlog.writer import LogWriter
+from replay.decide import decide, register
+from replay.events import (
+    DecisionRejected,
+    EscalationRaised,
+    Event,
+    OperationRegistered,
+    RegistrationRejected,
+    RequestOutcomeUnknown,
+    StatusRequestIntended,
+    decode_event,
+    encode_event,
+)
+from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
+from replay.state import Operation, evolve
+
+DRAIN_SECONDS = 5.0
+_SYSTEM_RANDOM = random.SystemRandom()
+
+
+@dataclass
+class Metrics:
+    """Counters the daemon keeps about itself (exposed by issue 7's /metrics)."""
+
+    requests_sent: int = 0
+    wakeup_lateness: list[float] = field(default_factory=list)
+    appends: int = 0
+
+
+def replay_log(log_dir: Path, keyring: KeyRing) -> tuple[dict[str, Operation], int]:
+    """Fold every event of the log into operation state; returns (ops, events read)."""
+    ops: dict[str, Operation] = {}
+    count = 0
+    for _, payload in LogReader(log_dir, keyring).payloads():
+        ev = decode_event(payload)
+        ops[ev.operation_id] = evolve(ops.get(ev.operation_id), ev)
+        count += 1
+    return ops, count
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        signer: Signer,
+        *,
+        clock: Callable[[], float] = time.time,
+        draw: Callable[[], float] = _SYSTEM_RANDOM.random,
+        drain_seconds: float = DRAIN_SECONDS,
+    ) -> None:
+        self.config = config
+        self.keyring = keyring
+        self.signer = signer
+        self.clock = clock
+        self.draw = draw
+        self.drain_seconds = drain_seconds
+        self.ops: dict[str, Operation] = {}
+        self.profiles: dict[str, Profile] = {}
+        self.clients: dict[str, StatusClient] = {}
+        self.quotas: dict[str, RateQuota] = {}
+        self.in_flight: dict[str, anyio.Semaphore] = {}
+        self.prepaid: set[str] = set()
+        self.busy: set[str] = set()
+        self.timers = TimerHeap()
+        self.spool = Spool(config.spool_dir)
+        self.metrics = Metrics()
+        self.stopping = anyio.Event()
+        self._idle = anyio.Event()
+        self._log: LogWriter | None = None
+        self._polls: anyio.abc.TaskGroup | None = None
+
+    # -- recording -------------------------------------------------------------------------
+
+    @property
+    def log(self) -> LogWriter:
+        assert self._log is not None
+        return self._log
+
+    async def record(self, events: Sequence[Event]) -> None:
+        """Append ``events`` durably, then fold them into state; then act on escalations."""
+        if not events:
+            return
+        await self.log.append_many([encode_event(e) for e in events])
+        self.metrics.appends += len(events)
+        for ev in events:
+            self.ops[ev.operation_id] = evolve(self.ops.get(ev.operation_id), ev)
+            if isinstance(ev, EscalationRaised):
+                self._announce(ev)
+
+    def _announce(self, ev: EscalationRaised) -> None:
+        path = write_escalation(self.config.outbox_dir, ev)
+        logfmt.warn("escalation raised", op=ev.operation_id, reason=ev.reason,
+                    escalation=ev.escalation_id, outbox=path,
+                    options=",".join(o.id for o in ev.options))
+        for line in escalation_text(ev).rstrip().splitlines():
+            logfmt.info(line.strip(), op=ev.operation_id)
+
+    # -- profiles --------------------------------------------------------------------------
+
+    def load_profiles(self) -> None:
+        if self.config.profiles_dir is None:
+            raise ConfigError(f"{self.config.path}: [paths] profiles_dir is not set")
+        good, bad = load_profiles(self.config.profiles_dir)
+        for path, message in bad.items():
+            kept = " (keeping the last good version)" if path.stem in self.profiles else ""
+            logfmt.error("profile refused" + kept, profile=path, error=message)
+        for name, profile in good.items():
+            old = self.profiles.get(name)
+            if old is not None and old.digest == profile.digest:
+                continue
+            self.profiles[name] = profile
+            self.quotas[name] = RateQuota(profile.quota.requests_per_second)
+            self.in_flight[name] = anyio.Semaphore(profile.quota.max_in_flight)
+            previous = self.clients.pop(name, None)
+            self.clients[name] = StatusClient(profile, self._credentials_dir())
+            if previous is not None and self._polls is not None:
+                self._polls.start_soon(previous.aclose)
+            logfmt.info("profile loaded", provider=name, digest=profile.digest[:16])
+
+    def _credentials_dir(self) -> Path | None:
+        if self.config.credentials_dir is not None:
+            return self.config.credentials_dir
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        return Path(creds) if creds else None
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def schedule(self, op_id: str) -> None:
+        op = self.ops.get(op_id)
+        if op is None or op.phase != "live":
+            self.timers.cancel(op_id)
+            return
+        delay = max(0.0, op.next_poll_at - self.clock())
+        self.timers.schedule(op_id, time.monotonic() + delay)
+
+    async def _timer_loop(self) -> None:
+        assert self._polls is not None
+        while not self.stopping.is_set():
+            for op_id, due in await self.timers.wait():
+                if self.stopping.is_set():
+                    return
+                self.metrics.wakeup_lateness.append(time.monotonic() - due)
+                if len(self.metrics.wakeup_lateness) > 10_000:
+                    del self.metrics.wakeup_lateness[:5_000]
+                self._polls.start_soon(self._poll, op_id)
+
+    async def _poll(self, op_id: str) -> None:
+        """One wake-up of one operation, in the seed's order (S32)."""
+        op = self.ops.get(op_id)
+        if op is None or op_id in self.busy:
+            return
+        self.busy.add(op_id)
+        try:
+            await self._poll_once(op)
+        finally:
+            self.busy.discard(op_id)
+            self.schedule(op_id)
+            if not self.busy:
+                self._idle.set()
+
+    async def _poll_once(self, op: Operation) -> None:
+        now = self.clock()
+        events = decide(op, WakeUp(), now, self.draw())
+        intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
+        if intent is None:
+            await self.record(events)  # nothing, or a stop (deadline, budget) S9/S13/S17
+            return
+        client = self.clients.get(op.provider)
+        if client is None:
+            logfmt.error("no profile for provider; not polling", op=op.operation_id,
+                          provider=op.provider)
+            self.timers.schedule(op.operation_id, time.monotonic() + 30.0)
+            return
+        try:
+            client.check_credential()
+        except CredentialError as exc:
+            logfmt.error("credential unreadable; not polling", op=op.operation_id, error=exc)
+            return  # rescheduled at next_poll_at; the deadline still bounds the wait
+        if op.operation_id in self.prepaid:
+            self.prepaid.discard(op.operation_id)
+        else:
+            wait = self.quotas[op.provider].reserve()
+            if wait > 0:
+                deferred = decide(op, QuotaDeferred(until=now + wait), now, self.draw())
+                await self.record(deferred)
+                if self.ops[op.operation_id].phase == "live":
+                    self.prepaid.add(op.operation_id)
+                else:
+                    self.quotas[op.provider].release()
+                return
+        if self.stopping.is_set():
+            return
+        await self.record(events)  # S13: durable before the request leaves
+        sem = self.in_flight[op.provider]
+        async with sem:
+            time_left = op.deadline_at - self.clock()
+            fact = await client.fetch(operation_id=op.operation_id, job_id=op.provider_job_id,
+                                      request_number=intent.request_number,
+                                      time_left=time_left, clock=self.clock)
+        self.metrics.requests_sent += 1
+        await self.record([fact])
+        op = self.ops[op.operation_id]
+        await self.record(decide(op, fact, self.clock(), self.draw()))
+
+    # -- spool -----------------------------------------------------------------------------
+
+    async def ingest_all(self) -> None:
+        for path in self.spool.pending(self.spool.incoming):
+            await self.ingest_registration(path)
+        for path in self.spool.pending(self.spool.decisions):
+            await self.ingest_decision(path)
+
+    async def ingest_registration(self, path: Path) -> None:
+        rid = spool_request_id(path)
+        try:
+            data, _uid = self.spool.read(path)
+            if rid is None:
+                raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
+            try:
+                rf = msgspec.json.decode(data, type=RegistrationFile)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise SpoolReject(f"not a valid registration: {exc}") from None
+            if rf.request_id != rid:
+                raise SpoolReject("request_id does not match the file name")
+            reg = rf.registration
+            existing = self.ops.get(reg.operation_id)
+            if existing is not None:
+                if (existing.provider, existing.provider_job_id) == (reg.provider,
+                                                                      reg.provider_job_id):
+                    # Ingest is idempotent: recorded before a crash, file not yet deleted.
+                    self.spool.write_receipt(Receipt(rid, "registered", reg.operation_id))
+                    self.spool.done(path)
+                    return
+                raise SpoolReject(f"operation id {reg.operation_id} is already in use")
+            profile = self.profiles.get(reg.provider)
+            if profile is None:
+                known = ", ".join(sorted(self.profiles)) or "none loaded"
+                raise SpoolReject(f"no profile for provider {reg.provider!r} (known: {known})")
+            events = register(reg, profile.contract, self.clock())
+            rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
+            if rejected is not None:
+                raise SpoolReject(f"{rejected.reason}: {rejected.detail}")
+            await self.record(events)
+        except SpoolReject as exc:
+            logfmt.warn("spool file rejected", file=path.name, reason=exc)
+            self.spool.reject(path, rid, str(exc))
+            return
+        registered = next(e for e in events if isinstance(e, OperationRegistered))
+        self.spool.write_receipt(Receipt(rid, "registered", registered.operation_id))
+        self.spool.done(path)
+        logfmt.info("operation registered", op=registered.operation_id,
+                    provider=registered.provider, job=registered.provider_job_id)
+        self.schedule(registered.operation_id)
+
+    async def ingest_decision(self, path: Path) -> None:
+        rid = spool_request_id(path)
+        try:
+            data, uid = self.spool.read(path)
+            if rid is None:
+                raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
+            try:
+                df = msgspec.json.decode(data, type=DecisionFile)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise SpoolReject(f"not a valid decision: {exc}") from None
+            op = self.ops.get(df.operation_id)
+            if op is None:
+                raise SpoolReject(f"no operation {df.operation_id!r}")
+            if df.operation_id in self.busy:
+                return  # a poll is mid-flight; the next scan picks the file up
+            approver = _user_name(uid)  # the file's owner, not a name the file claims
+            observation = DecisionSubmitted(option=df.option, approver=approver, note=df.note,
+                                            escalation_id=df.escalation_id)
+            events = decide(op, observation, self.clock(), self.draw())
+            await self.record(events)
+            rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
+            if rejected is not None:
+                raise SpoolReject(f"decision rejected: {rejected.reason}")
+        except SpoolReject as exc:
+            logfmt.warn("decision rejected", file=path.name, reason=exc)
+            self.spool.reject(path, rid, str(exc))
+            return
+        self.spool.write_receipt(Receipt(rid, "recorded", df.operation_id))
+        self.spool.done(path)
+        logfmt.info("decision recorded", op=df.operation_id, option=df.option, approver=approver)
+        self.schedule(df.operation_id)
+
+    async def _watch_spool(self) -> None:
+        async for _ in watchfiles.awatch(self.spool.incoming, self.spool.decisions,
+                                         stop_event=self.stopping, debounce=20, step=10,
+                                         rust_timeout=1000):
+            await self.ingest_all()
+
+    async def _watch_profiles(self) -> None:
+        assert self.config.profiles_dir is not None
+        async for _ in watchfiles.awatch(self.config.profiles_dir, stop_event=self.stopping,
+                                         debounce=200, rust_timeout=1000):
+            self.load_profiles()
+
+    async def _signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                if signum == signal.SIGHUP:
+                    logfmt.info("SIGHUP: reloading profiles")
+                    self.load_profiles()
+                    continue
+                logfmt.info("stopping", signal=signal.Signals(signum).name)
+                self.stopping.set()
+                scope.cancel()
+                return
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _check_decisions_dir(self) -> None:
+        st = self.spool.decisions.stat()
+        if stat.S_IMODE(st.st_mode) & 0o002:
+            raise ConfigError(
+                f"decisions directory {self.spool.decisions} is world-writable (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); anyone could approve. Fix: chmod o-w "
+                f"{self.spool.decisions} (approvers' group only: see the README)"
+            )
+
+    async def recover_in_flight(self) -> None:
+        """S11/S13: an intent without an outcome counted, and its delivery is ambiguous."""
+        for op in list(self.ops.values()):
+            if op.in_flight is None:
+                continue
+            now = self.clock()
+            unknown = RequestOutcomeUnknown(operation_id=op.operation_id, at=now,
+                                            request_number=op.in_flight)
+            await self.record([unknown])
+            await self.record(decide(self.ops[op.operation_id], unknown, now, self.draw()))
+            logfmt.warn("request outcome unknown after restart", op=op.operation_id,
+                        request=op.in_flight)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        cfg = self.config
+        self.spool.create()
+        self._check_decisions_dir()
+        cfg.outbox_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self.load_profiles()
+        started = time.monotonic()
+        async with LogWriter(cfg.log_dir, self.keyring, self.signer,
+                             segment_bytes=cfg.log.segment_bytes,
+                             checkpoint_every=cfg.log.checkpoint_every,
+                             checkpoint_interval=cfg.log.checkpoint_interval_seconds) as log:
+            self._log = log
+            if log.recovered is not None:
+                logfmt.warn("torn log tail quarantined", bytes=log.recovered.cut_len,
+                            quarantine=log.recovered.quarantine)
+            self.ops, count = await anyio.to_thread.run_sync(replay_log, cfg.log_dir,
+                                                             self.keyring)
+            live = [op for op in self.ops.values() if op.phase == "live"]
+            logfmt.info("replayed", events=count, operations=len(self.ops), live=len(live),
+                        seconds=f"{time.monotonic() - started:.3f}")
+            async with anyio.create_task_group() as polls:
+                self._polls = polls
+                await self.recover_in_flight()
+                for op in live:
+                    self.schedule(op.operation_id)
+                await self.ingest_all()
+                with anyio.CancelScope() as main_scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._signals, main_scope)
+                        tg.start_soon(self._timer_loop)
+                        tg.start_soon(self._watch_spool)
+                        if cfg.profiles_dir is not None:
+                            tg.start_soon(self._watch_profiles)
+                        logfmt.info("ready", live=len(live), log=cfg.log_dir)
+                        task_status.started()
+                # Draining: no new requests; those in flight get a bounded time to finish.
+                self.stopping.set()
+                if self.busy:
+                    self._idle = anyio.Event()
+                    with anyio.move_on_after(self.drain_seconds):
+                        await self._idle.wait()
+                polls.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.recover_in_flight()
+                for client in self.clients.values():
+                    await client.aclose()
+        logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid:{uid}"
