@@ -1,0 +1,170 @@
+"""A real workspace for end-to-end tests: keys, a profile, a config, the simulator, the daemon.
+
+Everything runs for real: the simulator on 127.0.0.1 in a background thread, ``bide run`` as
+a subprocess, every other command through the CLI as a subprocess. Waits are bounded polls of
+real state (a log line, a receipt, the simulator's request log), never sleep-and-hope.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daemon.config import load_config
+from daemon.readers import LoadedLog, load_log, open_keyring
+from daemon.simulator import SimulatorHandle, run_in_thread, script_from_dict
+from eventlog import keys
+
+TOKEN = "e2e-s3cret-token-7f1d"
+BIDE = [sys.executable, "-m", "daemon.cli"]
+
+DEFAULT_CONTRACT = """\
+state_pointer = "/status"
+job_id_pointer = "/id"
+results = [{ name = "result_url", pointer = "/result_url", kind = "url" }]
+next_check_at_pointer = "/next_check_at"
+poll_after_seconds_pointer = "/poll_after_seconds"
+expires_at_pointer = "/expires_at"
+error_pointer = "/error"
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 0.4
+rate_limited_delay_seconds = 1.0
+min_hint_seconds = 0.05
+not_found_grace_seconds = 5
+"""
+
+STATES = """\
+[contract.states]
+pending = ["queued", "running"]
+success = ["succeeded"]
+failure = ["failed"]
+canceled = ["canceled"]
+expired = ["expired"]
+"""
+
+
+def until(predicate: Callable[[], object], timeout: float = 15.0, what: str = "") -> None:
+    """Poll real state until ``predicate()`` is truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.output()}")
+            return "msg=ready" in self.output()
+
+        until(ready, timeout, "the daemon to be ready")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@dataclass
+class Workspace:
+    root: Path
+    sim: SimulatorHandle
+    daemons: list[Daemon] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "bide.toml"
+
+    def write_profile(self, name: str = "sim", contract: str = DEFAULT_CONTRACT,
+                      extra: str = "") -> Path:
+        path = self.root / "profiles" / f"{name}.toml"
+        path.write_text(
+            f'[status]\nurl = "{self.sim.base_url}/jobs/{{job_id}}"\ntimeout_seconds = 2\n'
+            f'max_body_bytes = 65536\n\n[credential]\nfile = "sim.token"\n\n{extra}\n'
+            f"[contract]\n{contract}\n{STATES}"
+        )
+        return path
+
+    def bide(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([*BIDE, *args, "--config", str(self.config)], capture_output=True,
+                              text=True, timeout=timeout, cwd=self.root)
+        self.outputs += [proc.stdout, proc.stderr]
+        return proc
+
+    def start_daemon(self) -> Daemon:
+        log_path = self.root / f"daemon-{len(self.daemons)}.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen([*BIDE, "run", "--config", str(self.config)], stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=self.root)
+        daemon = Daemon(proc, log_path)
+        self.daemons.append(daemon)
+        daemon.wait_ready()
+        return daemon
+
+    def watch(self, job: str, op: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        return self.bide("watch", "--provider", "sim", "--job", job, "--operation", op, *flags)
+
+    def log(self) -> LoadedLog:
+        cfg = load_config(str(self.config))
+        return load_log(cfg.log_dir, open_keyring(cfg))
+
+    def assert_no_leak(self) -> None:
+        """The credential is in its own file and nowhere else the run wrote."""
+        needle = TOKEN.encode()
+        for path in self.root.rglob("*"):
+            if path.is_file() and path.name != "sim.token":
+                assert needle not in path.read_bytes(), f"credential leaked into {path}"
+        for text in self.outputs:
+            assert TOKEN not in text, "credential leaked into a command's output"
+        for record in self.sim.requests():
+            assert TOKEN not in repr(record), "credential in the simulator's request log"
+
+
+@contextmanager
+def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
+              server: dict[str, object] | None = None) -> Iterator[Workspace]:
+    script = script_from_dict({"server": server or {},
+                               "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
+    (tmp / "profiles").mkdir()
+    (tmp / "creds").mkdir(mode=0o700)
+    token = tmp / "creds" / "sim.token"
+    token.write_text(TOKEN + "\n")
+    os.chmod(token, 0o600)
+    keys.generate(tmp / "keys")
+    (tmp / "bide.toml").write_text(
+        '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
+        'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 50\n'
+        "checkpoint_interval_seconds = 5\n"
+    )
+    with run_in_thread(script, token=TOKEN) as sim:
+        ws = Workspace(tmp, sim)
+        ws.write_profile()
+        try:
+            yield ws
+        finally:
+            for d in ws.daemons:
+                d.kill()
+        ws.assert_no_leak()
