@@ -16,7 +16,6 @@ from replay import (
     Registration,
     RequestOutcomeUnknown,
     ResponseHeaders,
-    ResultField,
     StateTable,
     StatusResponseReceived,
     TransportFailed,

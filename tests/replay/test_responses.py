@@ -62,7 +62,8 @@ def test_s3_s15_state_table(content: bytes, reason: str | None, job_outcome: str
     assert classified.job_outcome == job_outcome
     assert _stop_reason(events) == reason
     if job_outcome == "pending":
-        assert d.op.phase == "live" and tags(events)[-1] == "poll_scheduled"
+        assert d.op.phase == "live"
+        assert tags(events)[-1] == "poll_scheduled"
     elif job_outcome == "success":
         assert d.op.phase == "succeeded"
     else:
@@ -115,7 +116,8 @@ def test_s14_s4_success_only_with_valid_required_results(
         [success] = _only(events, OperationSucceeded)
         assert isinstance(success, OperationSucceeded)
         assert success.results == {"url": result["url"]}
-        assert d.op.phase == "succeeded" and d.op.results == success.results
+        assert d.op.phase == "succeeded"
+        assert d.op.results == success.results
     else:
         assert not _only(events, OperationSucceeded)
         assert d.op.phase == "escalated"
@@ -274,7 +276,9 @@ def test_s23_404_grace_then_not_found(respond_offset: float, reason: str | None)
 
 # --- S24 401/403 -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("status", [pytest.param(401, id="S24-401"), pytest.param(403, id="S24-403")])
+@pytest.mark.parametrize(
+    "status", [pytest.param(401, id="S24-401"), pytest.param(403, id="S24-403")]
+)
 def test_s24_authorization_denied_at_once(status: int) -> None:
     d = Daemon.start()
     events = d.poll_and_respond(status=status, draw=0.1)
@@ -314,13 +318,14 @@ def test_s25_s18_transport_budget_then_delivery_ambiguous(kind: str) -> None:
     assert _stop_reason(events) == "delivery_ambiguous"
     stopped = events[0]
     assert isinstance(stopped, OperationStopped)
-    assert kind in stopped.detail and "3 of 3" in stopped.detail
+    assert kind in stopped.detail
+    assert "3 of 3" in stopped.detail
     assert d.op.status_requests_used == 3  # S11: every call counted
 
 
 @pytest.mark.parametrize(
     "status",
-    [pytest.param(500, id="S25-500"), pytest.param(502, id="S25-502"), pytest.param(503, id="S25-503")],
+    [pytest.param(code, id=f"S25-{code}") for code in (500, 502, 503)],
 )
 def test_s25_5xx_counts_keeps_status_time_request_id(status: int) -> None:
     d = Daemon.start(max_transport_failures=2)
@@ -449,7 +454,8 @@ def test_s8_hints_validated_and_rejections_recorded(
     if rejection is None:
         assert rejected == []
     else:
-        assert len(rejected) == 1 and rejection in rejected[0].reason
+        assert len(rejected) == 1
+        assert rejection in rejected[0].reason
         assert scheduled.delay == 5.0  # the backoff floor with draw 0 (attempt 1, raw 10)
 
 
@@ -514,7 +520,8 @@ def test_s20_retry_after_past_deadline_stops(status: int, value: str) -> None:
     assert not _only(events, PollScheduled)  # do not poll again
     stopped = _only(events, OperationStopped)[0]
     assert isinstance(stopped, OperationStopped)
-    assert "Retry-After" in stopped.detail and "deadline" in stopped.detail
+    assert "Retry-After" in stopped.detail
+    assert "deadline" in stopped.detail
     assert d.op.phase == "escalated"
 
 
@@ -560,7 +567,7 @@ def test_s21_429_with_retry_after_counts_too() -> None:
     assert _stop_reason(events) == "rate_limited"
 
 
-# --- IETF RateLimit / RateLimit-Policy -------------------------------------------------------------
+# --- IETF RateLimit / RateLimit-Policy ------------------------------------------------------
 
 RATELIMIT_TABLE = [
     pytest.param({"ratelimit": '"default";r=0;t=90'}, "rate_limit_policy", 90.0, [], id="RL-r0"),
@@ -569,7 +576,9 @@ RATELIMIT_TABLE = [
                  id="RL-old-dictionary"),
     pytest.param({"ratelimit_policy": '"default";q=2;w=120'}, "rate_limit_policy", 60.0, [],
                  id="RL-policy"),
-    pytest.param({"ratelimit_policy": "10;w=600"}, "rate_limit_policy", 60.0, [], id="RL-old-policy"),
+    pytest.param(
+        {"ratelimit_policy": "10;w=600"}, "rate_limit_policy", 60.0, [], id="RL-old-policy"
+    ),
     pytest.param({"ratelimit": '"default";r=100;t=1'}, "local_backoff", 5.0, [], id="RL-no-effect"),
     pytest.param({"ratelimit": '"default";r=-1;t=5'}, "local_backoff", 5.0, ["ratelimit"],
                  id="RL-malformed-negative"),
@@ -598,7 +607,8 @@ def test_poll_clamped_to_deadline_then_stops_there() -> None:
     d.poll_and_respond(draw=0.0)
     events = d.poll_and_respond(status=200, ratelimit='"d";r=0;t=55')
     scheduled = _schedule(events)
-    assert scheduled.clamped_to_deadline and scheduled.next_poll_at == T0 + 60
+    assert scheduled.clamped_to_deadline
+    assert scheduled.next_poll_at == T0 + 60
     stop = d.wake(T0 + 60)
     assert _stop_reason(stop) == "deadline_exceeded"
 
@@ -613,7 +623,8 @@ def test_quota_deferral_records_local_quota_never_past_deadline() -> None:
     assert d.wake(due + 29) == []
     [far] = d.quota(due + 30, T0 + 99999)
     assert isinstance(far, PollScheduled)
-    assert far.next_poll_at == T0 + 2400 and far.clamped_to_deadline
+    assert far.next_poll_at == T0 + 2400
+    assert far.clamped_to_deadline
     assert d.quota(due + 31, due + 1) == []  # a quota never makes a poll earlier
 
 

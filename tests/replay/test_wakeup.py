@@ -209,12 +209,15 @@ def test_s5_s12_registration_record_has_defaults_from_contract() -> None:
         "exp_71c",
     )
     assert (op.account_context, op.request_fingerprint) == ("acme/reports", "sha256:abc")
-    assert op.started_at == T0 and op.deadline_at == T0 + 2400
+    assert op.started_at == T0
+    assert op.deadline_at == T0 + 2400
     assert (op.max_status_requests, op.max_transport_failures, op.max_rate_limited) == (12, 3, 3)
     assert (op.status_requests_used, op.transport_failures_used, op.rate_limited_used) == (0, 0, 0)
     assert op.next_poll_at == T0 + 5  # S7: the provider's first-poll delay (the base here)
-    assert op.contract == c and len(op.contract_digest) == 64
-    assert op.phase == "live" and op.last_state is None
+    assert op.contract == c
+    assert len(op.contract_digest) == 64
+    assert op.phase == "live"
+    assert op.last_state is None
 
 
 def test_s7_first_poll_follows_the_provider_schedule() -> None:
