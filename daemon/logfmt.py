@@ -9,7 +9,13 @@ import sys
 import time
 from typing import TextIO
 
-_stream: TextIO = sys.stderr
+_stream: TextIO | None = None  # None: whatever sys.stderr is at the time
+
+
+def set_stream(stream: TextIO | None) -> None:
+    """Send log lines elsewhere (the demo keeps them in a file beside its log)."""
+    global _stream
+    _stream = stream
 
 
 def _quote(value: object) -> str:
@@ -24,7 +30,7 @@ def log(level: str, msg: str, **fields: object) -> None:
     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
     parts = [f"ts={ts}", f"level={level}", f"msg={_quote(msg)}"]
     parts += [f"{k}={_quote(v)}" for k, v in fields.items() if v is not None]
-    print(" ".join(parts), file=_stream, flush=True)
+    print(" ".join(parts), file=_stream or sys.stderr, flush=True)
 
 
 def info(msg: str, **fields: object) -> None:

@@ -120,6 +120,7 @@ class Supervisor:
         self._idle = anyio.Event()
         self._log: LogWriter | None = None
         self._polls: anyio.abc.TaskGroup | None = None
+        self._main_scope: anyio.CancelScope | None = None
 
     # -- recording -------------------------------------------------------------------------
 
@@ -362,6 +363,12 @@ class Supervisor:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def request_stop(self) -> None:
+        """Stop as on SIGTERM: no new requests, drain, final checkpoint."""
+        self.stopping.set()
+        if self._main_scope is not None:
+            self._main_scope.cancel()
+
     def _check_decisions_dir(self) -> None:
         st = self.spool.decisions.stat()
         if stat.S_IMODE(st.st_mode) & 0o002:
@@ -412,6 +419,7 @@ class Supervisor:
                     self.schedule(op.operation_id)
                 await self.ingest_all()
                 with anyio.CancelScope() as main_scope:
+                    self._main_scope = main_scope
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._signals, main_scope)
                         tg.start_soon(self._timer_loop)
