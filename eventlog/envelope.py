@@ -17,7 +17,9 @@ Record kinds:
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -104,6 +106,14 @@ def record_hash(line: bytes) -> str:
     h = _RECORD_HASHER.copy()
     h.update(line)
     return h.hexdigest()
+
+
+def record_hashes(lines: Iterable[bytes]) -> list[str]:
+    """``record_hash`` of every line, looping in C (the verifier's fast path)."""
+    return list(map(_HEXDIGEST, map(hashlib.sha256, map(_RECORD_DOMAIN.__add__, lines))))
+
+
+_HEXDIGEST = operator.methodcaller("hexdigest")
 
 
 def associated_data(log_id: str, seq: int, prev: str, kid: str) -> bytes:

@@ -41,17 +41,17 @@ class Line:
 def iter_lines(log_dir: Path) -> Iterator[Line]:
     for ordinal, (_, path) in enumerate(list_segments(log_dir), start=1):
         data = path.read_bytes()
-        yield from _split(path, ordinal, data)
+        yield from split_lines(path, ordinal, data, 0)
 
 
-def _split(path: Path, ordinal: int, data: bytes) -> Iterator[Line]:
+def split_lines(path: Path, ordinal: int, data: bytes, offset: int) -> Iterator[Line]:
+    """The lines of ``data``, read from ``path`` at byte ``offset`` (a line start)."""
     parts = data.split(b"\n")
-    offset = 0
     last = len(parts) - 1
     for i, part in enumerate(parts):
         if i == last:
             if part:
-                yield Line(path, ordinal, offset, part, False, i == 0)
+                yield Line(path, ordinal, offset, part, False, offset == 0)
             return
-        yield Line(path, ordinal, offset, part, True, i == 0)
+        yield Line(path, ordinal, offset, part, True, offset == 0)
         offset += len(part) + 1

@@ -3,31 +3,56 @@
 Checks, record by record: the genesis record and its signer fingerprint; sequence continuity;
 each record's link to the hash of the one before; the log id on every record; the segment chain
 (every segment after the first opens with a segment record naming its index and the previous
-segment's last hash); every checkpoint's Ed25519 signature and its link to the previous
-checkpoint; an optional anchor (a sequence number and hash kept elsewhere).
+segment's last hash, and each file's name matches the index it holds); every checkpoint's
+Ed25519 signature (in canonical base64) and its link to the previous checkpoint; an optional
+anchor (a sequence number and hash kept elsewhere).
 
-The first damage found is reported with its class, sequence number, segment and byte offset.
-Classes:
-    modified        a record's bytes changed, or a line does not parse as a record
-    missing         records absent (a gap in sequence numbers)
+The first damage found is reported with its class, a sequence number, segment and byte offset.
+The sequence number is the first position in the chain that is not intact (for ``duplicated``:
+the number of the record that appears again). Classes:
+    modified        a record's bytes changed (including its own sequence number), or a line does
+                    not parse as a record; when a link breaks, the record before the link is named
+    missing         records absent (a gap in sequence numbers), or a checkpoint linking to a
+                    checkpoint that is not in the log
     reordered       records present but out of order
     duplicated      a record repeated
     spliced         a record carrying another log's id
-    bad_signature   a checkpoint whose signature does not verify, or a log signed by another key
-    segment_link    a segment file missing, renamed or out of order
+    bad_signature   a checkpoint whose signature is missing or does not verify, or a log signed
+                    by another key
+    segment_link    a segment file missing, emptied, renamed, out of order, or joined to another
     truncated       the log ends before the given anchor
-A torn tail (an incomplete final line or trailing zero bytes at the very end of the last
-segment) is a crash artifact, reported separately: the writer quarantines it on next open.
+A torn tail (an incomplete final line, trailing zero bytes, or an empty newest segment file, at
+the very end of the last segment) is a crash artifact, reported separately: the writer
+quarantines it on next open.
+
+Theory of operation (speed): most of a log is intact, so the log is cut into newline-aligned
+units of a few MB, and each unit is first checked by a fast path that does the per-record work
+with C-level ``map`` calls (decode, hash, link, sequence, signatures) and either proves the unit
+intact, returning a small summary of its boundary (first seq and link, last hash, checkpoints),
+or gives up. Summaries are joined in order, checking every boundary link. From the first unit
+the fast path gives up on, the slow path re-reads line by line, and it alone names and
+classifies damage, so both paths accept exactly the same logs. With ``jobs > 1`` the fast path
+runs in forked worker processes.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import gc
+import multiprocessing
+import operator
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import compress, pairwise, repeat
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from eventlog.envelope import (
     FORMAT_VERSION,
@@ -35,19 +60,24 @@ from eventlog.envelope import (
     Checkpoint,
     EventRecord,
     Genesis,
+    Record,
     Recovery,
     Segment,
     checkpoint_message,
     decode_record,
     record_hash,
+    record_hashes,
 )
-from eventlog.keys import VerifyKey
+from eventlog.keys import VerifyKey, fingerprint
 from eventlog.lock import holder_pid, writer_alive
-from eventlog.segments import Line, iter_lines, list_segments, segment_name
+from eventlog.segments import Line, list_segments, segment_name, split_lines
 
 EXIT_INTACT = 0
 EXIT_DAMAGED = 1
 EXIT_TORN = 3
+
+UNIT_BYTES = 4 * 1024 * 1024  # fast-path work unit
+PARALLEL_MIN_BYTES = 16 * 1024 * 1024  # below this, forking workers costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,7 @@ class TornTail:
     segment: Path
     offset: int
     length: int
+    seq: int  # the sequence number the torn record would have had
 
 
 @dataclass
@@ -85,6 +116,7 @@ class Report:
     last_segment: Path | None = None
     last_segment_index: int = 0
     last_segment_good_size: int = 0
+    head_offset: int = 0  # where the head record's line starts in last_segment
     damage: Damage | None = None
     torn: TornTail | None = None
     notes: list[str] = field(default_factory=list)
@@ -119,11 +151,14 @@ def verify_log(
     *,
     anchor: tuple[int, str] | None = None,
     writer_live: bool | None = None,
+    jobs: int = 1,
 ) -> Report:
     """Verify the whole log at ``log_dir``; never raises on damage, reports it.
 
     ``writer_live`` overrides the lock probe (the writer itself holds the lock when it verifies
     on open, and a live writer's partial last line is work in progress, not a torn tail).
+    ``jobs`` > 1 checks large logs in that many forked worker processes (only fork from a
+    single-threaded process, such as the ``bide verify`` command).
     """
     report = Report(log_dir=log_dir)
     report.writer_live = writer_alive(log_dir) if writer_live is None else writer_live
@@ -134,123 +169,371 @@ def verify_log(
         report.damage = Damage("missing", 0, "", 0, "no segment files: not a bide log, or empty")
         return report
     try:
-        _scan(report, verify_key, segments, anchor)
+        start = _fast(report, verify_key, segments, anchor, jobs)
+        if start is not None:
+            _slow(report, verify_key, segments, start[0], start[1], anchor)
+        _finish(report, segments, anchor)
     except _Found as found:
         report.damage = found.damage
     return report
 
 
-def _scan(
+# -- fast path ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What an intact unit contributes to the chain, for joining it to its neighbours."""
+
+    records: int
+    first_seq: int
+    first_prev: str
+    log_id: str
+    last_seq: int
+    last_hash: str
+    first_prev_cp: str | None  # the first checkpoint's link to the checkpoint before the unit
+    checkpoints: int
+    last_cp_seq: int | None
+    last_cp_hash: str | None
+    last_cp_t_us: int | None
+    clean_close: bool  # the unit's last record is a final checkpoint
+    last_offset: int  # byte offset of the unit's last line
+    end: int  # byte offset just past the unit's last newline
+
+
+_Unit = tuple[str, int, int, int]  # path, ordinal, start offset, end offset
+
+_decode = decode_record
+_seq = operator.attrgetter("seq")
+_prev = operator.attrgetter("prev")
+_log = operator.attrgetter("log")
+_public_keys: dict[bytes, Ed25519PublicKey] = {}
+
+
+def _fast(
     report: Report,
     verify_key: VerifyKey,
     segments: list[tuple[int, Path]],
     anchor: tuple[int, str] | None,
+    jobs: int,
+) -> tuple[int, int] | None:
+    """Join the summaries of intact units; return (ordinal, offset) where the slow path starts."""
+    units = _plan(segments)
+    total = sum(u[3] - u[2] for u in units)
+    args = [(u, verify_key.raw, anchor) for u in units]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the fast path allocates many short-lived objects that hold no cycles
+    try:
+        if jobs > 1 and len(units) > 1 and total >= PARALLEL_MIN_BYTES:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(min(jobs, len(units)), mp_context=context) as pool:
+                try:
+                    return _join(report, units, pool.map(_check_unit_args, args))
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+        return _join(report, units, map(_check_unit_args, args))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _plan(segments: list[tuple[int, Path]]) -> list[_Unit]:
+    """Newline-aligned units of about ``UNIT_BYTES`` covering every segment file."""
+    units: list[_Unit] = []
+    for ordinal, (_, path) in enumerate(segments, start=1):
+        size = path.stat().st_size
+        cuts = [0]
+        with path.open("rb") as f:
+            pos = UNIT_BYTES
+            while pos < size:
+                cut = _newline_after(f, pos)
+                if cut is None or cut >= size:
+                    break
+                cuts.append(cut)
+                pos = cut + UNIT_BYTES
+        cuts.append(size)
+        units += [(str(path), ordinal, a, b) for a, b in pairwise(cuts)]
+    return units
+
+
+def _newline_after(f: BinaryIO, pos: int) -> int | None:
+    """The offset just past the first newline at or after ``pos``; None if there is none."""
+    f.seek(pos)
+    while True:
+        block = f.read(65536)
+        if not block:
+            return None
+        i = block.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(block)
+
+
+def _join(report: Report, units: list[_Unit], summaries: Iterator[_Summary | None]
+          ) -> tuple[int, int] | None:
+    for (path, ordinal, start, _), s in zip(units, summaries, strict=True):
+        if s is None or s.first_seq != report.head_seq + 1 or s.first_prev != report.head_hash:
+            return ordinal, start
+        if s.first_seq == 0:
+            report.log_id = s.log_id
+        elif s.log_id != report.log_id:
+            return ordinal, start
+        if s.first_prev_cp is not None and s.first_prev_cp != report.last_checkpoint_hash:
+            return ordinal, start
+        report.records += s.records
+        report.head_seq, report.head_hash = s.last_seq, s.last_hash
+        if s.checkpoints:
+            report.checkpoints += s.checkpoints
+            assert s.last_cp_hash is not None
+            report.last_checkpoint_seq = s.last_cp_seq
+            report.last_checkpoint_hash = s.last_cp_hash
+            report.last_checkpoint_t_us = s.last_cp_t_us
+        report.clean_close = s.clean_close
+        report.last_segment = Path(path)
+        report.last_segment_index = ordinal
+        report.last_segment_good_size = s.end
+        report.head_offset = s.last_offset
+    return None
+
+
+def _check_unit_args(args: tuple[_Unit, bytes, tuple[int, str] | None]) -> _Summary | None:
+    unit, raw_key, anchor = args
+    gc.disable()  # in a worker process; the parent disabled it for itself
+    return _check_unit(unit, raw_key, anchor)
+
+
+def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> _Summary | None:
+    """Prove one unit intact on its own, or return None (the slow path will say why)."""
+    path_text, ordinal, start, end = unit
+    path = Path(path_text)
+    with path.open("rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    if not data.endswith(b"\n") or len(data) != end - start:
+        return None
+    lines = data[:-1].split(b"\n")
+    try:
+        recs: list[Record] = list(map(_decode, lines))
+    except (msgspec.DecodeError, ValueError):
+        return None
+    n = len(recs)
+    kinds = list(map(type, recs))
+    first = recs[0]
+    if start == 0:
+        if ordinal == 1:
+            if not (isinstance(first, Genesis) and first.format == FORMAT_VERSION
+                    and first.signer == fingerprint(raw_key)
+                    and path.name == segment_name(1)):
+                return None
+        elif not (isinstance(first, Segment) and first.index == ordinal
+                  and path.name == segment_name(ordinal)):
+            return None
+        if kinds.count(Genesis) + kinds.count(Segment) != 1:
+            return None
+    elif Genesis in kinds or Segment in kinds:
+        return None
+    logs = set(map(_log, recs))
+    if len(logs) != 1:
+        return None
+    log_id = logs.pop()
+    first_seq = first.seq
+    if list(map(_seq, recs)) != list(range(first_seq, first_seq + n)):
+        return None
+    hashes = record_hashes(lines)
+    prevs: list[str] = list(map(_prev, recs))
+    if prevs[1:] != hashes[:-1]:
+        return None
+    first_prev_cp: str | None = None
+    cp_hash: str | None = None
+    cp_index = -1
+    for i in compress(range(n), map(operator.is_, kinds, repeat(Checkpoint))):
+        cp = recs[i]
+        assert isinstance(cp, Checkpoint)
+        if cp_hash is None:
+            first_prev_cp = cp.prev_cp
+        elif cp.prev_cp != cp_hash:
+            return None
+        if not _signature_ok(raw_key, log_id, cp):
+            return None
+        cp_hash, cp_index = hashes[i], i
+    if anchor is not None and first_seq <= anchor[0] < first_seq + n \
+            and hashes[anchor[0] - first_seq] != anchor[1]:
+        return None
+    last = recs[-1]
+    cp_last = recs[cp_index] if cp_index >= 0 else None
+    return _Summary(
+        records=n, first_seq=first_seq, first_prev=first.prev, log_id=log_id,
+        last_seq=last.seq, last_hash=hashes[-1], first_prev_cp=first_prev_cp,
+        checkpoints=kinds.count(Checkpoint),
+        last_cp_seq=cp_last.seq if cp_last is not None else None,
+        last_cp_hash=cp_hash,
+        last_cp_t_us=cp_last.t_us if isinstance(cp_last, Checkpoint) else None,
+        clean_close=isinstance(last, Checkpoint) and last.final,
+        last_offset=end - 1 - len(lines[-1]),
+        end=end,
+    )
+
+
+def _signature_ok(raw_key: bytes, log_id: str, cp: Checkpoint) -> bool:
+    """Whether ``cp`` carries a canonical base64 signature that verifies under ``raw_key``."""
+    public = _public_keys.get(raw_key)
+    if public is None:
+        public = _public_keys[raw_key] = Ed25519PublicKey.from_public_bytes(raw_key)
+    try:
+        sig = base64.b64decode(cp.sig, validate=True)
+        if base64.b64encode(sig).decode("ascii") != cp.sig:
+            return False  # a non-canonical encoding: its unused bits were changed
+        message = checkpoint_message(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp, cp.final)
+        public.verify(sig, message)
+    except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
+        return False
+    return True
+
+
+# -- slow path: line by line, names and classifies the first damage ----------------------------
+
+
+def _slow(
+    report: Report,
+    verify_key: VerifyKey,
+    segments: list[tuple[int, Path]],
+    start_ordinal: int,
+    start_offset: int,
+    anchor: tuple[int, str] | None,
 ) -> None:
-    expected_seq = 0
-    prev = ZERO_HASH
-    log_id = ""
-    last_ordinal = len(segments)
-    last_cp_seq: int | None = None
     pending: Line | None = None
-    for line in iter_lines(report.log_dir):
-        if pending is not None:
-            # A fragment followed by more data is not at the very end: damage.
-            raise _Found(_at(line_=pending, seq=expected_seq, kind="modified",
-                             detail="record is cut short (no newline) before the end of the log"))
-        if not line.complete or not line.data.strip(b"\x00"):
-            if line.ordinal == last_ordinal:
-                pending = line
+    last_ordinal = len(segments)
+    for ordinal in range(start_ordinal, last_ordinal + 1):
+        path = segments[ordinal - 1][1]
+        offset = start_offset if ordinal == start_ordinal else 0
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+        if not data and offset == 0:
+            if pending is not None:
+                raise _Found(_at(pending, report.head_seq + 1, "modified",
+                                 "record is cut short before the end of the log"))
+            if ordinal == last_ordinal:
+                pending = Line(path, ordinal, 0, b"", False, True)
                 continue
-            raise _Found(_at(line, expected_seq, "modified", "incomplete or zeroed line"))
-        try:
-            rec = decode_record(line.data)
-        except (msgspec.DecodeError, UnicodeDecodeError, ValueError) as exc:
-            raise _Found(_at(line, expected_seq, "modified",
-                             f"line does not parse as a record ({exc})")) from None
-        # Kind and position.
-        if isinstance(rec, Genesis):
-            if line.ordinal != 1 or not line.first_in_segment:
-                raise _Found(_at(line, rec.seq, "modified", "a genesis record after the start"))
-            if rec.format != FORMAT_VERSION:
-                raise _Found(_at(line, 0, "modified",
-                                 f"format version {rec.format}, this bide reads {FORMAT_VERSION}"))
-            if rec.signer != verify_key.fingerprint:
-                raise _Found(_at(line, 0, "bad_signature",
-                                 f"log is signed by key {rec.signer[:16]}…, the verify key is "
-                                 f"{verify_key.fingerprint[:16]}… (wrong verify.pub, or the log "
-                                 f"was rewritten and re-signed)"))
-            log_id = rec.log
-            report.log_id = log_id
-        else:
-            if expected_seq == 0:
-                raise _Found(_at(line, rec.seq, "modified", "the log does not open with genesis"))
-            if rec.log != log_id:
-                raise _Found(_at(line, rec.seq, "spliced",
-                                 f"record belongs to log {rec.log}, not {log_id}"))
-            if line.first_in_segment != isinstance(rec, Segment):
-                if line.first_in_segment:
-                    raise _Found(_at(line, rec.seq, "segment_link",
-                                     f"segment {line.segment.name} does not open with a "
-                                     f"segment record (a segment before it is missing or "
-                                     f"out of order)"))
-                raise _Found(_at(line, rec.seq, "modified", "segment record inside a segment"))
-            if isinstance(rec, Segment) and (
-                rec.index != line.ordinal or line.segment.name != segment_name(rec.index)
-            ):
-                raise _Found(_at(line, rec.seq, "segment_link",
-                                 f"file {line.segment.name} holds segment {rec.index}, expected "
-                                 f"{segment_name(line.ordinal)} (a segment is missing, renamed "
-                                 f"or out of order)"))
-        # Sequence and link.
-        if rec.seq != expected_seq:
-            raise _Found(_classify_seq(report.log_dir, line, rec.seq, expected_seq))
-        if rec.prev != prev:
-            if line.first_in_segment and expected_seq > 0:
-                raise _Found(_at(line, rec.seq, "segment_link",
-                                 "segment does not link to the previous segment's last record"))
-            raise _Found(_at(line, rec.seq - 1, "modified",
-                             f"record {rec.seq - 1} does not hash to the link stored in record "
-                             f"{rec.seq} (one of the two was altered)"))
-        if isinstance(rec, Checkpoint):
-            if rec.prev_cp != report.last_checkpoint_hash:
-                raise _Found(_at(line, rec.seq, "missing",
-                                 "checkpoint does not link to the previous checkpoint"))
-            message = checkpoint_message(log_id, rec.seq, rec.prev, rec.t_us, rec.prev_cp,
-                                         rec.final)
-            try:
-                verify_key.public.verify(_b64(rec.sig), message)
-            except (InvalidSignature, ValueError):
-                raise _Found(_at(line, rec.seq, "bad_signature",
-                                 "checkpoint signature does not verify: records before it were "
-                                 "changed, or the checkpoint was forged")) from None
-            report.checkpoints += 1
-            last_cp_seq = rec.seq
-            report.last_checkpoint_t_us = rec.t_us
-        elif not isinstance(rec, EventRecord | Recovery | Segment | Genesis):  # pragma: no cover
-            raise AssertionError(rec)
-        h = record_hash(line.data)
-        if isinstance(rec, Checkpoint):
-            report.last_checkpoint_hash = h
-        report.clean_close = isinstance(rec, Checkpoint) and rec.final
-        if anchor is not None and rec.seq == anchor[0] and h != anchor[1]:
-            raise _Found(_at(line, rec.seq, "modified",
-                             f"record {rec.seq} hashes to {h}, the anchor says {anchor[1]} "
-                             f"(the log was rewritten or rolled back)"))
-        prev = h
-        expected_seq += 1
-        report.records += 1
-        report.head_seq = rec.seq
-        report.head_hash = h
-        report.last_segment = line.segment
-        report.last_segment_index = line.ordinal
-        report.last_segment_good_size = line.offset + len(line.data) + 1
-    report.last_checkpoint_seq = last_cp_seq
-    report.unsigned_tail = report.head_seq - (last_cp_seq if last_cp_seq is not None else -1)
+            raise _Found(Damage("segment_link", report.head_seq + 1, path.name, 0,
+                                f"segment file {path.name} is empty (its records were removed)"))
+        for line in split_lines(path, ordinal, data, offset):
+            expected = report.head_seq + 1
+            if pending is not None:
+                # A fragment followed by more data is not at the very end: damage.
+                raise _Found(_at(pending, expected, "modified",
+                                 "record is cut short (no newline) before the end of the log"))
+            if not line.complete or not line.data.strip(b"\x00"):
+                if ordinal == last_ordinal:
+                    pending = line
+                    continue
+                raise _Found(_at(line, expected, "modified", "incomplete or zeroed line"))
+            _check_line(report, verify_key, line, anchor)
     if pending is not None:
         if report.writer_live:
             report.notes.append("a writer is appending: its partial last line was not read")
         else:
-            report.torn = TornTail(pending.segment, pending.offset, len(pending.data))
+            report.torn = TornTail(pending.segment, pending.offset, len(pending.data),
+                                   report.head_seq + 1)
+
+
+def _check_line(report: Report, verify_key: VerifyKey, line: Line,
+                anchor: tuple[int, str] | None) -> None:
+    expected = report.head_seq + 1
+    prev = report.head_hash
+    try:
+        rec = decode_record(line.data)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise _Found(_unparsable(line, expected, exc)) from None
+    name = line.segment.name
+    if isinstance(rec, Genesis) and expected == 0:
+        if rec.seq != 0 or rec.prev != ZERO_HASH:
+            raise _Found(_at(line, 0, "modified", "genesis record with a sequence or link"))
+        if name != segment_name(1):
+            raise _Found(_at(line, 0, "segment_link",
+                             f"the first segment file is named {name}, not {segment_name(1)}"))
+        if rec.format != FORMAT_VERSION:
+            raise _Found(_at(line, 0, "modified",
+                             f"format version {rec.format}, this bide reads {FORMAT_VERSION}"))
+        if rec.signer != verify_key.fingerprint:
+            raise _Found(_at(line, 0, "bad_signature",
+                             f"log is signed by key {rec.signer[:16]}…, the verify key is "
+                             f"{verify_key.fingerprint[:16]}… (wrong verify.pub, or the log "
+                             f"was rewritten and re-signed)"))
+        report.log_id = rec.log
+    elif expected == 0:
+        raise _Found(_at(line, 0, "modified", "the log does not open with a genesis record"))
+    else:
+        if rec.log != report.log_id:
+            raise _Found(_at(line, expected, "spliced",
+                             f"record (numbered {rec.seq}) belongs to log {rec.log}, not "
+                             f"{report.log_id}"))
+        if line.first_in_segment and not isinstance(rec, Segment):
+            raise _Found(_at(line, expected, "segment_link",
+                             f"segment {name} does not open with a segment record (a segment "
+                             f"before it is missing or out of order)"))
+        if isinstance(rec, Segment) and line.first_in_segment and (
+            rec.index != line.ordinal or name != segment_name(rec.index)
+        ):
+            raise _Found(_at(line, expected, "segment_link",
+                             f"file {name} holds segment {rec.index}, expected "
+                             f"{segment_name(line.ordinal)} (a segment is missing, renamed "
+                             f"or out of order)"))
+        if rec.seq != expected:
+            if rec.prev == prev:
+                raise _Found(_at(line, expected, "modified",
+                                 f"record {expected} links to record {expected - 1} but is "
+                                 f"numbered {rec.seq} (its sequence number was altered)"))
+            raise _Found(_classify_seq(report.log_dir, line, rec.seq, expected))
+        if isinstance(rec, Genesis):
+            raise _Found(_at(line, expected, "modified", "a genesis record after the start"))
+        if isinstance(rec, Segment) and not line.first_in_segment:
+            raise _Found(_at(line, expected, "segment_link",
+                             f"segment record for segment {rec.index} inside file {name} "
+                             f"(segment files were joined)"))
+        if rec.prev != prev:
+            assert report.last_segment is not None
+            raise _Found(Damage("modified", expected - 1, report.last_segment.name,
+                                report.head_offset,
+                                f"record {expected - 1} does not hash to the link stored in "
+                                f"record {expected} (at {name} offset {line.offset}): one of "
+                                f"the two was altered"))
+    if isinstance(rec, Checkpoint):
+        if not _signature_ok(verify_key.raw, report.log_id, rec):
+            raise _Found(_at(line, rec.seq, "bad_signature",
+                             "checkpoint signature does not verify: records before it were "
+                             "changed, or the checkpoint was forged"))
+        if rec.prev_cp != report.last_checkpoint_hash:
+            raise _Found(_at(line, rec.seq, "missing",
+                             "a correctly signed checkpoint links to a previous checkpoint "
+                             "that is not in the log"))
+        report.checkpoints += 1
+        report.last_checkpoint_seq = rec.seq
+        report.last_checkpoint_t_us = rec.t_us
+    elif not isinstance(rec, EventRecord | Recovery | Segment | Genesis):  # pragma: no cover
+        raise AssertionError(rec)
+    h = record_hash(line.data)
+    if isinstance(rec, Checkpoint):
+        report.last_checkpoint_hash = h
+    if anchor is not None and rec.seq == anchor[0] and h != anchor[1]:
+        raise _Found(_at(line, rec.seq, "modified",
+                         f"record {rec.seq} hashes to {h}, the anchor says {anchor[1]} "
+                         f"(the log was rewritten or rolled back)"))
+    report.clean_close = isinstance(rec, Checkpoint) and rec.final
+    report.records += 1
+    report.head_seq = rec.seq
+    report.head_hash = h
+    report.last_segment = line.segment
+    report.last_segment_index = line.ordinal
+    report.last_segment_good_size = line.offset + len(line.data) + 1
+    report.head_offset = line.offset
+
+
+def _finish(report: Report, segments: list[tuple[int, Path]],
+            anchor: tuple[int, str] | None) -> None:
+    last_cp_seq = report.last_checkpoint_seq
+    report.unsigned_tail = report.head_seq - (last_cp_seq if last_cp_seq is not None else -1)
     if report.last_segment is None:
         report.last_segment = segments[-1][1]
         report.last_segment_index = len(segments)
@@ -265,43 +548,68 @@ def _scan(
             f"close: the writer crashed, or the log was cut after that checkpoint "
             f"(check against an anchor kept elsewhere: --anchor SEQ:HASH)"
         )
-
-
-def _b64(text: str) -> bytes:
-    return base64.b64decode(text, validate=True)
+    elif not report.clean_close and not report.writer_live:
+        report.notes.append(
+            "the log does not end with a clean-close checkpoint: the writer crashed, or records "
+            "after the last checkpoint were cut (check against --anchor SEQ:HASH)"
+        )
 
 
 def _at(line_: Line, seq: int | None, kind: str, detail: str) -> Damage:
     return Damage(kind, seq, line_.segment.name, line_.offset, detail)
 
 
+def _unparsable(line: Line, expected: int, exc: Exception) -> Damage:
+    try:
+        obj = msgspec.json.decode(line.data)
+    except (msgspec.DecodeError, ValueError):
+        obj = None
+    if isinstance(obj, dict) and obj.get("kind") == "checkpoint" and "sig" not in obj:
+        return _at(line, expected, "bad_signature", "checkpoint record without a signature")
+    return _at(line, expected, "modified", f"line does not parse as a record ({exc})")
+
+
+def _all_lines(log_dir: Path) -> Iterator[Line]:
+    for ordinal, (_, path) in enumerate(list_segments(log_dir), start=1):
+        yield from split_lines(path, ordinal, path.read_bytes(), 0)
+
+
 def _seq_of(data: bytes) -> int | None:
     try:
         return decode_record(data).seq
-    except (msgspec.DecodeError, UnicodeDecodeError, ValueError):
+    except (msgspec.DecodeError, ValueError):
         return None
 
 
 def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int) -> Damage:
-    """Tell duplicated, reordered and missing records apart (only runs once damage is found)."""
-    if seq < expected:
-        for line in iter_lines(log_dir):
-            if line.complete and _seq_of(line.data) == seq:
-                if line.data == at.data:
-                    return _at(at, seq, "duplicated", f"record {seq} appears a second time")
-                break
-        return _at(at, seq, "reordered", f"record {seq} found after record {expected - 1}")
-    later = False
-    past = False
-    for line in iter_lines(log_dir):
-        if line is at or (line.segment == at.segment and line.offset == at.offset):
-            past = True
+    """Tell duplicated, reordered and missing records apart (only runs once damage is found).
+
+    ``at`` carries ``seq`` where ``expected`` belongs, and does not link to the record before.
+    """
+    before = True
+    for line in _all_lines(log_dir):
+        if line.ordinal == at.ordinal and line.offset == at.offset:
+            before = False
             continue
-        if past and line.complete and _seq_of(line.data) == expected:
-            later = True
-            break
-    if later:
-        return _at(at, expected, "reordered", f"record {expected} found after record {seq}")
+        if not line.complete:
+            continue
+        if before and seq < expected and _seq_of(line.data) == seq:
+            if line.data == at.data:
+                return _at(at, seq, "duplicated", f"record {seq} appears a second time")
+            return _at(at, expected, "modified",
+                       f"a record numbered {seq} (not the one already read) where record "
+                       f"{expected} belongs")
+        if not before and line.data == at.data:
+            return _at(at, seq, "duplicated",
+                       f"record {seq} appears here, where record {expected} belongs, and again "
+                       f"later")
+    if seq < expected:  # pragma: no cover - the earlier record was read to get here
+        return _at(at, expected, "modified", f"record numbered {seq} where {expected} belongs")
+    for line in _all_lines(log_dir):
+        if (line.ordinal, line.offset) > (at.ordinal, at.offset) and line.complete \
+                and _seq_of(line.data) == expected:
+            return _at(at, expected, "reordered",
+                       f"record {expected} found after record {seq}")
     return _at(at, expected, "missing",
                f"records {expected}..{seq - 1} are missing" if seq - 1 > expected
                else f"record {expected} is missing")

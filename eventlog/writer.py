@@ -38,7 +38,6 @@ from eventlog.envelope import (
     Checkpoint,
     EventRecord,
     Genesis,
-    Record,
     Recovery,
     Segment,
     associated_data,
@@ -318,9 +317,13 @@ class LogWriter:
         self._segment_size = os.fstat(self._fd).st_size
 
     def _write_all(self, data: bytes) -> None:
+        self._write_fd(self._fd, data)
+
+    @staticmethod
+    def _write_fd(fd: int, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            n = os.write(self._fd, view)
+            n = os.write(fd, view)
             view = view[n:]
 
     def _start_segment(self, index: int) -> None:
@@ -347,6 +350,17 @@ class LogWriter:
                 f"{d.segment} offset {d.offset}); refusing to append. Inspect it with "
                 f"`bide verify {self.log_dir}`; nothing was changed"
             )
+        torn = report.torn
+        if report.head_seq < 0:
+            # Not even the genesis record was written: keep the bytes, start the log afresh.
+            assert torn is not None
+            cut, qname = self._quarantine(torn.segment, torn.offset)
+            os.unlink(torn.segment)
+            _fsync_dir(self.log_dir)
+            self._create()
+            self._append_recovery(torn.segment, torn.offset, cut, qname)
+            self._segment_size = os.fstat(self._fd).st_size
+            return
         self.log_id = report.log_id
         self.head_seq, self.head_hash = report.head_seq, report.head_hash
         self._last_cp_hash = report.last_checkpoint_hash
@@ -354,8 +368,17 @@ class LogWriter:
         assert report.last_segment is not None
         self._segment_index = report.last_segment_index
         self._fd = os.open(report.last_segment, os.O_WRONLY | os.O_APPEND)
-        if report.torn is not None:
-            self._cut_torn_tail(report.torn.segment, report.torn.offset)
+        if torn is not None:
+            cut, qname = self._quarantine(torn.segment, torn.offset)
+            if torn.segment != report.last_segment:
+                # The crash came while a new segment was being started: the file holds only
+                # torn bytes (perhaps none). Remove it; the next rotation creates it again.
+                os.unlink(torn.segment)
+                _fsync_dir(self.log_dir)
+            else:
+                os.truncate(torn.segment, torn.offset)
+                os.fsync(self._fd)
+            self._append_recovery(torn.segment, torn.offset, cut, qname)
         self._segment_size = os.fstat(self._fd).st_size
 
     def _create(self) -> None:
@@ -371,8 +394,8 @@ class LogWriter:
         self.head_seq, self.head_hash = 0, record_hash(line)
         self._segment_index = 1
 
-    def _cut_torn_tail(self, segment: Path, offset: int) -> None:
-        """Copy the torn bytes aside, cut them, and record the recovery in the chain."""
+    def _quarantine(self, segment: Path, offset: int) -> tuple[bytes, str]:
+        """Copy the torn bytes from ``offset`` to the end of ``segment`` aside, durably."""
         with segment.open("rb") as f:
             f.seek(offset)
             torn = f.read()
@@ -381,21 +404,22 @@ class LogWriter:
         qname = f"{segment.name}.{offset}.{_now_us()}.torn"
         fd = os.open(qdir / qname, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, torn)
+            self._write_fd(fd, torn)
             os.fsync(fd)
         finally:
             os.close(fd)
         _fsync_dir(qdir)
         _fsync_dir(self.log_dir)
-        os.truncate(segment, offset)
-        os.fsync(self._fd)
-        rec: Record = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
-                               segment.name, offset, len(torn),
-                               hashlib.sha256(torn).hexdigest(), f"{QUARANTINE_DIR}/{qname}")
+        return torn, qname
+
+    def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str) -> None:
+        """Record the cut in the chain: the cut bytes' length and hash, and where they went."""
+        rec = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
+                       segment.name, offset, len(torn), hashlib.sha256(torn).hexdigest(),
+                       f"{QUARANTINE_DIR}/{qname}")
         line = encode_record(rec)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
         self.head_seq, self.head_hash = self.head_seq + 1, record_hash(line)
         self._since_cp += 1
-        assert isinstance(rec, Recovery)
         self.recovered = rec

@@ -47,6 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--anchor", metavar="SEQ:HASH", help="a head recorded elsewhere "
                    "(`bide log head`): the log must contain it")
     p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--jobs", type=int, metavar="N", default=min(os.cpu_count() or 1, 4),
+                   help="worker processes for large logs (default: CPUs, at most 4)")
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -78,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
     anchor = parse_anchor(args.anchor) if args.anchor else None
-    report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor)
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: need at least 1")
+    report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor, jobs=args.jobs)
     if args.json:
         print(json.dumps(report_json(report)))
     else:
@@ -102,7 +106,7 @@ def report_json(report: Report) -> dict[str, object]:
         "damage": dataclasses.asdict(report.damage) if report.damage else None,
         "torn_tail": (
             {"segment": report.torn.segment.name, "offset": report.torn.offset,
-             "length": report.torn.length} if report.torn else None
+             "length": report.torn.length, "seq": report.torn.seq} if report.torn else None
         ),
         "notes": report.notes,
     }

@@ -1,0 +1,179 @@
+"""Helpers for the event-log tests: build real logs, edit them like an attacker, run verify.
+
+Nothing here holds a secret beyond the test's own key directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from eventlog import keys
+from eventlog.envelope import Record, decode_record, encode_record, record_hash
+from eventlog.segments import list_segments, segment_name
+from eventlog.verify import Report, verify_log
+from eventlog.writer import Appended, LogWriter
+
+BIDE = [sys.executable, "-m", "daemon.cli"]
+
+
+@dataclass(frozen=True)
+class KeySet:
+    directory: Path
+
+    @property
+    def verify_pub(self) -> Path:
+        return self.directory / keys.VERIFY_KEY
+
+    def keyring(self) -> keys.KeyRing:
+        return keys.load_keyring(self.directory)
+
+    def signer(self) -> keys.Signer:
+        return keys.load_signer(self.directory)
+
+    def verify_key(self) -> keys.VerifyKey:
+        return keys.load_verify_key(self.verify_pub)
+
+
+def make_keys(directory: Path) -> KeySet:
+    keys.generate(directory)
+    return KeySet(directory)
+
+
+def payload_for(i: int) -> bytes:
+    return f"payload-{i:06d}-".encode() + bytes([i % 251]) * (i % 37)
+
+
+def build_log(
+    log_dir: Path,
+    ks: KeySet,
+    events: int,
+    *,
+    segment_bytes: int = 2048,
+    checkpoint_every: int = 5,
+    batch: int = 3,
+    payload: Callable[[int], bytes] = payload_for,
+) -> list[Appended]:
+    """Write ``events`` payloads with the real writer (batches of ``batch``) and close cleanly."""
+
+    async def run() -> list[Appended]:
+        out: list[Appended] = []
+        async with LogWriter(log_dir, ks.keyring(), ks.signer(), segment_bytes=segment_bytes,
+                             checkpoint_every=checkpoint_every,
+                             checkpoint_interval=3600) as w:
+            for start in range(0, events, batch):
+                out += await w.append_many(
+                    [payload(i) for i in range(start, min(events, start + batch))])
+        return out
+
+    return anyio.run(run)
+
+
+@dataclass
+class StoredLine:
+    """One record line of a log as stored, with the file it came from."""
+
+    segment: int  # segment index from the file name
+    data: bytes
+
+    @property
+    def record(self) -> Record:
+        return decode_record(self.data)
+
+    @property
+    def seq(self) -> int:
+        return self.record.seq
+
+    @property
+    def kind(self) -> str:
+        return type(self.record).__name__
+
+    @property
+    def hash(self) -> str:
+        return record_hash(self.data)
+
+
+def read_lines(log_dir: Path) -> list[StoredLine]:
+    out = []
+    for index, path in list_segments(log_dir):
+        data = path.read_bytes()
+        assert data.endswith(b"\n"), f"{path} does not end with a newline"
+        out += [StoredLine(index, line) for line in data[:-1].split(b"\n")]
+    return out
+
+
+def write_lines(log_dir: Path, lines: list[StoredLine]) -> None:
+    """Rewrite the segment files from ``lines`` (a file per distinct segment index)."""
+    for _, path in list_segments(log_dir):
+        path.unlink()
+    by_segment: dict[int, list[bytes]] = {}
+    for line in lines:
+        by_segment.setdefault(line.segment, []).append(line.data)
+    for index, datas in by_segment.items():
+        (log_dir / segment_name(index)).write_bytes(b"".join(d + b"\n" for d in datas))
+
+
+def rechain(lines: list[StoredLine], start: int) -> list[StoredLine]:
+    """Renumber and relink every record from ``lines[start]`` on, as a keyless attacker can.
+
+    Checkpoints keep their old signatures: the attacker has no signing key.
+    """
+    out = list(lines[:start])
+    prev_hash = out[-1].hash
+    for line in lines[start:]:
+        rec = msgspec.structs.replace(line.record, seq=out[-1].seq + 1, prev=prev_hash)
+        data = encode_record(rec)
+        out.append(StoredLine(line.segment, data))
+        prev_hash = record_hash(data)
+    return out
+
+
+def offsets(log_dir: Path) -> dict[int, tuple[str, int]]:
+    """seq -> (segment file name, byte offset of the record's line)."""
+    out: dict[int, tuple[str, int]] = {}
+    for _, path in list_segments(log_dir):
+        pos = 0
+        for line in path.read_bytes().split(b"\n")[:-1]:
+            out[decode_record(line).seq] = (path.name, pos)
+            pos += len(line) + 1
+    return out
+
+
+def verify(log_dir: Path, ks: KeySet, anchor: tuple[int, str] | None = None) -> Report:
+    return verify_log(log_dir, ks.verify_key(), anchor=anchor)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    status: int
+    report: dict[str, object]
+    stdout: str
+    stderr: str
+
+    @property
+    def damage(self) -> dict[str, object]:
+        damage = self.report["damage"]
+        assert isinstance(damage, dict), self.stdout
+        return damage
+
+
+def bide(*args: str | Path, cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*BIDE, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=120, check=False)
+
+
+def verify_cli(log_dir: Path, verify_pub: Path, *extra: str, cwd: Path | None = None
+               ) -> CliResult:
+    proc = bide("verify", log_dir, "--verify-key", verify_pub, "--json", *extra, cwd=cwd)
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return CliResult(proc.returncode, report, proc.stdout, proc.stderr)
