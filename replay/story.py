@@ -141,6 +141,7 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     f"first poll {format_time(event.first_poll_at)}"
                 )
                 start(event, text)
+                open_line.pop(op)  # what follows a registration is a wake-up, not a reply
             case RegistrationRejected():
                 start(event, f"registration rejected: {event.reason} ({event.detail})")
                 open_line.pop(op, None)
@@ -191,14 +192,14 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                 extend(event, text)
             case OperationSucceeded():
                 shown = ", ".join(f"{k}={_redact_url(v)}" for k, v in event.results.items())
-                extend(event, f"succeeded ({event.state})" + (f": {shown}" if shown else ""))
+                extend(event, "succeeded" + (f", results {shown}" if shown else ""))
             case OperationStopped():
                 text = f"stopped: {event.reason} ({event.detail})"
                 if event.provider_error is not None:
                     text += f", provider error {event.provider_error[:200]!r}"
                 extend(event, text)
             case EscalationRaised():
-                options = "; ".join(f"{o.id}: {o.label}" for o in event.options)
+                options = " | ".join(f"{o.label} [{o.id}]" for o in event.options)
                 extend(event, f"escalated (#{event.escalation_id}), options: {options}")
             case DecisionRecorded():
                 note = f" ({event.note[:200]})" if event.note else ""

@@ -132,14 +132,14 @@ class Daemon:
         content: bytes = b"",
         draw: float = 0.5,
         truncated: bool = False,
-        **headers: str,
+        headers: dict[str, str] | None = None,
     ) -> list[Event]:
         fact = StatusResponseReceived(
             operation_id=self.op.operation_id,
             at=now,
             request_number=self.op.status_requests_used,
             status_code=status,
-            headers=ResponseHeaders(**headers),
+            headers=msgspec.convert(headers or {}, ResponseHeaders),
             body=content,
             body_truncated=truncated,
         )
@@ -176,12 +176,18 @@ class Daemon:
         return self._append(decide(self.op, d, now, 0.0))
 
     def poll_and_respond(
-        self, status: int = 200, content: bytes | None = None, draw: float = 0.5, **h: str
+        self,
+        status: int = 200,
+        content: bytes | None = None,
+        draw: float = 0.5,
+        headers: dict[str, str] | None = None,
+        **h: str,
     ) -> list[Event]:
-        """Poll when due and answer at the same instant."""
+        """Poll when due and answer at the same instant; ``h`` are header fields."""
         now = self.op.next_poll_at
         self.poll(now)
-        return self.respond(now, status, body() if content is None else content, draw, **h)
+        content = body() if content is None else content
+        return self.respond(now, status, content, draw, headers={**(headers or {}), **h})
 
 
 def tags(events: list[Event]) -> list[str]:

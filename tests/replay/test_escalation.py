@@ -108,8 +108,8 @@ def test_s24_authorization_denied_never_retries_with_same_credential() -> None:
 
 def test_s29_canceled_expired_failure_never_resubmit() -> None:
     for reason in ("canceled", "expired", "provider_failure"):
-        assert "retry_same_idempotency_key" not in REASON_OPTIONS[reason]  # type: ignore[index]
-        assert "extend" not in REASON_OPTIONS[reason]  # type: ignore[index]
+        assert "retry_same_idempotency_key" not in REASON_OPTIONS[reason]
+        assert "extend" not in REASON_OPTIONS[reason]
 
 
 def test_s27_options_carry_concrete_numbers() -> None:

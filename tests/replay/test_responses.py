@@ -595,7 +595,7 @@ def test_ratelimit_headers_pace_with_retry_after_precedence(
     headers: dict[str, str], source: str, delay: float, rejected: list[str]
 ) -> None:
     d = Daemon.start()
-    events = d.poll_and_respond(draw=0.0, **headers)
+    events = d.poll_and_respond(draw=0.0, headers=headers)
     scheduled = _schedule(events)
     assert scheduled.delay_source == source
     assert scheduled.delay == pytest.approx(delay)
