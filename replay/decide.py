@@ -529,6 +529,24 @@ def _on_response(
         else:
             retry_after_at = parsed
 
+    # IETF RateLimit headers: pacing on any response we wait after; Retry-After takes
+    # precedence (in _wait); malformed values are recorded and ignored.
+    pacing: float | None = None
+    for header_name, header_value, parser in (
+        ("ratelimit", response.headers.ratelimit, parse_ratelimit),
+        ("ratelimit_policy", response.headers.ratelimit_policy, parse_ratelimit_policy),
+    ):
+        if header_value is None:
+            continue
+        paced = parser(header_value)
+        hname: HintName = "ratelimit" if header_name == "ratelimit" else "ratelimit_policy"
+        if isinstance(paced, Rejected):
+            rejected(hname, header_value, paced.reason)
+        elif paced is not None and paced > contract.max_hint_horizon_seconds:
+            rejected(hname, header_value, "pacing beyond the hint horizon")
+        elif paced is not None:
+            pacing = paced if pacing is None else max(pacing, paced)
+
     reading = _Reading()
     if outcome == "ok":
         reading = _read_body(op, response)
@@ -575,14 +593,17 @@ def _on_response(
                 f"{now - op.started_at:.0f} s after it started, past the "
                 f"{contract.not_found_grace_seconds:g} s grace window",
             )
-        return events + _wait(op, now, draw, number, retry_after_at)  # S23: not yet visible
+        # S23: not yet visible.
+        return events + _wait(op, now, draw, number, retry_after_at, pacing=pacing)
     if outcome == "rate_limited":
         if op.rate_limited_used >= op.max_rate_limited:
             return stop(
                 "rate_limited",
                 f"HTTP 429 {op.rate_limited_used} of {op.max_rate_limited} times",
             )
-        return events + _wait(op, now, draw, number, retry_after_at, rate_limited=True)
+        return events + _wait(
+            op, now, draw, number, retry_after_at, rate_limited=True, pacing=pacing
+        )
     if outcome == "server_error":
         if op.transport_failures_used >= op.max_transport_failures:
             # S18, S25: the transport-failure budget is spent.
@@ -591,7 +612,7 @@ def _on_response(
                 f"transport-failure budget spent ({op.transport_failures_used} of "
                 f"{op.max_transport_failures}); last: HTTP {status}",
             )
-        return events + _wait(op, now, draw, number, retry_after_at)
+        return events + _wait(op, now, draw, number, retry_after_at, pacing=pacing)
 
     # A contract 2xx: the body carries the job state.
     if reading.problem is not None:
@@ -651,22 +672,6 @@ def _on_response(
         else:
             hint_at = checked if hint_at is None else max(hint_at, checked)
 
-    # IETF RateLimit headers: pacing, unless a Retry-After takes precedence.
-    pacing: float | None = None
-    for header_name, header_value, parser in (
-        ("ratelimit", response.headers.ratelimit, parse_ratelimit),
-        ("ratelimit_policy", response.headers.ratelimit_policy, parse_ratelimit_policy),
-    ):
-        if header_value is None:
-            continue
-        paced = parser(header_value)
-        hname: HintName = "ratelimit" if header_name == "ratelimit" else "ratelimit_policy"
-        if isinstance(paced, Rejected):
-            rejected(hname, header_value, paced.reason)
-        elif paced is not None and paced > contract.max_hint_horizon_seconds:
-            rejected(hname, header_value, "pacing beyond the hint horizon")
-        elif paced is not None:
-            pacing = paced if pacing is None else max(pacing, paced)
     return events + _wait(op, now, draw, number, retry_after_at, hint_at=hint_at, pacing=pacing)
 
 

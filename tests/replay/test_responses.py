@@ -636,3 +636,10 @@ def test_simple_contract_without_optional_pointers() -> None:
     ]
     events = d.poll_and_respond(content=b'{"state":"done"}')
     assert tags(events) == ["response_classified", "operation_succeeded"]
+
+
+def test_ratelimit_paces_a_429_beyond_its_default_delay() -> None:
+    d = Daemon.start()
+    events = d.poll_and_respond(status=429, draw=0.0, ratelimit='"d";r=0;t=1000')
+    scheduled = _schedule(events)
+    assert (scheduled.delay_source, scheduled.delay) == ("rate_limit_policy", 1000.0)
