@@ -643,3 +643,17 @@ def test_ratelimit_paces_a_429_beyond_its_default_delay() -> None:
     events = d.poll_and_respond(status=429, draw=0.0, ratelimit='"d";r=0;t=1000')
     scheduled = _schedule(events)
     assert (scheduled.delay_source, scheduled.delay) == ("rate_limit_policy", 1000.0)
+
+
+@pytest.mark.parametrize("state", [pytest.param(s, id=f"S1-{s}") for s in
+                                   ("queued", "running", "processing")])
+def test_s1_pending_only_permits_observing_again(state: str) -> None:
+    d = Daemon.start()
+    events = d.poll_and_respond(
+        content=body(state, result=OK_RESULT), ratelimit='"d";r=1;t=1', request_id="r"
+    )
+    # Nothing but the classification and the next observation: no success, no results.
+    assert set(tags(events)) <= {"response_classified", "hint_rejected", "poll_scheduled"}
+    assert tags(events)[-1] == "poll_scheduled"
+    assert d.op.phase == "live"
+    assert d.op.results == {}
