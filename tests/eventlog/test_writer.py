@@ -1,0 +1,304 @@
+"""The writer: group commit, order, checkpoints, I/O failures, recovery cases, file modes."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from eventlog.envelope import Checkpoint, EventRecord, Recovery, Segment
+from eventlog.errors import DamagedLogError, LogIOError
+from eventlog.reader import LogReader
+from eventlog.segments import QUARANTINE_DIR, list_segments, segment_name
+from eventlog.verify import verify_log
+from eventlog.writer import LogWriter
+from tests.eventlog._logtools import KeySet, build_log, read_lines, verify
+
+pytestmark = pytest.mark.anyio
+
+
+def writer(log: Path, ks: KeySet, **kw: float) -> LogWriter:
+    return LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600, **kw)  # type: ignore[arg-type]
+
+
+def payloads(log: Path, ks: KeySet) -> dict[int, bytes]:
+    return dict(LogReader(log, ks.keyring()).payloads())
+
+
+async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    real: Callable[[int], None] = os.fdatasync
+
+    def counting(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        real(fd)
+
+    log = tmp_path / "log"
+    results: dict[int, int] = {}
+    async with writer(log, ks, checkpoint_every=100_000) as w:
+        monkeypatch.setattr(os, "fdatasync", counting)
+
+        async def one(i: int) -> None:
+            results[i] = (await w.append(b"%d" % i)).seq
+
+        async with anyio.create_task_group() as tg:
+            for i in range(1000):
+                tg.start_soon(one, i)
+        appended_with = calls
+    assert len(set(results.values())) == 1000
+    assert appended_with <= 50, f"{appended_with} fdatasync calls for 1000 records"
+    assert verify(log, ks).verdict == "intact"
+    stored = payloads(log, ks)
+    assert all(stored[seq] == b"%d" % i for i, seq in results.items())
+
+
+async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    async with writer(log, ks, segment_bytes=8192, checkpoint_every=7) as w:
+
+        async def task(t: int) -> None:
+            for i in range(20):
+                if i % 4 == 3:
+                    await w.append_many([b"%d:%d" % (t, i), b"%d:%d+" % (t, i)])
+                else:
+                    await w.append(b"%d:%d" % (t, i))
+
+        async with anyio.create_task_group() as tg:
+            for t in range(40):
+                tg.start_soon(task, t)
+    seen: dict[bytes, list[bytes]] = {}
+    for _, payload in sorted(payloads(log, ks).items()):
+        t, i = payload.split(b":")
+        seen.setdefault(t, []).append(i)
+    expected = []
+    for i in range(20):
+        expected.append(b"%d" % i)
+        if i % 4 == 3:
+            expected.append(b"%d+" % i)
+    assert len(seen) == 40
+    assert all(order == expected for order in seen.values())
+    assert verify(log, ks).verdict == "intact"
+
+
+async def test_checkpoint_every_n_records_and_final_on_close(tmp_path: Path, ks: KeySet
+                                                             ) -> None:
+    log = tmp_path / "log"
+    async with writer(log, ks, checkpoint_every=5) as w:
+        for i in range(12):
+            await w.append(b"%d" % i)
+    kinds = [(line.kind, line.record) for line in read_lines(log)]
+    cps = [rec for kind, rec in kinds if isinstance(rec, Checkpoint)]
+    assert [cp.seq for cp in cps] == [6, 12, 15]  # after events 5 and 10, then the final one
+    assert [cp.final for cp in cps] == [False, False, True]
+    assert isinstance(kinds[-1][1], Checkpoint)
+    report = verify(log, ks)
+    assert report.clean_close
+    assert report.unsigned_tail == 0
+
+
+async def test_idle_writer_keeps_checkpointing(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    async with LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=0.05) as w:
+        await w.append(b"one")
+        await anyio.sleep(0.5)
+    cps = [line.record for line in read_lines(log) if line.kind == "Checkpoint"]
+    assert len(cps) >= 4
+    assert sum(cp.final for cp in cps if isinstance(cp, Checkpoint)) == 1
+    times = [cp.t_us for cp in cps if isinstance(cp, Checkpoint)]
+    assert times == sorted(times)
+    assert verify(log, ks).verdict == "intact"
+
+
+async def test_failed_write_stops_the_writer_until_reopen(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log"
+    real_write = os.write
+    full = False
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if full and bytes(data[:8]) == b'{"kind":':
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    async with writer(log, ks, checkpoint_every=4) as w:
+        for i in range(10):
+            await w.append(b"before %d" % i)
+        full = True
+        with pytest.raises(LogIOError, match="No space left"):
+            await w.append(b"lost")
+        assert w.failed is not None
+        full = False  # space is back, but the writer does not retry on its own
+        with pytest.raises(LogIOError):
+            await w.append(b"still refused")
+        await w.reopen()
+        assert w.failed is None
+        for i in range(5):
+            await w.append(b"after %d" % i)
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [
+        *(b"before %d" % i for i in range(10)), *(b"after %d" % i for i in range(5))]
+
+
+async def test_half_written_batch_is_recovered_on_reopen(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log"
+    real_write = os.write
+    torn = False
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if torn and bytes(data[:8]) == b'{"kind":':
+            real_write(fd, bytes(data[: len(data) // 3]))  # the disk filled up mid-write
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    async with writer(log, ks) as w:
+        await w.append(b"kept")
+        torn = True
+        with pytest.raises(LogIOError):
+            await w.append_many([b"x" * 100, b"y" * 100])
+        torn = False
+        await w.reopen()
+        assert isinstance(w.recovered, Recovery)
+        assert w.recovered.cut_len > 0
+        await w.append(b"later")
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [b"kept", b"later"]
+
+
+async def test_failed_fsync_is_not_retried_on_the_same_descriptor(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log"
+    real = os.fdatasync
+    failing: set[int] = set()
+    used_after_failure: list[int] = []
+
+    real_close = os.close
+
+    def fdatasync(fd: int) -> None:
+        if fd in failing:
+            used_after_failure.append(fd)
+        if broken:
+            failing.add(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    def close(fd: int) -> None:
+        failing.discard(fd)  # the number may be reused by the next open
+        real_close(fd)
+
+    broken = False
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "close", close)
+    async with writer(log, ks) as w:
+        await w.append(b"a")
+        broken = True
+        with pytest.raises(LogIOError, match="Input/output error"):
+            await w.append(b"b")
+        broken = False
+        await w.reopen()
+        await w.append(b"c")
+    assert used_after_failure == []
+    assert verify(log, ks).verdict == "intact"
+    assert payloads(log, ks)[1] == b"a"
+
+
+def test_damaged_log_refuses_to_open(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    build_log(log, ks, 20)
+    lines = read_lines(log)
+    path = list_segments(log)[1][1]
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"seq":', b'"seq": ', 1))
+    before = {p.name: p.read_bytes() for _, p in list_segments(log)}
+    with pytest.raises(DamagedLogError, match="refusing to append"):
+        build_log(log, ks, 1)
+    assert {p.name: p.read_bytes() for _, p in list_segments(log)} == before
+    assert len(lines) > 20
+
+
+def _reopen_and_extend(log: Path, ks: KeySet, events: int) -> Recovery | None:
+    async def run() -> Recovery | None:
+        async with writer(log, ks, segment_bytes=2048, checkpoint_every=5) as w:
+            for i in range(events):
+                await w.append(b"more %d" % i)
+            return w.recovered
+
+    return anyio.run(run)
+
+
+@pytest.mark.parametrize("content", [b"", b'{"kind":"segment","seq":'], ids=["empty", "torn"])
+def test_crash_while_starting_a_segment(tmp_path: Path, ks: KeySet, content: bytes) -> None:
+    log = tmp_path / "log"
+    build_log(log, ks, 30)
+    index = list_segments(log)[-1][0]
+    new = log / segment_name(index + 1)
+    new.write_bytes(content)
+    assert verify(log, ks).verdict == "torn_tail"
+    recovered = _reopen_and_extend(log, ks, 40)  # enough to rotate into the same name again
+    assert recovered is not None
+    assert recovered.segment == new.name
+    assert recovered.cut_len == len(content)
+    assert (log / recovered.quarantine).read_bytes() == content
+    report = verify(log, ks)
+    assert report.verdict == "intact"
+    assert report.segments > index + 1
+    assert any(isinstance(line.record, Segment) and line.record.index == index + 1
+               for line in read_lines(log))
+
+
+def test_crash_while_writing_genesis(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    log.mkdir(mode=0o700)
+    fragment = b'{"kind":"genesis","seq":0,"pr'
+    (log / segment_name(1)).write_bytes(fragment)
+    recovered = _reopen_and_extend(log, ks, 3)
+    assert recovered is not None
+    assert recovered.seq == 1
+    assert hashlib.sha256(fragment).hexdigest() == recovered.cut_sha256
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [b"more 0", b"more 1", b"more 2"]
+
+
+def test_file_modes(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "state" / "log"
+    build_log(log, ks, 40)
+    with list_segments(log)[-1][1].open("ab") as f:
+        f.write(b"\x00\x00")  # a torn tail, so the quarantine gets created
+    _reopen_and_extend(log, ks, 1)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(log) == 0o700
+    assert len(list_segments(log)) > 3
+    assert {mode(p) for _, p in list_segments(log)} == {0o600}
+    assert mode(log / "LOCK") == 0o600
+    assert mode(log / QUARANTINE_DIR) == 0o700
+    assert {mode(p) for p in (log / QUARANTINE_DIR).iterdir()} == {0o600}
+    assert mode(ks.directory) == 0o700
+    assert mode(ks.directory / "data.key") == 0o600
+    assert mode(ks.directory / "signing.key") == 0o600
+    assert mode(ks.directory / "verify.pub") == 0o644
+
+
+async def test_appends_return_their_seq_and_hash(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    async with writer(log, ks) as w:
+        done = await w.append_many([b"a", b"b"])
+        one = await w.append(b"c")
+        assert (w.head_seq, w.head_hash) == (one.seq, one.hash)
+    stored = {s.seq: s for s in LogReader(log).poll()}
+    for a in [*done, one]:
+        assert stored[a.seq].hash == a.hash
+        assert isinstance(stored[a.seq].record, EventRecord)
+    assert verify_log(log, ks.verify_key()).head_seq == one.seq + 1  # the final checkpoint
