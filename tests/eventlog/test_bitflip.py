@@ -59,14 +59,9 @@ def test_random_bit_flips_never_verify(closed_log: tuple[Path, KeySet], tmp_path
     segments = [path for _, path in list_segments(log)]
     sizes = [path.stat().st_size for path in segments]
     rng = random.Random(SEED)
-    flips = []
-    for _ in range(RANDOM_FLIPS):
-        pos = rng.randrange(sum(sizes))
-        for path, size in zip(segments, sizes, strict=True):
-            if pos < size:
-                break
-            pos -= size
-        flips.append((path, pos, rng.randrange(8)))
+    places = [(path, pos) for path, size in zip(segments, sizes, strict=True)
+              for pos in range(size)]
+    flips = [(*rng.choice(places), rng.randrange(8)) for _ in range(RANDOM_FLIPS)]
     assert _sweep(log, closed_log[1], flips) == []
 
 
