@@ -14,6 +14,16 @@ Example::
     [log]
     checkpoint_every = 1000               # records between signed checkpoints
     checkpoint_interval_seconds = 60      # and at least this often while running
+
+    [spool]
+    agents_group = "bide-agents"          # may register jobs (spool/incoming)
+    approvers_group = "bide-approvers"    # may decide escalations (spool/decisions)
+
+    [metrics]
+    listen = "127.0.0.1:9464"             # Prometheus /metrics; off when empty (default)
+
+    [daemon]
+    drain_seconds = 5                     # on SIGTERM, how long requests in flight may finish
 """
 
 from __future__ import annotations
@@ -43,9 +53,25 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     checkpoint_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
 
 
+class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    agents_group: str = ""      # group that may write registrations (spool/incoming)
+    approvers_group: str = ""   # group that may write decisions (spool/decisions)
+
+
+class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    listen: Annotated[str, msgspec.Meta(pattern=r"^$|^[^\s:]+:\d{1,5}$")] = ""  # "" is off
+
+
+class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    drain_seconds: Annotated[float, msgspec.Meta(ge=0, le=300)] = 5.0
+
+
 class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     paths: PathsConfig
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
 
 
 class Config:
@@ -64,6 +90,9 @@ class Config:
             (base / raw.paths.credentials_dir).resolve() if raw.paths.credentials_dir else None
         )
         self.log = raw.log
+        self.spool = raw.spool
+        self.metrics = raw.metrics
+        self.daemon = raw.daemon
 
     @property
     def log_dir(self) -> Path:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
 import secrets
 import stat
@@ -66,11 +67,37 @@ class Spool:
         self.rejected = root / "rejected"
         self.receipts = root / "receipts"
 
-    def create(self) -> None:
-        """Make the directories (the daemon does this at start; modes are the operator's)."""
-        for d, mode in ((self.root, 0o755), (self.incoming, 0o730), (self.decisions, 0o730),
-                        (self.rejected, 0o750), (self.receipts, 0o755)):
-            d.mkdir(mode=mode, parents=True, exist_ok=True)
+    def create(self, agents_group: str = "", approvers_group: str = "") -> None:
+        """Make the directories with their modes (the umask is ignored), and hand
+        ``incoming/`` to the agents' group and ``decisions/`` to the approvers' group.
+
+        Then refuse a decisions directory that anyone but the approvers could write to.
+        """
+        layout = ((self.root, 0o755, ""), (self.incoming, 0o730, agents_group),
+                  (self.decisions, 0o730, approvers_group), (self.rejected, 0o750, ""),
+                  (self.receipts, 0o755, ""))
+        for d, mode, group in layout:
+            if not d.exists():
+                d.mkdir(parents=True)
+                os.chmod(d, mode)
+            if group:
+                gid = _gid(group)
+                if d.stat().st_gid != gid:
+                    os.chown(d, -1, gid)
+        self.check_decisions(agents_group)
+
+    def check_decisions(self, agents_group: str = "") -> None:
+        st = self.decisions.stat()
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o002:
+            raise SpoolPermissionError(
+                f"decisions directory {self.decisions} is world-writable (mode {mode:04o}): "
+                f"anyone could approve. Fix: chmod 0730 {self.decisions}")
+        if agents_group and mode & 0o020 and st.st_gid == _gid(agents_group):
+            raise SpoolPermissionError(
+                f"decisions directory {self.decisions} is writable by the agents' group "
+                f"{agents_group}: agents could approve their own escalations. Fix: chgrp "
+                f"APPROVERS {self.decisions} (or set [spool] approvers_group)")
 
     # -- writers (CLI side) -----------------------------------------------------------------
 
@@ -157,6 +184,19 @@ class Spool:
     def done(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+class SpoolPermissionError(Exception):
+    """The spool's permissions would let the wrong people write; the daemon refuses to start."""
+
+
+def _gid(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise SpoolPermissionError(
+            f"group {group!r} (from [spool] in the config) does not exist; create it with "
+            f"groupadd {group}, or clear the setting") from None
 
 
 class SpoolReject(Exception):

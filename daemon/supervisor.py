@@ -27,10 +27,8 @@ import os
 import pwd
 import random
 import signal
-import stat
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -38,13 +36,21 @@ import anyio.abc
 import msgspec
 import watchfiles
 
-from daemon import logfmt
+from daemon import logfmt, systemd
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.http import CredentialError, StatusClient
+from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles
-from daemon.spool import DecisionFile, Receipt, RegistrationFile, Spool, SpoolReject
+from daemon.spool import (
+    DecisionFile,
+    Receipt,
+    RegistrationFile,
+    Spool,
+    SpoolPermissionError,
+    SpoolReject,
+)
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.keys import KeyRing, Signer
@@ -69,15 +75,6 @@ DRAIN_SECONDS = 5.0
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
-@dataclass
-class Metrics:
-    """Counters the daemon keeps about itself (exposed by issue 7's /metrics)."""
-
-    requests_sent: int = 0
-    wakeup_lateness: list[float] = field(default_factory=list)
-    appends: int = 0
-
-
 def replay_log(log_dir: Path, keyring: KeyRing) -> tuple[dict[str, Operation], int]:
     """Fold every event of the log into operation state; returns (ops, events read)."""
     ops: dict[str, Operation] = {}
@@ -98,14 +95,15 @@ class Supervisor:
         *,
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = _SYSTEM_RANDOM.random,
-        drain_seconds: float = DRAIN_SECONDS,
+        drain_seconds: float | None = None,
     ) -> None:
         self.config = config
         self.keyring = keyring
         self.signer = signer
         self.clock = clock
         self.draw = draw
-        self.drain_seconds = drain_seconds
+        self.drain_seconds = (config.daemon.drain_seconds if drain_seconds is None
+                              else drain_seconds)
         self.ops: dict[str, Operation] = {}
         self.profiles: dict[str, Profile] = {}
         self.clients: dict[str, StatusClient] = {}
@@ -133,10 +131,12 @@ class Supervisor:
         """Append ``events`` durably, then fold them into state; then act on escalations."""
         if not events:
             return
+        started = time.monotonic()
         await self.log.append_many([encode_event(e) for e in events])
-        self.metrics.appends += len(events)
+        self.metrics.append_latency.observe(time.monotonic() - started)
         for ev in events:
-            self.ops[ev.operation_id] = evolve(self.ops.get(ev.operation_id), ev)
+            op = self.ops[ev.operation_id] = evolve(self.ops.get(ev.operation_id), ev)
+            self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
 
@@ -192,9 +192,7 @@ class Supervisor:
             for op_id, due in await self.timers.wait():
                 if self.stopping.is_set():
                     return
-                self.metrics.wakeup_lateness.append(time.monotonic() - due)
-                if len(self.metrics.wakeup_lateness) > 10_000:
-                    del self.metrics.wakeup_lateness[:5_000]
+                self.metrics.wakeup_lateness.observe(time.monotonic() - due)
                 self._polls.start_soon(self._poll, op_id)
 
     async def _poll(self, op_id: str) -> None:
@@ -369,14 +367,29 @@ class Supervisor:
         if self._main_scope is not None:
             self._main_scope.cancel()
 
-    def _check_decisions_dir(self) -> None:
-        st = self.spool.decisions.stat()
-        if stat.S_IMODE(st.st_mode) & 0o002:
-            raise ConfigError(
-                f"decisions directory {self.spool.decisions} is world-writable (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}); anyone could approve. Fix: chmod o-w "
-                f"{self.spool.decisions} (approvers' group only: see the README)"
-            )
+    def render_metrics(self) -> str:
+        return self.metrics.render(self.ops, self.config.log_dir)
+
+    def status_line(self) -> str:
+        live = sum(1 for op in self.ops.values() if op.phase == "live")
+        escalated = sum(1 for op in self.ops.values() if op.phase == "escalated")
+        alarm = "; LOG APPEND FAILING" if self.metrics.log_alarm else ""
+        return (f"{live} live, {escalated} escalated, {self.metrics.requests_sent} requests "
+                f"sent{alarm}")
+
+    async def _status_and_watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        period = min(interval, 5.0) if interval else 5.0
+        last = ""
+        while True:
+            line = self.status_line()
+            messages = ["WATCHDOG=1"] if interval else []
+            if line != last:
+                messages.append(f"STATUS={line}")
+                last = line
+            if messages:
+                systemd.notify(*messages)
+            await anyio.sleep(period)
 
     async def recover_in_flight(self) -> None:
         """S11/S13: an intent without an outcome counted, and its delivery is ambiguous."""
@@ -394,8 +407,10 @@ class Supervisor:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         cfg = self.config
-        self.spool.create()
-        self._check_decisions_dir()
+        try:
+            self.spool.create(cfg.spool.agents_group, cfg.spool.approvers_group)
+        except SpoolPermissionError as exc:
+            raise ConfigError(str(exc)) from None
         cfg.outbox_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.load_profiles()
         started = time.monotonic()
@@ -426,10 +441,19 @@ class Supervisor:
                         tg.start_soon(self._watch_spool)
                         if cfg.profiles_dir is not None:
                             tg.start_soon(self._watch_profiles)
+                        if cfg.metrics.listen:
+                            host, _, port = cfg.metrics.listen.rpartition(":")
+                            bound = await tg.start(serve_metrics, host, int(port),
+                                                   self.render_metrics)
+                            logfmt.info("metrics listening",
+                                        address=f"http://{host}:{bound}/metrics")
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)
+                        systemd.notify("READY=1", f"STATUS={self.status_line()}")
+                        tg.start_soon(self._status_and_watchdog)
                         task_status.started()
                 # Draining: no new requests; those in flight get a bounded time to finish.
                 self.stopping.set()
+                systemd.notify("STOPPING=1", f"STATUS=stopping: {self.status_line()}")
                 if self.busy:
                     self._idle = anyio.Event()
                     with anyio.move_on_after(self.drain_seconds):

@@ -114,14 +114,16 @@ class Workspace:
         self.outputs += [proc.stdout, proc.stderr]
         return proc
 
-    def start_daemon(self) -> Daemon:
+    def start_daemon(self, env: dict[str, str] | None = None, *, ready: bool = True) -> Daemon:
         log_path = self.root / f"daemon-{len(self.daemons)}.log"
         with log_path.open("wb") as out:
             proc = subprocess.Popen([*BIDE, "run", "--config", str(self.config)], stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=self.root)
+                                    stderr=subprocess.STDOUT, cwd=self.root,
+                                    env={**os.environ, **(env or {})})
         daemon = Daemon(proc, log_path)
         self.daemons.append(daemon)
-        daemon.wait_ready()
+        if ready:
+            daemon.wait_ready()
         return daemon
 
     def watch(self, job: str, op: str, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -145,7 +147,8 @@ class Workspace:
 
 @contextmanager
 def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
-              server: dict[str, object] | None = None) -> Iterator[Workspace]:
+              server: dict[str, object] | None = None,
+              config_extra: str = "") -> Iterator[Workspace]:
     script = script_from_dict({"server": server or {},
                                "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
     (tmp / "profiles").mkdir()
@@ -157,7 +160,7 @@ def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
     (tmp / "bide.toml").write_text(
         '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
         'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 50\n'
-        "checkpoint_interval_seconds = 5\n"
+        "checkpoint_interval_seconds = 5\n" + config_extra
     )
     with run_in_thread(script, token=TOKEN) as sim:
         ws = Workspace(tmp, sim)

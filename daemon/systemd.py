@@ -1,0 +1,48 @@
+"""The systemd notify protocol, spoken directly: one datagram on ``$NOTIFY_SOCKET``.
+
+A no-op without ``NOTIFY_SOCKET`` (not under systemd, or ``Type=simple``). ``READY=1`` after
+replay and scheduling, ``STATUS=`` as things change, ``WATCHDOG=1`` at half of
+``$WATCHDOG_USEC`` while the loop is healthy, ``STOPPING=1`` on shutdown. No dependency: the
+protocol is a few lines (see sd_notify(3)).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def _address() -> str | None:
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return None
+    if addr.startswith("@"):
+        return "\0" + addr[1:]  # abstract namespace
+    return addr
+
+
+def notify(*assignments: str) -> bool:
+    """Send ``KEY=VALUE`` lines in one datagram; False when there is no socket to send to."""
+    addr = _address()
+    if addr is None:
+        return False
+    payload = "\n".join(assignments).encode("utf-8", errors="replace")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.connect(addr)
+            sock.sendall(payload)
+        except OSError:
+            return False
+    return True
+
+
+def watchdog_interval() -> float | None:
+    """Seconds between ``WATCHDOG=1`` pings (half the configured timeout), or None."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2_000_000
+    except ValueError:
+        return None
