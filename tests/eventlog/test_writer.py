@@ -27,6 +27,10 @@ def writer(log: Path, ks: KeySet, **kw: float) -> LogWriter:
     return LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600, **kw)  # type: ignore[arg-type]
 
 
+def failure(w: LogWriter) -> LogIOError | None:
+    return w.failed
+
+
 def payloads(log: Path, ks: KeySet) -> dict[int, bytes]:
     return dict(LogReader(log, ks.keyring()).payloads())
 
@@ -76,8 +80,8 @@ async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
                 tg.start_soon(task, t)
     seen: dict[bytes, list[bytes]] = {}
     for _, payload in sorted(payloads(log, ks).items()):
-        t, i = payload.split(b":")
-        seen.setdefault(t, []).append(i)
+        task, index = payload.split(b":")
+        seen.setdefault(task, []).append(index)
     expected = []
     for i in range(20):
         expected.append(b"%d" % i)
@@ -135,12 +139,12 @@ async def test_failed_write_stops_the_writer_until_reopen(
         full = True
         with pytest.raises(LogIOError, match="No space left"):
             await w.append(b"lost")
-        assert w.failed is not None
+        assert failure(w) is not None
         full = False  # space is back, but the writer does not retry on its own
         with pytest.raises(LogIOError):
             await w.append(b"still refused")
         await w.reopen()
-        assert w.failed is None
+        assert failure(w) is None
         for i in range(5):
             await w.append(b"after %d" % i)
     assert verify(log, ks).verdict == "intact"
