@@ -80,8 +80,8 @@ async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
                 tg.start_soon(task, t)
     seen: dict[bytes, list[bytes]] = {}
     for _, payload in sorted(payloads(log, ks).items()):
-        task, index = payload.split(b":")
-        seen.setdefault(task, []).append(index)
+        who, index = payload.split(b":")
+        seen.setdefault(who, []).append(index)
     expected = []
     for i in range(20):
         expected.append(b"%d" % i)
