@@ -65,6 +65,8 @@ from replay.events import (
     RegistrationRejected,
     RequestOutcomeUnknown,
     StatusRequestIntended,
+    StatusResponseReceived,
+    TransportFailed,
     decode_event,
     encode_event,
 )
@@ -75,15 +77,29 @@ DRAIN_SECONDS = 5.0
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
-def replay_log(log_dir: Path, keyring: KeyRing) -> tuple[dict[str, Operation], int]:
-    """Fold every event of the log into operation state; returns (ops, events read)."""
+FACTS = (StatusResponseReceived, TransportFailed, RequestOutcomeUnknown)
+Fact = StatusResponseReceived | TransportFailed | RequestOutcomeUnknown
+
+
+def replay_log(log_dir: Path, keyring: KeyRing
+               ) -> tuple[dict[str, Operation], dict[str, Fact], int]:
+    """Fold every event of the log into operation state.
+
+    Returns the operations, the facts whose decision never made it to the log (the daemon
+    died between the two appends), and the number of events read.
+    """
     ops: dict[str, Operation] = {}
+    undecided: dict[str, Fact] = {}
     count = 0
     for _, payload in LogReader(log_dir, keyring).payloads():
         ev = decode_event(payload)
         ops[ev.operation_id] = evolve(ops.get(ev.operation_id), ev)
+        if isinstance(ev, FACTS):
+            undecided[ev.operation_id] = ev
+        else:
+            undecided.pop(ev.operation_id, None)
         count += 1
-    return ops, count
+    return ops, undecided, count
 
 
 class Supervisor:
@@ -391,8 +407,15 @@ class Supervisor:
                 systemd.notify(*messages)
             await anyio.sleep(period)
 
-    async def recover_in_flight(self) -> None:
-        """S11/S13: an intent without an outcome counted, and its delivery is ambiguous."""
+    async def recover_in_flight(self, undecided: dict[str, Fact] | None = None) -> None:
+        """S11/S13: an intent without an outcome counted, and its delivery is ambiguous.
+
+        A fact recorded without its decision (a crash between the two appends) is decided now.
+        """
+        for op_id, fact in (undecided or {}).items():
+            await self.record(decide(self.ops[op_id], fact, self.clock(), self.draw()))
+            logfmt.warn("decided a fact left undecided by a crash", op=op_id,
+                        request=fact.request_number)
         for op in list(self.ops.values()):
             if op.in_flight is None:
                 continue
@@ -422,14 +445,15 @@ class Supervisor:
             if log.recovered is not None:
                 logfmt.warn("torn log tail quarantined", bytes=log.recovered.cut_len,
                             quarantine=log.recovered.quarantine)
-            self.ops, count = await anyio.to_thread.run_sync(replay_log, cfg.log_dir,
-                                                             self.keyring)
+            self.ops, undecided, count = await anyio.to_thread.run_sync(
+                replay_log, cfg.log_dir, self.keyring)
             live = [op for op in self.ops.values() if op.phase == "live"]
             logfmt.info("replayed", events=count, operations=len(self.ops), live=len(live),
                         seconds=f"{time.monotonic() - started:.3f}")
             async with anyio.create_task_group() as polls:
                 self._polls = polls
-                await self.recover_in_flight()
+                await self.recover_in_flight(undecided)
+                live = [op for op in self.ops.values() if op.phase == "live"]
                 for op in live:
                     self.schedule(op.operation_id)
                 await self.ingest_all()
