@@ -9,7 +9,7 @@ auditor's business (``bide verify``); the reader trusts its own host's files to 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +112,7 @@ class LogReader:
         if sealer is None:
             sealer = self._sealers[rec.kid] = Sealer(self._keyring.get(rec.kid))
         aad = associated_data(rec.log, rec.seq, rec.prev, rec.kid)
-        return sealer.open(rec.nonce, rec.ct, aad, where=f"record {rec.seq}")
+        return sealer.open(rec.nonce, rec.ct, aad, where=f"record {rec.seq} (data key {rec.kid})")
 
     def payloads(self) -> Iterator[tuple[int, bytes]]:
         """(seq, plaintext) of every event appended since the last poll."""
@@ -120,12 +120,18 @@ class LogReader:
             if isinstance(stored.record, EventRecord):
                 yield stored.seq, self.decrypt(stored)
 
-    async def follow(self, stop: anyio.Event | None = None) -> AsyncIterator[StoredRecord]:
-        """Yield records as they are appended, forever or until ``stop`` is set."""
+    async def follow(self, stop: anyio.Event | None = None
+                     ) -> AsyncGenerator[StoredRecord, None]:
+        """Yield records as they are appended, forever or until ``stop`` is set.
+
+        Woken by watchfiles (inotify); records appended between the first read and the watch
+        starting are picked up by a re-read at least once a second, so none waits forever.
+        """
         for stored in self.poll():
             yield stored
         async for _ in watchfiles.awatch(
             self.log_dir, stop_event=stop, debounce=0, step=5, rust_timeout=1000,
+            yield_on_timeout=True,
             watch_filter=lambda _change, path: Path(path).name.startswith("seg-"),
         ):
             for stored in self.poll():
