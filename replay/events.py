@@ -22,7 +22,7 @@ whose event type this bide does not know, raises :class:`~replay.errors.NewerSch
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -31,8 +31,16 @@ from replay.contract import Contract
 from replay.errors import EventDecodeError, NewerSchemaError
 
 __all__ = [
+    "ACTION_EVENT_TYPES",
     "SCHEMA_MAJOR",
     "SCHEMA_MINOR",
+    "ActionDecided",
+    "ActionEvent",
+    "ActionFailed",
+    "ActionIntended",
+    "ActionKind",
+    "ActionReason",
+    "ActionSucceeded",
     "DecisionRecorded",
     "DecisionRejected",
     "DelaySource",
@@ -44,12 +52,14 @@ __all__ = [
     "Histogram",
     "HttpOutcome",
     "JobOutcome",
+    "LogEvent",
     "OperationRegistered",
     "OperationStopped",
     "OperationSucceeded",
     "Option",
     "OptionKind",
     "PollScheduled",
+    "Registration",
     "RegistrationRejected",
     "RequestOutcomeUnknown",
     "ResponseClassified",
@@ -60,6 +70,7 @@ __all__ = [
     "TransportFailed",
     "TransportKind",
     "decode_event",
+    "decode_log_event",
     "encode_event",
 ]
 
@@ -147,6 +158,8 @@ OptionKind = Literal[
     "retry_same_idempotency_key",
     "inspect_provider_console",
     "abandon",
+    "retry_submit",
+    "retry_cancel",
 ]
 
 
@@ -513,6 +526,179 @@ class DecisionRejected(_Event, tag="decision_rejected", frozen=True, kw_only=Tru
     reason: str
 
 
+#: The longest operation id, provider job id, fingerprint or account context accepted.
+MAX_ID_LENGTH: Final = 256
+#: Ids are printable: no control characters, no whitespace at either end.
+ID_PATTERN: Final = r"^[^\x00-\x20\x7f](?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+
+Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
+
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """A request to watch one job at one provider (S5, S10, S12, S28).
+
+    Attributes:
+        operation_id: bide's id for the operation (unique in the log; the daemon checks).
+        provider: The provider; must be the contract's.
+        provider_job_id: The job id at the provider; non-empty, bounded, printable.
+        account_context: The provider account context (a name, never a credential).
+        request_fingerprint: Fingerprint of the original submit request.
+        expected_terminal_state: The success state expected; must be in the success list.
+        idempotency_key: The persisted idempotency key of the submission, if any (S29).
+        status_location: The status resource named by a 202's Location, if any (S22).
+        started_at: When the job was submitted; default ``now``; not in the future.
+        deadline_at: The deadline; default ``now + contract.default_deadline_seconds``.
+        business_deadline_at: When the result stops being useful (S28), if known.
+        max_status_requests: Status-request budget; default from the contract.
+        max_transport_failures: Transport-failure budget; default from the contract.
+        max_rate_limited: Rate-limited budget; default from the contract.
+        first_poll_after_seconds: Delay before the first poll; default from the contract.
+    """
+
+    operation_id: Identifier
+    provider: Annotated[str, Meta(min_length=1, max_length=64)]
+    provider_job_id: Identifier
+    account_context: Annotated[str, Meta(max_length=MAX_ID_LENGTH)] = ""
+    request_fingerprint: Annotated[str, Meta(max_length=MAX_ID_LENGTH)] = ""
+    expected_terminal_state: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    idempotency_key: Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH)] | None = None
+    status_location: Annotated[str, Meta(min_length=1, max_length=2048)] | None = None
+    started_at: float | None = None
+    deadline_at: float | None = None
+    business_deadline_at: float | None = None
+    max_status_requests: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    max_transport_failures: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    max_rate_limited: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    first_poll_after_seconds: Annotated[float, Meta(ge=0)] | None = None
+
+
+# --- side-effecting actions: submit, fetch, cancel (S22, S29, S34, S36) ------------------------
+#
+# Each call with a side effect is its own recorded operation: an intent made durable before
+# the call, one call, its outcome, and its own escalation when the outcome is ambiguous. These
+# events are kept out of :data:`Event` (the status operation's events), so ``fold``, ``evolve``
+# and ``check`` of status operations never see them; :data:`LogEvent` is everything the log
+# holds. ``operation_id`` names the status operation the action belongs to (for a submit, the
+# one it registers on success); ``action_id`` names the action.
+
+#: What a side-effecting action does.
+ActionKind = Literal["submit", "fetch", "cancel"]
+
+#: Why an action did not succeed.
+ActionReason = Literal[
+    "submit_rejected",  # the provider answered, and not with an accepted job
+    "submit_not_delivered",  # the request never reached the provider: safe to retry
+    "submit_outcome_unknown",  # sent, outcome unknown (timeout, reset, 5xx): S29
+    "submit_contradiction",  # accepted, but no job id or status resource as the profile says
+    "fetch_failed",  # download refused, too large, cut short, or timed out
+    "cancel_rejected",  # the provider answered and refused
+    "cancel_outcome_unknown",  # sent, outcome unknown
+]
+
+
+class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
+    """A side-effecting call is about to be made; durable before it is (S13, S29, S31).
+
+    Attributes:
+        action_id: The action's id (``OP.submit``, ``OP.fetch.N``, ``OP.cancel.N``).
+        kind: submit, fetch or cancel.
+        provider: The provider called.
+        method: The HTTP method.
+        url: The URL called (from the profile; never guessed, S22).
+        request_fingerprint: SHA-256 of method, URL and body (submit).
+        idempotency_key: The key sent with the submit, recorded before sending (S29).
+        attempt: 1 for the first call, then 2, ... (automatic retries only when idempotent).
+        timeout_seconds: The bound on the call.
+        max_bytes: The size cap on what comes back (fetch).
+        body: The submit body, kept so that a decided retry sends exactly the same request.
+        registration: What to register when a submit is accepted (deadline, budgets).
+    """
+
+    action_id: Annotated[str, Meta(min_length=1, max_length=300)]
+    kind: ActionKind
+    provider: str
+    method: str
+    url: str
+    request_fingerprint: str = ""
+    idempotency_key: str | None = None
+    attempt: Annotated[int, Meta(ge=1)] = 1
+    timeout_seconds: float
+    max_bytes: int | None = None
+    body: bytes = b""
+    registration: Registration | None = None
+
+
+class ActionSucceeded(_Event, tag="action_succeeded", frozen=True, kw_only=True):
+    """The call succeeded (S22: a 202 with the job's id and status resource as documented).
+
+    Attributes:
+        action_id: The action.
+        http_status: The HTTP status of the answer.
+        provider_job_id: The job id the provider returned (submit).
+        status_location: The status resource the provider named (submit), same origin only.
+        final_result: A submit answered 200/201 with the job already done.
+        size: Bytes downloaded (fetch).
+        sha256: Their SHA-256 (fetch).
+        stored_as: Where the daemon stored them, relative to its results directory (fetch).
+    """
+
+    action_id: str
+    http_status: int
+    provider_job_id: str | None = None
+    status_location: str | None = None
+    final_result: bool = False
+    size: int | None = None
+    sha256: str | None = None
+    stored_as: str | None = None
+
+
+class ActionFailed(_Event, tag="action_failed", frozen=True, kw_only=True):
+    """The call did not succeed; with ``options`` it is escalated and awaits a decision.
+
+    Attributes:
+        action_id: The action.
+        reason: Why, machine-readable.
+        http_status: The HTTP status, when an answer came.
+        transport: How delivery failed, when no answer came.
+        ambiguous: The request may have had its effect (sent, outcome unknown).
+        detail: A short description without secrets.
+        options: The finite options offered to a human (empty: nothing to decide).
+        retry_scheduled: An automatic retry with the same idempotency key follows (S29).
+    """
+
+    action_id: str
+    reason: ActionReason
+    http_status: int | None = None
+    transport: TransportKind | None = None
+    ambiguous: bool = False
+    detail: str = ""
+    options: tuple[Option, ...] = ()
+    retry_scheduled: bool = False
+
+
+class ActionDecided(_Event, tag="action_decided", frozen=True, kw_only=True):
+    """A human chose one of an escalated action's options, or named one not offered.
+
+    Attributes:
+        action_id: The action.
+        option_id: The option named.
+        approver: The decision file's owner.
+        note: Their note.
+        accepted: False when the option was not offered; nothing else changes then.
+        reason: Why it was rejected, when it was.
+    """
+
+    action_id: str
+    option_id: str
+    approver: str
+    note: str = ""
+    accepted: bool = True
+    reason: str = ""
+
+
+ActionEvent = ActionIntended | ActionSucceeded | ActionFailed | ActionDecided
+
 Event = (
     OperationRegistered
     | RegistrationRejected
@@ -548,12 +734,24 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     DecisionRejected,
 )
 
-_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
+ACTION_EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
+    ActionIntended,
+    ActionSucceeded,
+    ActionFailed,
+    ActionDecided,
+)
+
+#: Everything the log holds: status-operation events and action events.
+LogEvent = Event | ActionEvent
+
+_TAGS: Final[frozenset[str]] = frozenset(
+    str(t.__struct_config__.tag) for t in (*EVENT_TYPES, *ACTION_EVENT_TYPES)
+)
 
 
 class _Envelope(msgspec.Struct, frozen=True):
     schema: int
-    event: Event
+    event: LogEvent
     minor: int = 0
 
 
@@ -567,13 +765,16 @@ class _TagOnly(msgspec.Struct, frozen=True):
     type: str
 
 
+_T = TypeVar("_T")
+
 _encoder: Final = msgspec.json.Encoder()
 _raw_decoder: Final = msgspec.json.Decoder(_RawEnvelope)
 _event_decoder: Final = msgspec.json.Decoder(Event)
+_log_event_decoder: Final = msgspec.json.Decoder(LogEvent)
 _tag_decoder: Final = msgspec.json.Decoder(_TagOnly)
 
 
-def encode_event(event: Event) -> bytes:
+def encode_event(event: LogEvent) -> bytes:
     """Encode an event as the versioned JSON payload the log stores.
 
     Args:
@@ -586,7 +787,7 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(data: bytes) -> Event:
-    """Decode a payload written by :func:`encode_event` (this or an older compatible bide).
+    """Decode a status-operation event written by :func:`encode_event`.
 
     Args:
         data: The payload bytes.
@@ -597,8 +798,22 @@ def decode_event(data: bytes) -> Event:
     Raises:
         NewerSchemaError: The payload has a newer schema major, or an event type this bide
             does not know.
-        EventDecodeError: The payload is not a bide event.
+        EventDecodeError: The payload is not a bide event (an action event included).
     """
+    return _decode(data, _event_decoder)
+
+
+def decode_log_event(data: bytes) -> LogEvent:
+    """Decode any payload the log holds: a status-operation event or an action event.
+
+    Raises:
+        NewerSchemaError: As :func:`decode_event`.
+        EventDecodeError: As :func:`decode_event`.
+    """
+    return _decode(data, _log_event_decoder)
+
+
+def _decode(data: bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
     try:
         envelope = _raw_decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -608,7 +823,7 @@ def decode_event(data: bytes) -> Event:
     if envelope.schema < 1:
         raise EventDecodeError(f"payload has an invalid schema version {envelope.schema}")
     try:
-        return _event_decoder.decode(envelope.event)
+        return decoder.decode(envelope.event)
     except msgspec.DecodeError as exc:
         try:
             tag = _tag_decoder.decode(envelope.event).type
