@@ -25,15 +25,17 @@ import ipaddress
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import anyio
 import anyio.abc
 import h11
+import msgspec
 from anyio.abc import SocketAttribute
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -91,7 +93,7 @@ class _Incoming:
     request: Request
     wall: float
     monotonic: float
-    too_large: bool = False
+    refuse: int | None = None  # 413 or 431: answered without reaching the provider
 
 
 class Simulator:
@@ -156,7 +158,7 @@ class Simulator:
 
     def add_job(
         self,
-        job: Job | Sequence[Step | str] | str,
+        job: Job | Sequence[Step | str | Mapping[str, Any]] | str,
         *,
         job_id: str | None = None,
         result_size: int | None = None,
@@ -164,7 +166,9 @@ class Simulator:
         """Add a job (call from the simulator's event loop, or use the handle's method).
 
         Args:
-            job: a :class:`Job`, or its steps (a list, or a compact string).
+            job: a :class:`Job`, or its steps: a list of :class:`Step`, compact strings
+                or step tables as dicts (``{"status": 503, "retry_after": 5}``), or one
+                compact string.
             job_id: its id; default a fresh ``{id_prefix}{n}``.
             result_size: bytes of its result file (default the server's).
 
@@ -172,10 +176,12 @@ class Simulator:
             The job id.
 
         Raises:
-            ValueError: the steps do not validate, or the id is taken.
+            ValueError: the steps do not validate (``msgspec.ValidationError``, which names the
+                key), or the id is taken.
         """
         if not isinstance(job, Job):
-            job = Job(steps=job if isinstance(job, str) else list(job), result_size=result_size)
+            steps = job if isinstance(job, str) else list(job)
+            job = msgspec.convert({"steps": steps, "result_size": result_size}, Job)
         return self.provider.add_job(job, job_id=job_id, now=self._clock())
 
     async def serve(
@@ -232,11 +238,15 @@ class Simulator:
                 return
             if incoming is None:
                 return
-            if incoming.too_large:
+            if incoming.refuse is not None:
                 reply = self.provider.reject(
-                    incoming.request, 413, wall=incoming.wall, monotonic=incoming.monotonic
+                    incoming.request,
+                    incoming.refuse,
+                    wall=incoming.wall,
+                    monotonic=incoming.monotonic,
                 )
                 await self._send(conn, stream, reply, head=False)
+                await _drain(stream)
                 return
             reply = self.provider.handle(
                 incoming.request, wall=incoming.wall, monotonic=incoming.monotonic
@@ -273,10 +283,17 @@ class Simulator:
                         wall=self._clock(),
                         monotonic=time.monotonic(),
                     )
+                    # h11 bounds only a head still arriving; one that came whole is checked here.
+                    size = len(event.target) + sum(
+                        len(k) + len(v) + 4 for k, v in event.headers.raw_items()
+                    )
+                    if size > self._limits.max_header_bytes:
+                        incoming.refuse = 431
+                        return incoming
                 elif isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > self._limits.max_body_bytes and incoming is not None:
-                        incoming.too_large = True
+                        incoming.refuse = 413
                         return incoming
                 elif isinstance(event, h11.EndOfMessage) and incoming is not None:
                     incoming.request = Request(
@@ -331,6 +348,21 @@ class Simulator:
                         await stream.send(conn.send(h11.Data(data=chunk)) or b"")
             await stream.send(conn.send(h11.EndOfMessage()) or b"")
         return True
+
+
+async def _drain(stream: anyio.abc.SocketStream) -> None:
+    """Read and drop what the client is still sending, briefly, so closing does not RST it.
+
+    Closing a socket with unread data sends RST, which can destroy the response before the
+    client reads it; this gives the client a moment to finish and close first.
+    """
+    budget = 1024 * 1024
+    with anyio.move_on_after(0.5):
+        while budget > 0:
+            try:
+                budget -= len(await stream.receive(_RECEIVE_BYTES))
+            except anyio.EndOfStream:
+                return
 
 
 def _reason(status: int) -> bytes:
@@ -391,7 +423,7 @@ class SimulatorHandle:
 
     def add_job(
         self,
-        job: Job | Sequence[Step | str] | str,
+        job: Job | Sequence[Step | str | Mapping[str, Any]] | str,
         *,
         job_id: str | None = None,
         result_size: int | None = None,
