@@ -15,7 +15,8 @@ Routes::
     POST     /jobs               submit a scenario -> 202 + Location (per `server.submit`)
     POST     /jobs/{id}/cancel   the job answers "canceled" from then on
     GET|HEAD /results/{id}       a result file of the job's `result_size` bytes
-    POST     /_sim/jobs          admin: add a job from JSON (no token needed)
+    POST     /_sim/jobs          admin: add a job (no token needed): {"id"?, "steps",
+                                 "result_size"?}, or a bare JSON list of steps
     GET      /_sim/requests      admin: the request log as a JSON array
 
 Job ids are single path segments, percent-decoded (``/jobs/a%2Fb`` is job ``a/b``); a path
@@ -480,7 +481,10 @@ class Provider:
 
     def _admin_add(self, request: Request, wall: float) -> tuple[Reply, _Routed]:
         try:
-            new = msgspec.json.decode(request.body, type=NewJob)
+            raw = msgspec.json.decode(request.body)
+            if isinstance(raw, list | str):  # a bare step list (or compact string)
+                raw = {"steps": raw}
+            new = msgspec.convert(raw, NewJob)
         except msgspec.DecodeError as exc:
             return _error(422, f"job: {exc}"), _Routed("admin")
         try:

@@ -130,6 +130,9 @@ def test_admin_add_job_and_read_the_log(sim: SimulatorHandle, client: httpx.Clie
     bad = client.post("/_sim/jobs", json={"steps": [{"tims": 2}]})
     assert bad.status_code == 422
     assert "tims" in bad.json()["error"]
+    bare = client.post("/_sim/jobs", json=["queued", {"status": 500}])
+    assert bare.status_code == 201
+    assert client.get(f"/jobs/{bare.json()['id']}").json()["status"] == "queued"
     log = msgspec.json.decode(client.get("/_sim/requests").content, type=list[RequestRecord])
     assert [r.seq for r in log] == list(range(1, len(log) + 1))
     assert [r.status for r in log if r.job_id == "rt" and r.kind == "status"] == [503, 200]
@@ -174,3 +177,10 @@ def test_paths_that_escape_get_404_and_are_logged(sim: SimulatorHandle, target: 
     [record] = sim.requests()
     assert (record.kind, record.target, record.status) == ("path_escape", target, 404)
     assert sim.requests(kind="status") == []  # no job's step was consumed
+
+
+def test_waiting_for_requests_is_bounded(sim: SimulatorHandle, client: httpx.Client) -> None:
+    client.get("/jobs/seq")
+    assert [r.call for r in sim.wait_for_requests(1, job_id="seq", timeout=5)] == [1]
+    with pytest.raises(TimeoutError, match="not met within"):
+        sim.wait_for_requests(2, kind="cancel", timeout=0.05)
