@@ -68,7 +68,7 @@ class Appended:
 @dataclass
 class _Batch:
     payloads: Sequence[bytes]
-    done: anyio.Event
+    done: anyio.Event  # shared by every batch of one flush round
     checkpoint: str | None = None  # "periodic" or "final": a checkpoint instead of payloads
     results: list[Appended] | None = None
     error: BaseException | None = None
@@ -108,6 +108,7 @@ class LogWriter:
         self._checkpoint_interval = checkpoint_interval
         self._lock = WriterLock(log_dir)
         self._queue: list[_Batch] = []
+        self._round = anyio.Event()  # set when the batches now queued are written (or failed)
         self._wake = anyio.Event()
         self._closing = False
         self._failed: LogIOError | None = None
@@ -180,27 +181,40 @@ class LogWriter:
         return (await self.append_many([payload]))[0]
 
     async def append_many(self, payloads: Sequence[bytes]) -> list[Appended]:
-        """Append payloads in order, in one batch; returns once all are durable."""
+        """Append payloads in order, in one batch; returns once all are durable.
+
+        A caller cancelled while waiting still waits (shielded) until its records are written
+        or have failed, then the cancellation propagates: the records may be durable.
+        """
         if self._failed is not None:
             raise self._failed
         if self._closing:
             raise LogIOError(f"log {self.log_dir} is closing; no more appends")
-        batch = _Batch(payloads, anyio.Event())
+        batch = _Batch(payloads, self._round)
         self._queue.append(batch)
         self._wake.set()
-        # Shielded: once queued the record will be written; the caller must learn the outcome.
-        with anyio.CancelScope(shield=True):
-            await batch.done.wait()
+        await self._outcome(batch)
         if batch.error is not None:
             raise batch.error
         assert batch.results is not None
         return batch.results
 
+    @staticmethod
+    async def _outcome(batch: _Batch) -> None:
+        # Once queued the batch will be written. Shielding only after a cancellation (instead of
+        # entering a shielded cancel scope on every append) keeps the hot path cheap.
+        try:
+            await batch.done.wait()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await batch.done.wait()
+            raise
+
     async def checkpoint(self) -> Appended:
         return await self._enqueue_checkpoint(final=False)
 
     async def _enqueue_checkpoint(self, *, final: bool) -> Appended:
-        batch = _Batch((), anyio.Event(), "final" if final else "periodic")
+        batch = _Batch((), self._round, "final" if final else "periodic")
         self._queue.append(batch)
         self._wake.set()
         with anyio.CancelScope(shield=True):
@@ -232,6 +246,7 @@ class LogWriter:
             batches, self._queue = self._queue, []
             if not batches:
                 continue
+            done, self._round = self._round, anyio.Event()
             try:
                 await anyio.to_thread.run_sync(self._write_batches, batches)
             except LogIOError as exc:
@@ -246,8 +261,7 @@ class LogWriter:
                 self._failed = failure
                 for b in batches:
                     b.error = failure
-            for b in batches:
-                b.done.set()
+            done.set()
 
     # -- framing (worker thread; the flusher is the only caller) -----------------------------
 

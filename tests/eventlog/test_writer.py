@@ -306,3 +306,14 @@ async def test_appends_return_their_seq_and_hash(tmp_path: Path, ks: KeySet) -> 
         assert stored[a.seq].hash == a.hash
         assert isinstance(stored[a.seq].record, EventRecord)
     assert verify_log(log, ks.verify_key()).head_seq == one.seq + 1  # the final checkpoint
+
+
+async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySet) -> None:
+    log = tmp_path / "log"
+    async with writer(log, ks) as w:
+        with anyio.move_on_after(0) as scope:
+            await w.append(b"queued, then cancelled")
+        assert scope.cancelled_caught
+        assert w.head_seq == 1  # the record was written before the cancellation went on
+        await w.append(b"next")
+    assert list(payloads(log, ks).values()) == [b"queued, then cancelled", b"next"]
