@@ -22,12 +22,14 @@ from eventlog.errors import EventLogError
 #: Subcommand modules, in the order ``bide --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "run",
+    "submit",
     "watch",
     "wait",
     "status",
     "story",
     "escalations",
     "decide",
+    "fetch",
     "replay",
     "check-profile",
     "demo",

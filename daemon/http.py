@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -26,6 +27,7 @@ import certifi
 import httpx
 
 from daemon.profile import Profile
+from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
 
 USER_AGENT = "bide/0.1 (+status polling under a contract)"
@@ -99,69 +101,87 @@ class StatusClient:
         """Raise :class:`CredentialError` if the credential cannot be read right now."""
         read_credential(self.profile, self._credentials_dir)
 
-    async def fetch(
-        self, *, operation_id: str, job_id: str, request_number: int, time_left: float,
-        clock: Callable[[], float],
-    ) -> StatusResponseReceived | TransportFailed:
-        """Send the one status request; the fact is stamped with ``clock()`` when it ends."""
-        status = self.profile.status
-        budget = max(MIN_TIMEOUT, min(status.timeout_seconds, time_left))
-        timeout = httpx.Timeout(budget)
+    def _request_headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
+        """Headers for one call; the credential only for the provider's own origin."""
         headers = {"Accept": "application/json", "Accept-Encoding": "identity",
-                   **status.headers}
-        try:
+                   **self.profile.status.headers, **(extra or {})}
+        if origin(url) == self.profile.origin:
             credential = read_credential(self.profile, self._credentials_dir)
-        except CredentialError as exc:
-            return TransportFailed(operation_id=operation_id, at=clock(),
-                                   request_number=request_number, kind="connect_refused",
-                                   detail=f"not sent: {exc}")
-        if credential is not None:
-            headers[credential[0]] = credential[1]
-        url = self.profile.status_url(job_id)
+            if credential is not None:
+                headers[credential[0]] = credential[1]
+        return headers
 
-        def failed(kind: TransportKind, detail: str) -> TransportFailed:
-            return TransportFailed(operation_id=operation_id, at=clock(),
-                                   request_number=request_number, kind=kind,
-                                   detail=detail[:HEADER_CAP])
+    async def call(
+        self, method: str, url: str, *, seconds: float, cap: int, body: bytes | None = None,
+        headers: dict[str, str] | None = None, sink: Callable[[bytes], None] | None = None,
+    ) -> Answer | NoAnswer:
+        """Make exactly one request. With ``sink`` the body goes there instead of memory.
 
+        ``seconds`` is handed to httpx as its timeouts, so httpx gives up by itself and no
+        cancellation is needed (cancelling under pool contention leaks httpcore slots).
+        """
+        budget = max(MIN_TIMEOUT, seconds)
         try:
-            async with self._client.stream(status.method, url, headers=headers,
-                                           timeout=timeout) as resp:
-                body, truncated, complete = await self._read_capped(resp, budget)
+            request_headers = self._request_headers(url, headers)
+        except CredentialError as exc:
+            return NoAnswer("connect_refused", f"not sent: {exc}")
+        try:
+            async with self._client.stream(method, url, headers=request_headers, content=body,
+                                           timeout=httpx.Timeout(budget)) as resp:
+                data, size, truncated, complete = await self._read_capped(resp, budget, cap,
+                                                                          sink)
                 if not complete:
-                    return failed("read_timeout",
-                                  f"body not complete within {budget:.3g}s (slow response)")
-                return StatusResponseReceived(
-                    operation_id=operation_id, at=clock(), request_number=request_number,
-                    status_code=resp.status_code, headers=_headers(resp, status.request_id_header),
-                    body=body, body_truncated=truncated)
+                    return NoAnswer("read_timeout",
+                                    f"body not complete within {budget:.3g}s (slow response)")
+                kept = _headers(resp, self.profile.status.request_id_header)
+                return Answer(resp.status_code, kept,
+                              _capped(resp.headers.get("operation-location")), data, size,
+                              truncated)
         except httpx.PoolTimeout:
             await self.rebuild()
-            return failed("pool_timeout", "no connection slot free in time; client rebuilt")
+            return NoAnswer("pool_timeout", "no connection slot free in time; client rebuilt")
         except httpx.ConnectTimeout:
-            return failed("connect_timeout", f"no connection within {budget:.3g}s")
+            return NoAnswer("connect_timeout", f"no connection within {budget:.3g}s")
         except httpx.ConnectError as exc:
-            return failed(*_connect_kind(exc))
+            return NoAnswer(*_connect_kind(exc))
         except httpx.ReadTimeout:
-            return failed("read_timeout", f"no response within {budget:.3g}s")
+            return NoAnswer("read_timeout", f"no response within {budget:.3g}s")
         except httpx.WriteTimeout:
-            return failed("write_timeout", f"request not sent within {budget:.3g}s")
+            return NoAnswer("write_timeout", f"request not sent within {budget:.3g}s")
         except (httpx.ReadError, httpx.WriteError, httpx.CloseError):
-            return failed("connection_reset", "connection reset by the provider")
+            return NoAnswer("connection_reset", "connection reset by the provider")
         except httpx.RemoteProtocolError as exc:
             text = str(exc)
             if "disconnected" in text or "closed" in text:
-                return failed("connection_reset", "provider closed the connection without "
-                                                  "a complete response")
-            return failed("protocol_error", f"malformed HTTP from the provider: {text[:200]}")
+                return NoAnswer("connection_reset",
+                                "provider closed the connection without a complete response")
+            return NoAnswer("protocol_error", f"malformed HTTP from the provider: {text[:200]}")
         except httpx.HTTPError as exc:
-            return failed("protocol_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            return NoAnswer("protocol_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    async def fetch(
+        self, *, operation_id: str, url: str, request_number: int, time_left: float,
+        clock: Callable[[], float],
+    ) -> StatusResponseReceived | TransportFailed:
+        """The one status request of a poll, as the fact the model reads."""
+        status = self.profile.status
+        result = await self.call(status.method, url,
+                                 seconds=min(status.timeout_seconds, time_left),
+                                 cap=status.max_body_bytes)
+        if isinstance(result, NoAnswer):
+            return TransportFailed(operation_id=operation_id, at=clock(),
+                                   request_number=request_number, kind=result.kind,
+                                   detail=result.detail[:HEADER_CAP])
+        return StatusResponseReceived(operation_id=operation_id, at=clock(),
+                                      request_number=request_number, status_code=result.status,
+                                      headers=result.headers, body=result.body,
+                                      body_truncated=result.truncated)
 
     async def _read_capped(
-        self, resp: httpx.Response, budget: float
-    ) -> tuple[bytes, bool, bool]:
-        """(body, truncated, complete): at most the cap, and no longer than ``budget`` overall."""
-        cap = self.profile.status.max_body_bytes
+        self, resp: httpx.Response, budget: float, cap: int,
+        sink: Callable[[bytes], None] | None,
+    ) -> tuple[bytes, int, bool, bool]:
+        """(body, size, truncated, complete): at most ``cap`` bytes, within ``budget`` overall."""
         chunks: list[bytes] = []
         size = 0
         truncated = False
@@ -169,21 +189,48 @@ class StatusClient:
             async for chunk in resp.aiter_raw():
                 room = cap - size
                 if len(chunk) > room:
-                    chunks.append(chunk[:room])
+                    chunk = chunk[:room]
                     truncated = True
-                    break
-                chunks.append(chunk)
+                if sink is not None:
+                    sink(chunk)
+                else:
+                    chunks.append(chunk)
                 size += len(chunk)
+                if truncated:
+                    break
         if scope.cancelled_caught:
             await self.rebuild()  # a cancelled read may leave the pool slot behind
-            return b"", False, False
-        return b"".join(chunks), truncated, True
+            return b"", size, False, False
+        return b"".join(chunks), size, truncated, True
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer: status, the headers that matter, and the body read up to a cap."""
+
+    status: int
+    headers: ResponseHeaders
+    operation_location: str | None
+    body: bytes
+    size: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """No HTTP answer: how delivery failed, with a detail that carries no secret."""
+
+    kind: TransportKind
+    detail: str
+
+
+def _capped(value: str | None) -> str | None:
+    return value[:HEADER_CAP] if value is not None else None
 
 
 def _headers(resp: httpx.Response, request_id_header: str) -> ResponseHeaders:
     def get(name: str) -> str | None:
-        value = resp.headers.get(name)
-        return value[:HEADER_CAP] if value is not None else None
+        return _capped(resp.headers.get(name))
 
     return ResponseHeaders(
         retry_after=get("retry-after"),

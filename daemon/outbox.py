@@ -46,13 +46,17 @@ def escalation_text(ev: EscalationRaised) -> str:
 
 
 def write_escalation(outbox: Path, ev: EscalationRaised) -> Path:
-    """Write the message atomically; an existing one (a replayed escalation) is kept."""
+    return write_text(outbox, f"{ev.operation_id}.{ev.escalation_id}", escalation_text(ev))
+
+
+def write_text(outbox: Path, name: str, text: str) -> Path:
+    """Write ``NAME.txt`` atomically; an existing one (a replayed escalation) is kept."""
     outbox.mkdir(mode=0o750, parents=True, exist_ok=True)
-    safe_id = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in ev.operation_id)
-    path = outbox / f"{safe_id}.{ev.escalation_id}.txt"
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+    path = outbox / f"{safe}.txt"
     if path.exists():
         return path
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(escalation_text(ev), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.rename(tmp, path)
     return path

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import quote, urlsplit
@@ -51,6 +51,7 @@ import msgspec
 from msgspec import Meta
 
 from daemon.errors import ConfigError
+from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, contract_digest
 
 SAFE_METHODS = ("GET", "HEAD")
@@ -77,11 +78,44 @@ class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_in_flight: Annotated[int, Meta(ge=1, le=10_000)] = 8
 
 
+class SubmitCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How to submit a job (S22, S29); how the answer names the job is the provider's contract."""
+
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    content_type: str = "application/json"
+    timeout_seconds: Annotated[float, Meta(gt=0, le=600)] = 30.0
+    idempotency_header: str = ""  # sent only when contract.idempotent_submit
+    job_id_from: Literal["location", "operation-location", "body"] = "location"
+    job_id_pointer: str | None = None
+    status_from: Literal["template", "location", "operation-location"] = "template"
+    max_attempts: Annotated[int, Meta(ge=1, le=10)] = 3
+    max_body_bytes: Annotated[int, Meta(ge=1, le=256 * 1024)] = 64 * 1024
+
+
+class FetchCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Downloading a succeeded job's result: bounded in size and time."""
+
+    max_bytes: Annotated[int, Meta(ge=1, le=64 * 1024**3)] = 100 * 1024 * 1024
+    timeout_seconds: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+
+
+class CancelCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The provider's documented cancel call; only a human's decision ever makes it."""
+
+    url: str
+    method: Literal["POST", "DELETE", "PUT"] = "POST"
+    timeout_seconds: Annotated[float, Meta(gt=0, le=600)] = 30.0
+
+
 class ProfileFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     status: StatusCall
     contract: dict[str, object]
     credential: CredentialRef | None = None
     quota: Quota = msgspec.field(default_factory=Quota)
+    submit: SubmitCall | None = None
+    fetch: FetchCall = msgspec.field(default_factory=FetchCall)
+    cancel: CancelCall | None = None
 
 
 @dataclass(frozen=True)
@@ -95,13 +129,40 @@ class Profile:
     quota: Quota
     contract: Contract
     digest: str
+    submit: SubmitCall | None = None
+    fetch: FetchCall = field(default_factory=FetchCall)
+    cancel: CancelCall | None = None
+
+    @property
+    def origin(self) -> str:
+        """The provider's origin: credentials are sent to it and nowhere else."""
+        return origin(self.status_url("x"))
+
+    @property
+    def submit_spec(self) -> SubmitSpec | None:
+        if self.submit is None:
+            return None
+        return SubmitSpec(job_id_from=self.submit.job_id_from,
+                          job_id_pointer=self.submit.job_id_pointer,
+                          status_from=self.submit.status_from,
+                          idempotent=self.contract.idempotent_submit,
+                          max_attempts=self.submit.max_attempts)
+
+    def cancel_url(self, job_id: str) -> str:
+        assert self.cancel is not None
+        return self.cancel.url.replace(_PLACEHOLDER, _encode_id(job_id))
 
     def status_url(self, job_id: str) -> str:
         """The status URL for ``job_id``, percent-encoded so it cannot change the path."""
-        encoded = quote(job_id, safe="")
-        if encoded in (".", ".."):
-            encoded = encoded.replace(".", "%2E")  # a bare dot segment would be normalised away
-        return self.status.url.replace(_PLACEHOLDER, encoded)
+        return self.status.url.replace(_PLACEHOLDER, _encode_id(job_id))
+
+
+def _encode_id(job_id: str) -> str:
+    """A job id as one path segment: ``/``, ``?``, ``#`` and ``%`` cannot change the URL."""
+    encoded = quote(job_id, safe="")
+    if encoded in (".", ".."):
+        encoded = encoded.replace(".", "%2E")  # a bare dot segment would be normalised away
+    return encoded
 
 
 _CONTRACT_FIELDS = frozenset(Contract.__struct_fields__)
@@ -146,19 +207,41 @@ def load_profile(path: Path) -> Profile:
     except msgspec.ValidationError as exc:
         message = str(exc).replace("$.", "$.contract.", 1)
         raise ConfigError(_explain(path, text, message)) from None
-    _check_url(path, text, raw.status.url)
+    _check_url(path, text, raw.status.url, "status")
+    if raw.cancel is not None:
+        _check_url(path, text, raw.cancel.url, "cancel")
+    if contract.cancel_documented != (raw.cancel is not None):
+        raise ConfigError(
+            f"{path}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
+            f"but the profile {'has no' if raw.cancel is None else 'has a'} [cancel] section; "
+            f"a cancel is offered only where the provider documents one, so make them agree")
+    if raw.submit is not None:
+        _check_submit(path, text, raw.submit, contract)
     return Profile(name, path, raw.status, raw.credential, raw.quota, contract,
-                   contract_digest(contract))
+                   contract_digest(contract), raw.submit, raw.fetch, raw.cancel)
 
 
-def _check_url(path: Path, text: str, url: str) -> None:
-    line = _line_of(text, ("status",), "url")
+def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract) -> None:
+    line = _line_of(text, ("submit",), "url")
+    parts = urlsplit(submit.url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
+    if submit.job_id_from == "body" and not submit.job_id_pointer:
+        raise ConfigError(f"{path}: submit.job_id_from is \"body\" but submit.job_id_pointer "
+                          f"is not set")
+    if contract.idempotent_submit and not submit.idempotency_header:
+        raise ConfigError(f"{path}: contract.idempotent_submit is true but "
+                          f"submit.idempotency_header is not set")
+
+
+def _check_url(path: Path, text: str, url: str, table: str) -> None:
+    line = _line_of(text, (table,), "url")
     if url.count(_PLACEHOLDER) != 1:
-        raise ConfigError(f"{path}:{line}: status.url must contain {_PLACEHOLDER} exactly once")
+        raise ConfigError(f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} exactly once")
     parts = urlsplit(url.replace(_PLACEHOLDER, "x"))
     if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(f"{path}:{line}: status.url must be an absolute http(s) URL")
-    if _PLACEHOLDER in (parts.netloc and url.split("//", 1)[1].split("/", 1)[0]):
+        raise ConfigError(f"{path}:{line}: {table}.url must be an absolute http(s) URL")
+    if _PLACEHOLDER in url.split("//", 1)[1].split("/", 1)[0]:
         raise ConfigError(f"{path}:{line}: {_PLACEHOLDER} may not be in the host")
 
 

@@ -6,7 +6,7 @@ Readers never write and never take the writer lock; they need the data keys.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +14,16 @@ from daemon.config import Config
 from daemon.errors import UsageError
 from eventlog.keys import KeyRing, keys_directory, load_keyring
 from eventlog.reader import LogReader
-from replay.events import Event, decode_event
+from replay.actions import Action, evolve_action
+from replay.events import (
+    ActionDecided,
+    ActionEvent,
+    ActionFailed,
+    ActionIntended,
+    ActionSucceeded,
+    Event,
+    decode_log_event,
+)
 from replay.state import Operation, evolve
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
@@ -51,9 +60,11 @@ def parse_time(text: str, flag: str, now: float) -> float:
 
 @dataclass
 class LoadedLog:
-    events: list[tuple[int, Event]]
+    events: list[tuple[int, Event]]  # status-operation events
     ops: dict[str, Operation]
     head_seq: int
+    action_events: list[ActionEvent] = field(default_factory=list)
+    actions: dict[str, Action] = field(default_factory=dict)
 
 
 def open_keyring(config: Config) -> KeyRing:
@@ -63,17 +74,21 @@ def open_keyring(config: Config) -> KeyRing:
 def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
              until_time: float | None = None) -> LoadedLog:
     reader = LogReader(log_dir, keyring)
-    events: list[tuple[int, Event]] = []
-    ops: dict[str, Operation] = {}
+    log = LoadedLog([], {}, -1)
     for seq, payload in reader.payloads():
         if until_seq is not None and seq > until_seq:
             break
-        ev = decode_event(payload)
+        ev = decode_log_event(payload)
         if until_time is not None and ev.at > until_time:
             break
-        events.append((seq, ev))
-        ops[ev.operation_id] = evolve(ops.get(ev.operation_id), ev)
-    return LoadedLog(events, ops, reader.next_seq - 1)
+        if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
+            log.action_events.append(ev)
+            log.actions[ev.action_id] = evolve_action(log.actions.get(ev.action_id), ev)
+            continue
+        log.events.append((seq, ev))
+        log.ops[ev.operation_id] = evolve(log.ops.get(ev.operation_id), ev)
+    log.head_seq = reader.next_seq - 1
+    return log
 
 
 def need_op(log: LoadedLog, op_id: str) -> Operation:
@@ -87,3 +102,7 @@ def need_op(log: LoadedLog, op_id: str) -> Operation:
 
 def op_events(log: LoadedLog, op_id: str) -> list[Event]:
     return [ev for _, ev in log.events if ev.operation_id == op_id]
+
+
+def op_action_events(log: LoadedLog, op_id: str) -> list[ActionEvent]:
+    return [ev for ev in log.action_events if ev.operation_id == op_id]

@@ -29,14 +29,67 @@ from msgspec import Meta
 from replay.observations import Registration
 
 SPOOL_VERSION = 1
-MAX_FILE_BYTES = 64 * 1024
+MAX_FILE_BYTES = 512 * 1024  # a submit body (at most 256 KiB) base64-encoded, with room
 REQUEST_ID = Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
 
 
 class RegistrationFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``bide watch``: register a job that was already submitted."""
+
     version: Literal[1]
     request_id: REQUEST_ID
     registration: Registration
+    kind: Literal["watch"] = "watch"
+
+
+class SubmitFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``bide submit``: let the daemon make the submit call, then watch the job.
+
+    ``registration`` carries the deadline and budgets; its ``provider_job_id`` is filled from
+    the provider's answer.
+    """
+
+    version: Literal[1]
+    request_id: REQUEST_ID
+    kind: Literal["submit"]
+    registration: Registration
+    body: bytes
+    idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    force: bool = False
+
+
+class FetchFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``bide fetch``: download a succeeded operation's result."""
+
+    version: Literal[1]
+    request_id: REQUEST_ID
+    kind: Literal["fetch"]
+    operation_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    result: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+
+
+class _Kind(msgspec.Struct, frozen=True):
+    kind: str = "watch"
+
+
+IncomingFile = RegistrationFile | SubmitFile | FetchFile
+_INCOMING: dict[str, type[IncomingFile]] = {
+    "watch": RegistrationFile, "submit": SubmitFile, "fetch": FetchFile}
+
+
+def decode_incoming(data: bytes) -> IncomingFile:
+    """Decode an incoming spool file of any kind; raises :class:`SpoolReject` with the reason."""
+    try:
+        kind = msgspec.json.decode(data, type=_Kind).kind
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SpoolReject(f"not a valid spool file: {exc}") from None
+    cls = _INCOMING.get(kind)
+    if cls is None:
+        raise SpoolReject(f"unknown kind {kind[:32]!r} (known: {', '.join(_INCOMING)})")
+    try:
+        return msgspec.json.decode(data, type=cls)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SpoolReject(f"not a valid {kind} request: {exc}") from None
 
 
 class DecisionFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -49,10 +102,16 @@ class DecisionFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Receipt(msgspec.Struct, frozen=True):
+    """What became of a spool file; written by the daemon, read by the command that dropped it."""
+
     request_id: str
-    status: Literal["registered", "recorded", "rejected"]
+    status: Literal["registered", "recorded", "rejected", "escalated", "fetched", "failed"]
     operation_id: str | None = None
     reason: str = ""
+    action_id: str | None = None
+    stored_as: str | None = None
+    sha256: str | None = None
+    size: int | None = None
 
 
 def new_request_id() -> str:

@@ -29,6 +29,7 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -37,6 +38,7 @@ import msgspec
 import watchfiles
 
 from daemon import logfmt, systemd
+from daemon.actions import ActionRunner
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.http import CredentialError, StatusClient
@@ -45,29 +47,37 @@ from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles
 from daemon.spool import (
     DecisionFile,
+    FetchFile,
     Receipt,
     RegistrationFile,
     Spool,
     SpoolPermissionError,
     SpoolReject,
+    SubmitFile,
+    decode_incoming,
 )
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.keys import KeyRing, Signer
 from eventlog.reader import LogReader
 from eventlog.writer import LogWriter
+from replay.actions import Action, evolve_action
 from replay.decide import decide, register
 from replay.events import (
+    ActionDecided,
+    ActionFailed,
+    ActionIntended,
+    ActionSucceeded,
     DecisionRejected,
     EscalationRaised,
-    Event,
+    LogEvent,
     OperationRegistered,
     RegistrationRejected,
     RequestOutcomeUnknown,
     StatusRequestIntended,
     StatusResponseReceived,
     TransportFailed,
-    decode_event,
+    decode_log_event,
     encode_event,
 )
 from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
@@ -81,25 +91,32 @@ FACTS = (StatusResponseReceived, TransportFailed, RequestOutcomeUnknown)
 Fact = StatusResponseReceived | TransportFailed | RequestOutcomeUnknown
 
 
-def replay_log(log_dir: Path, keyring: KeyRing
-               ) -> tuple[dict[str, Operation], dict[str, Fact], int]:
-    """Fold every event of the log into operation state.
+@dataclass
+class Replayed:
+    ops: dict[str, Operation]
+    actions: dict[str, Action]
+    undecided: dict[str, Fact]  # facts whose decision never made it to the log (a crash)
+    events: int
 
-    Returns the operations, the facts whose decision never made it to the log (the daemon
-    died between the two appends), and the number of events read.
-    """
+
+def replay_log(log_dir: Path, keyring: KeyRing) -> Replayed:
+    """Fold every event of the log into operation and action state."""
     ops: dict[str, Operation] = {}
+    actions: dict[str, Action] = {}
     undecided: dict[str, Fact] = {}
     count = 0
     for _, payload in LogReader(log_dir, keyring).payloads():
-        ev = decode_event(payload)
+        ev = decode_log_event(payload)
+        count += 1
+        if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
+            actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
+            continue
         ops[ev.operation_id] = evolve(ops.get(ev.operation_id), ev)
         if isinstance(ev, FACTS):
             undecided[ev.operation_id] = ev
         else:
             undecided.pop(ev.operation_id, None)
-        count += 1
-    return ops, undecided, count
+    return Replayed(ops, actions, undecided, count)
 
 
 class Supervisor:
@@ -133,7 +150,8 @@ class Supervisor:
         self.stopping = anyio.Event()
         self._idle = anyio.Event()
         self._log: LogWriter | None = None
-        self._polls: anyio.abc.TaskGroup | None = None
+        self.polls: anyio.abc.TaskGroup | None = None
+        self.runner = ActionRunner(self)
         self._main_scope: anyio.CancelScope | None = None
 
     # -- recording -------------------------------------------------------------------------
@@ -143,7 +161,7 @@ class Supervisor:
         assert self._log is not None
         return self._log
 
-    async def record(self, events: Sequence[Event]) -> None:
+    async def record(self, events: Sequence[LogEvent]) -> None:
         """Append ``events`` durably, then fold them into state; then act on escalations."""
         if not events:
             return
@@ -151,6 +169,10 @@ class Supervisor:
         await self.log.append_many([encode_event(e) for e in events])
         self.metrics.append_latency.observe(time.monotonic() - started)
         for ev in events:
+            if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
+                actions = self.runner.actions
+                actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
+                continue
             op = self.ops[ev.operation_id] = evolve(self.ops.get(ev.operation_id), ev)
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
@@ -182,8 +204,8 @@ class Supervisor:
             self.in_flight[name] = anyio.Semaphore(profile.quota.max_in_flight)
             previous = self.clients.pop(name, None)
             self.clients[name] = StatusClient(profile, self._credentials_dir())
-            if previous is not None and self._polls is not None:
-                self._polls.start_soon(previous.aclose)
+            if previous is not None and self.polls is not None:
+                self.polls.start_soon(previous.aclose)
             logfmt.info("profile loaded", provider=name, digest=profile.digest[:16])
 
     def _credentials_dir(self) -> Path | None:
@@ -203,13 +225,13 @@ class Supervisor:
         self.timers.schedule(op_id, time.monotonic() + delay)
 
     async def _timer_loop(self) -> None:
-        assert self._polls is not None
+        assert self.polls is not None
         while not self.stopping.is_set():
             for op_id, due in await self.timers.wait():
                 if self.stopping.is_set():
                     return
                 self.metrics.wakeup_lateness.observe(time.monotonic() - due)
-                self._polls.start_soon(self._poll, op_id)
+                self.polls.start_soon(self._poll, op_id)
 
     async def _poll(self, op_id: str) -> None:
         """One wake-up of one operation, in the seed's order (S32)."""
@@ -261,7 +283,8 @@ class Supervisor:
         sem = self.in_flight[op.provider]
         async with sem:
             time_left = op.deadline_at - self.clock()
-            fact = await client.fetch(operation_id=op.operation_id, job_id=op.provider_job_id,
+            url = op.status_location or client.profile.status_url(op.provider_job_id)
+            fact = await client.fetch(operation_id=op.operation_id, url=url,
                                       request_number=intent.request_number,
                                       time_left=time_left, clock=self.clock)
         self.metrics.requests_sent += 1
@@ -273,22 +296,35 @@ class Supervisor:
 
     async def ingest_all(self) -> None:
         for path in self.spool.pending(self.spool.incoming):
-            await self.ingest_registration(path)
+            await self.ingest_incoming(path)
         for path in self.spool.pending(self.spool.decisions):
             await self.ingest_decision(path)
 
-    async def ingest_registration(self, path: Path) -> None:
+    async def ingest_incoming(self, path: Path) -> None:
+        """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
         rid = spool_request_id(path)
         try:
             data, _uid = self.spool.read(path)
             if rid is None:
                 raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
-            try:
-                rf = msgspec.json.decode(data, type=RegistrationFile)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                raise SpoolReject(f"not a valid registration: {exc}") from None
-            if rf.request_id != rid:
+            request = decode_incoming(data)
+            if request.request_id != rid:
                 raise SpoolReject("request_id does not match the file name")
+            if isinstance(request, SubmitFile):
+                await self.runner.ingest_submit(rid, request)
+            elif isinstance(request, FetchFile):
+                await self.runner.ingest_fetch(rid, request)
+        except SpoolReject as exc:
+            logfmt.warn("spool file rejected", file=path.name, reason=exc)
+            self.spool.reject(path, rid, str(exc))
+            return
+        if isinstance(request, RegistrationFile):
+            await self.ingest_registration(path, rid, request)
+        else:
+            self.spool.done(path)  # its receipt follows the action's outcome
+
+    async def ingest_registration(self, path: Path, rid: str, rf: RegistrationFile) -> None:
+        try:
             reg = rf.registration
             existing = self.ops.get(reg.operation_id)
             if existing is not None:
@@ -329,19 +365,26 @@ class Supervisor:
                 df = msgspec.json.decode(data, type=DecisionFile)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise SpoolReject(f"not a valid decision: {exc}") from None
-            op = self.ops.get(df.operation_id)
-            if op is None:
-                raise SpoolReject(f"no operation {df.operation_id!r}")
-            if df.operation_id in self.busy:
-                return  # a poll is mid-flight; the next scan picks the file up
             approver = _user_name(uid)  # the file's owner, not a name the file claims
             observation = DecisionSubmitted(option=df.option, approver=approver, note=df.note,
                                             escalation_id=df.escalation_id)
-            events = decide(op, observation, self.clock(), self.draw())
-            await self.record(events)
-            rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
-            if rejected is not None:
-                raise SpoolReject(f"decision rejected: {rejected.reason}")
+            action = self.runner.actions.get(df.operation_id)
+            if action is not None:
+                decided = await self.runner.decide(action, observation)
+                if not decided.accepted:
+                    raise SpoolReject(f"decision rejected: {decided.reason}")
+            else:
+                op = self.ops.get(df.operation_id)
+                if op is None:
+                    raise SpoolReject(f"no operation or action {df.operation_id!r}")
+                if df.operation_id in self.busy:
+                    return  # a poll is mid-flight; the next scan picks the file up
+                events = decide(op, observation, self.clock(), self.draw())
+                await self.record(events)
+                rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
+                if rejected is not None:
+                    raise SpoolReject(f"decision rejected: {rejected.reason}")
+                await self.runner.after_decision(list(events))
         except SpoolReject as exc:
             logfmt.warn("decision rejected", file=path.name, reason=exc)
             self.spool.reject(path, rid, str(exc))
@@ -445,14 +488,16 @@ class Supervisor:
             if log.recovered is not None:
                 logfmt.warn("torn log tail quarantined", bytes=log.recovered.cut_len,
                             quarantine=log.recovered.quarantine)
-            self.ops, undecided, count = await anyio.to_thread.run_sync(
-                replay_log, cfg.log_dir, self.keyring)
+            replayed = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring)
+            self.ops, self.runner.actions = replayed.ops, replayed.actions
+            undecided, count = replayed.undecided, replayed.events
             live = [op for op in self.ops.values() if op.phase == "live"]
             logfmt.info("replayed", events=count, operations=len(self.ops), live=len(live),
                         seconds=f"{time.monotonic() - started:.3f}")
             async with anyio.create_task_group() as polls:
-                self._polls = polls
+                self.polls = polls
                 await self.recover_in_flight(undecided)
+                await self.runner.recover()
                 live = [op for op in self.ops.values() if op.phase == "live"]
                 for op in live:
                     self.schedule(op.operation_id)

@@ -66,6 +66,7 @@ __all__ = [
     "Action",
     "ActionPhase",
     "SubmitSpec",
+    "action_story",
     "decide_action",
     "evolve_action",
     "fingerprint",
@@ -343,3 +344,46 @@ def decide_action(action: Action, decision: DecisionSubmitted, now: float) -> li
         return [decided(True), msgspec.structs.replace(action.intent, at=now,
                                                        attempt=action.attempts + 1)]
     return [decided(True)]
+
+
+# --- the story --------------------------------------------------------------------------------
+
+
+def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
+    """Story lines for actions, in the shape of :func:`replay.story.story_json` (S39)."""
+    from replay.decide import format_time
+
+    out: list[dict[str, object]] = []
+    for ev in events:
+        match ev:
+            case ActionIntended():
+                key = ", idempotency key recorded" if ev.idempotency_key else ""
+                size = f", at most {ev.max_bytes} bytes" if ev.max_bytes else ""
+                text = (f"{ev.kind} intended (attempt {ev.attempt}): {ev.method} {ev.url}"
+                        f"{key}{size}, within {ev.timeout_seconds:g}s")
+            case ActionSucceeded():
+                if ev.provider_job_id is not None:
+                    where = f", status at {ev.status_location}" if ev.status_location else ""
+                    text = (f"submit accepted: HTTP {ev.http_status}, job "
+                            f"{ev.provider_job_id}{where}")
+                elif ev.sha256 is not None:
+                    text = (f"fetched: HTTP {ev.http_status}, {ev.size} bytes, sha256 "
+                            f"{ev.sha256}")
+                else:
+                    text = f"{ev.action_id.split('.')[-2]} done: HTTP {ev.http_status}"
+            case ActionFailed():
+                how = (f"HTTP {ev.http_status}" if ev.http_status is not None
+                       else ev.transport or "no answer")
+                text = f"{ev.reason} ({how}: {ev.detail})"
+                if ev.retry_scheduled:
+                    text += "; retried with the same idempotency key"
+                if ev.options:
+                    text += ", escalated, options: " + " | ".join(
+                        f"{o.label} [{o.id}]" for o in ev.options)
+            case ActionDecided():
+                text = (f"decision on {ev.action_id} by {ev.approver}: {ev.option_id}"
+                        + ("" if ev.accepted else f" rejected ({ev.reason})")
+                        + (f" ({ev.note})" if ev.note else ""))
+        out.append({"at": ev.at, "time": format_time(ev.at), "operation_id": ev.operation_id,
+                    "text": text, "events": [ev.__struct_config__.tag]})
+    return out

@@ -613,6 +613,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
         max_bytes: The size cap on what comes back (fetch).
         body: The submit body, kept so that a decided retry sends exactly the same request.
         registration: What to register when a submit is accepted (deadline, budgets).
+        spool_request: The spool request it answers, so its receipt survives a restart.
+        result_name: The result field fetched (fetch).
     """
 
     action_id: Annotated[str, Meta(min_length=1, max_length=300)]
@@ -627,6 +629,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
     max_bytes: int | None = None
     body: bytes = b""
     registration: Registration | None = None
+    spool_request: str | None = None
+    result_name: str | None = None
 
 
 class ActionSucceeded(_Event, tag="action_succeeded", frozen=True, kw_only=True):
@@ -734,7 +738,9 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     DecisionRejected,
 )
 
-ACTION_EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
+ACTION_EVENT_TYPES: Final[
+    tuple[type[ActionIntended], type[ActionSucceeded], type[ActionFailed], type[ActionDecided]]
+] = (
     ActionIntended,
     ActionSucceeded,
     ActionFailed,

@@ -8,10 +8,11 @@ from typing import Any
 
 import msgspec
 
+from daemon.actions import action_escalation_text
 from daemon.config import add_config_flag, load_config
 from daemon.outbox import escalation_text
 from daemon.readers import load_log, open_keyring
-from replay.events import EscalationRaised
+from replay.events import ActionFailed, EscalationRaised
 
 
 def add_parser(sub: Any) -> None:
@@ -39,10 +40,19 @@ def run(args: argparse.Namespace) -> int:
             if found is not None:
                 open_.append(found)
     open_.sort(key=lambda e: e.at)
+    escalated = [a for a in log.actions.values()
+                 if a.phase == "escalated" and isinstance(a.outcome, ActionFailed)]
     if args.json:
-        print(json.dumps([msgspec.to_builtins(ev) for ev in open_]))
-    elif not open_:
+        print(json.dumps([msgspec.to_builtins(ev) for ev in open_] + [
+            {"action_id": a.action_id, "operation_id": a.operation_id, "kind": a.kind,
+             "reason": a.outcome.reason, "detail": a.outcome.detail,
+             "options": msgspec.to_builtins(a.outcome.options)}
+            for a in escalated if isinstance(a.outcome, ActionFailed)]))
+    elif not open_ and not escalated:
         print("no open escalations")
     else:
-        print("\n".join(escalation_text(ev) for ev in open_), end="")
+        texts = [escalation_text(ev) for ev in open_]
+        texts += [action_escalation_text(a, a.outcome) for a in escalated
+                  if isinstance(a.outcome, ActionFailed)]
+        print("\n".join(texts), end="")
     return 0

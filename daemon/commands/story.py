@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from daemon.config import add_config_flag, load_config
-from daemon.readers import load_log, need_op, op_events, open_keyring
-from replay.story import story, story_json
+from daemon.readers import load_log, need_op, op_action_events, op_events, open_keyring
+from replay.actions import action_story
+from replay.story import story_json
 
 
 def add_parser(sub: Any) -> None:
@@ -28,10 +29,13 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     log = load_log(cfg.log_dir, open_keyring(cfg))
-    need_op(log, args.operation)
-    events = op_events(log, args.operation)
+    actions = op_action_events(log, args.operation)
+    if args.operation not in log.ops and not actions:
+        need_op(log, args.operation)
+    lines = sorted([*story_json(op_events(log, args.operation)), *action_story(actions)],
+                   key=lambda line: float(line["at"]))  # type: ignore[arg-type]
     if args.json:
-        print(json.dumps(story_json(events)))
+        print(json.dumps(lines))
     else:
-        print(story(events), end="")
+        print("".join(f"{line['time']} {line['text']}\n" for line in lines), end="")
     return 0

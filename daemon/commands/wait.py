@@ -15,9 +15,16 @@ from daemon.errors import UsageError
 from daemon.readers import open_keyring, parse_duration
 from eventlog.envelope import EventRecord
 from eventlog.reader import LogReader
-from replay.events import decode_event
+from replay.events import (
+    ActionDecided,
+    ActionFailed,
+    ActionIntended,
+    ActionSucceeded,
+    decode_log_event,
+)
 from replay.state import Operation, evolve
 
+ACTION_EVENTS = (ActionIntended, ActionSucceeded, ActionFailed, ActionDecided)
 EXIT_SUCCEEDED = 0
 EXIT_ESCALATED = 3
 EXIT_CLOSED = 4
@@ -65,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         nonlocal op
         for stored in reader.poll():
             if isinstance(stored.record, EventRecord):
-                ev = decode_event(reader.decrypt(stored))
-                if ev.operation_id == args.operation:
+                ev = decode_log_event(reader.decrypt(stored))
+                if ev.operation_id == args.operation and not isinstance(ev, ACTION_EVENTS):
                     op = evolve(op, ev)
         return op
 

@@ -101,9 +101,9 @@ def report(cfg: Config, spool: Spool, rid: str, op_id: str, wait_seconds: float,
         return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
                       f"queued {op_id}: no answer from the daemon within {wait_seconds:g}s; "
                       f"it will take the request", EXIT_QUEUED)
-    if receipt.status == "rejected":
+    if receipt.status in ("rejected", "escalated", "failed"):
         return _print(as_json, msgspec.to_builtins(receipt),
-                      f"rejected: {receipt.reason}", 1)
+                      f"{receipt.status}: {receipt.reason}", 1)
     return _print(as_json, msgspec.to_builtins(receipt), receipt.operation_id or op_id, 0)
 
 

@@ -25,6 +25,7 @@ with a ``.`` or ``..`` segment is answered 404 and logged as ``path_escape``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import http
@@ -198,6 +199,7 @@ class Provider:
         self._submitted = 0
         self._jobs: dict[str, _JobState] = {}
         self._idempotency: dict[str, tuple[str, str]] = {}
+        self._submits = 0
         for job_id, job in script.jobs.items():
             self.add_job(job, job_id=job_id, now=now)
 
@@ -429,6 +431,18 @@ class Provider:
         return Reply(200, (("Content-Type", "application/octet-stream"),), stream=stream)
 
     def _submit(self, request: Request, wall: float) -> tuple[Reply, _Routed]:
+        server = self.script.server
+        n = self._submits
+        self._submits += 1
+        misbehave = server.submit_steps[n] if n < len(server.submit_steps) else None
+        if misbehave is not None and misbehave.status is not None:
+            return _error(misbehave.status, "scripted submit failure"), _Routed("submit")
+        reply, routed = self._submit_accepted(request, wall)
+        if misbehave is not None:
+            reply = dataclasses.replace(reply, delay=misbehave.delay, fault=misbehave.fault)
+        return reply, routed
+
+    def _submit_accepted(self, request: Request, wall: float) -> tuple[Reply, _Routed]:
         server = self.script.server
         try:
             body = (

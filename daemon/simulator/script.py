@@ -16,6 +16,7 @@ Full example::
     result_size = 1024           # bytes served by GET /results/{id}
     oversize_bytes = 2097152     # body size of `fault = "oversize"` steps without `size`
     cancel = true                # POST /jobs/{id}/cancel exists
+    submit_steps = [{ delay = 5 }, { fault = "reset" }, { status = 500 }]  # 1st, 2nd, 3rd submit
     headers = { RateLimit-Policy = "10;w=60" }   # on every response
 
     [jobs.export-1]              # GET /jobs/export-1
@@ -264,6 +265,19 @@ class NewJob(Job, forbid_unknown_fields=True, kw_only=True):
     id: str | None = None
 
 
+class SubmitStep(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """How one ``POST /jobs`` call misbehaves (``[server] submit_steps``, one per call).
+
+    ``delay`` and ``fault`` still create the job (the provider did the work; the answer is
+    lost or late: the ambiguity S29 is about); ``status`` answers with that status and
+    creates nothing.
+    """
+
+    delay: float = 0.0
+    fault: Literal["reset", "close"] | None = None
+    status: int | None = None
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Provider-wide behaviour (see the ``[server]`` table in the module docstring)."""
 
@@ -277,6 +291,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     oversize_bytes: int = 2 * 1024 * 1024
     cancel: bool = True
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+    submit_steps: tuple[SubmitStep, ...] = ()
 
     def __post_init__(self) -> None:
         if self.request_id_header:

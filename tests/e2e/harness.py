@@ -148,8 +148,9 @@ class Workspace:
 @contextmanager
 def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
               server: dict[str, object] | None = None,
-              config_extra: str = "") -> Iterator[Workspace]:
-    script = script_from_dict({"server": server or {},
+              config_extra: str = "",
+              scenarios: dict[str, object] | None = None) -> Iterator[Workspace]:
+    script = script_from_dict({"server": server or {}, "scenarios": scenarios or {},
                                "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
     (tmp / "profiles").mkdir()
     (tmp / "creds").mkdir(mode=0o700)

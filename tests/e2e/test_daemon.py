@@ -159,13 +159,13 @@ def test_rejected_spool_files_change_nothing(tmp_path: Path) -> None:
         spool = Spool(tmp_path / "state" / "spool")
         (spool.incoming / ("a" * 32 + ".json")).write_text("{not json")
         os.symlink("/etc/passwd", spool.incoming / ("b" * 32 + ".json"))
-        (spool.incoming / ("c" * 32 + ".json")).write_bytes(b" " * 70_000)
+        (spool.incoming / ("c" * 32 + ".json")).write_bytes(b" " * 600_000)
         unknown = ws.bide("watch", "--provider", "nope", "--job", "x", "--operation", "n1")
         assert unknown.returncode == 1
         assert "no profile for provider 'nope'" in unknown.stdout
         until(lambda: len(list(spool.rejected.glob("*.reason"))) == 4, what="4 rejections")
         reasons = sorted(p.read_text() for p in spool.rejected.glob("*.reason"))
-        assert any("not a valid registration" in r for r in reasons)
+        assert any("not a valid spool file" in r for r in reasons)
         assert any("symbolic link" in r for r in reasons)
         assert any("limit is" in r for r in reasons)
         assert Path("/etc/passwd").exists()

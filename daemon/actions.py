@@ -1,0 +1,357 @@
+"""The I/O shell of side-effecting actions: submit, fetch and cancel (see replay.actions).
+
+Each action is recorded before its one call (``ActionIntended``, durable), then its outcome,
+then what follows: an accepted submit registers the status operation and polling starts
+under its deadline and budgets; a fetched result is stored under ``state_dir/results`` with
+its size and SHA-256 recorded; an escalated action waits for ``bide decide ACTION OPTION``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from daemon import logfmt
+from daemon.http import Answer, NoAnswer
+from daemon.outbox import write_text
+from daemon.spool import FetchFile, Receipt, SpoolReject, SubmitFile
+from replay.actions import (
+    Action,
+    decide_action,
+    fingerprint,
+    judge_answer,
+    judge_unanswered,
+)
+from replay.decide import format_time, register
+from replay.events import (
+    ActionDecided,
+    ActionEvent,
+    ActionFailed,
+    ActionIntended,
+    ActionSucceeded,
+    DecisionRecorded,
+    OperationRegistered,
+    RegistrationRejected,
+)
+from replay.observations import DecisionSubmitted
+
+if TYPE_CHECKING:
+    from daemon.supervisor import Supervisor
+
+ANSWER_CAP = 64 * 1024  # bytes read of a submit's or cancel's answer
+
+
+class ActionRunner:
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.sup = supervisor
+        self.actions: dict[str, Action] = {}
+        self.results_dir = supervisor.config.state_dir / "results"
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    async def ingest_submit(self, rid: str, sf: SubmitFile) -> None:
+        sup = self.sup
+        reg = sf.registration
+        profile = sup.profiles.get(reg.provider)
+        if profile is None:
+            raise SpoolReject(f"no profile for provider {reg.provider!r}")
+        if profile.submit is None:
+            raise SpoolReject(f"profile {profile.name} has no [submit] section: it documents "
+                              f"no submit call")
+        if len(sf.body) > profile.submit.max_body_bytes:
+            raise SpoolReject(f"body is {len(sf.body)} bytes; the profile allows "
+                              f"{profile.submit.max_body_bytes}")
+        action_id = f"{reg.operation_id}.submit"
+        fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
+        existing = self.actions.get(action_id)
+        if existing is not None:
+            if existing.intent.request_fingerprint == fp:
+                return  # ingested before a crash; its receipt follows its outcome
+            raise SpoolReject(f"operation id {reg.operation_id} is already in use")
+        if reg.operation_id in sup.ops:
+            raise SpoolReject(f"operation id {reg.operation_id} is already in use")
+        if not sf.force:
+            duplicate = self._live_with_fingerprint(fp)
+            if duplicate is not None:
+                raise SpoolReject(f"duplicate submit: operation {duplicate} has the same request "
+                                  f"fingerprint and is still live (use --force to submit again)")
+        key = sf.idempotency_key
+        if key is None and profile.contract.idempotent_submit:
+            key = secrets.token_hex(16)  # S29: recorded before the request leaves
+        template = msgspec.structs.replace(reg, request_fingerprint=fp, idempotency_key=key)
+        intent = ActionIntended(
+            operation_id=reg.operation_id, at=sup.clock(), action_id=action_id, kind="submit",
+            provider=profile.name, method=profile.submit.method, url=profile.submit.url,
+            request_fingerprint=fp, idempotency_key=key,
+            timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
+            registration=template, spool_request=rid)
+        await sup.record([intent])
+        self.start(action_id)
+
+    def _live_with_fingerprint(self, fp: str) -> str | None:
+        for op in self.sup.ops.values():
+            if op.request_fingerprint == fp and op.phase in ("live", "escalated"):
+                return op.operation_id
+        for action in self.actions.values():
+            if (action.kind == "submit" and action.intent.request_fingerprint == fp
+                    and action.phase in ("in_flight", "escalated")):
+                return action.operation_id
+        return None
+
+    async def ingest_fetch(self, rid: str, ff: FetchFile) -> None:
+        sup = self.sup
+        op = sup.ops.get(ff.operation_id)
+        if op is None:
+            raise SpoolReject(f"no operation {ff.operation_id!r}")
+        if op.phase != "succeeded":
+            raise SpoolReject(f"operation {op.operation_id} has not succeeded (it is "
+                              f"{op.phase}); only a validated result can be fetched (S1)")
+        urls = {name: value for name, value in op.results.items()
+                if value.startswith(("https://", "http://"))}
+        name = ff.result or (next(iter(urls)) if len(urls) == 1 else None)
+        if name is None or name not in urls:
+            raise SpoolReject(f"name the result to fetch with --result (URL results: "
+                              f"{', '.join(sorted(urls)) or 'none'})")
+        profile = sup.profiles.get(op.provider)
+        if profile is None:
+            raise SpoolReject(f"no profile for provider {op.provider!r}")
+        n = 1 + sum(1 for a in self.actions.values()
+                    if a.operation_id == op.operation_id and a.kind == "fetch")
+        intent = ActionIntended(
+            operation_id=op.operation_id, at=sup.clock(), action_id=f"{op.operation_id}.fetch.{n}",
+            kind="fetch", provider=op.provider, method="GET", url=urls[name],
+            timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
+            spool_request=rid, result_name=name)
+        await sup.record([intent])
+        self.start(intent.action_id)
+
+    async def decide(self, action: Action, decision: DecisionSubmitted) -> ActionDecided:
+        events = decide_action(action, decision, self.sup.clock())
+        await self.sup.record(events)
+        if any(isinstance(e, ActionIntended) for e in events):
+            self.start(action.action_id)
+        decided = events[0]
+        assert isinstance(decided, ActionDecided)
+        return decided
+
+    async def after_decision(self, events: list[object]) -> None:
+        """A closing decision that chose ``cancel_at_provider`` starts the cancel action."""
+        for ev in events:
+            if isinstance(ev, DecisionRecorded) and ev.follow_up == "cancel_at_provider":
+                await self.start_cancel(ev.operation_id)
+
+    async def start_cancel(self, op_id: str) -> None:
+        sup = self.sup
+        op = sup.ops[op_id]
+        profile = sup.profiles.get(op.provider)
+        if profile is None or profile.cancel is None:
+            logfmt.error("cancel chosen but the profile documents no cancel call", op=op_id)
+            return
+        n = 1 + sum(1 for a in self.actions.values()
+                    if a.operation_id == op_id and a.kind == "cancel")
+        intent = ActionIntended(
+            operation_id=op_id, at=sup.clock(), action_id=f"{op_id}.cancel.{n}", kind="cancel",
+            provider=op.provider, method=profile.cancel.method,
+            url=profile.cancel_url(op.provider_job_id),
+            timeout_seconds=profile.cancel.timeout_seconds)
+        await sup.record([intent])
+        self.start(intent.action_id)
+
+    # -- restart -----------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29)."""
+        sup = self.sup
+        for action in list(self.actions.values()):
+            if action.phase != "in_flight":
+                continue
+            profile = sup.profiles.get(action.provider)
+            spec = profile.submit_spec if profile else None
+            events = judge_unanswered(action.intent, None, "", spec, sup.clock())
+            logfmt.warn("action outcome unknown after restart", action=action.action_id)
+            await self._outcome(action.action_id, events)
+        for op in list(sup.ops.values()):
+            if op.phase == "closed" and op.follow_up == "cancel_at_provider" and not any(
+                    a.operation_id == op.operation_id and a.kind == "cancel"
+                    for a in self.actions.values()):
+                await self.start_cancel(op.operation_id)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def start(self, action_id: str) -> None:
+        assert self.sup.polls is not None
+        self.sup.polls.start_soon(self._run, action_id)
+
+    async def _run(self, action_id: str) -> None:
+        sup = self.sup
+        action = self.actions[action_id]
+        intent = action.intent
+        client = sup.clients.get(intent.provider)
+        profile = sup.profiles.get(intent.provider)
+        if client is None or profile is None:
+            events = judge_unanswered(intent, "connect_refused",
+                                      f"no profile for provider {intent.provider}", None,
+                                      sup.clock())
+            await self._outcome(action_id, events)
+            return
+        if intent.kind == "fetch":
+            await self._outcome(action_id, await self._download(intent))
+            return
+        headers: dict[str, str] = {}
+        if intent.kind == "submit" and profile.submit is not None:
+            headers["Content-Type"] = profile.submit.content_type
+            if intent.idempotency_key and profile.contract.idempotent_submit:
+                headers[profile.submit.idempotency_header] = intent.idempotency_key
+        result = await client.call(intent.method, intent.url, seconds=intent.timeout_seconds,
+                                   cap=ANSWER_CAP, body=intent.body or None, headers=headers)
+        spec = profile.submit_spec
+        if isinstance(result, NoAnswer):
+            events = judge_unanswered(intent, result.kind, result.detail, spec, sup.clock())
+        else:
+            events = judge_answer(intent, result.status, result.headers,
+                                  result.operation_location, result.body, spec, profile.origin,
+                                  sup.clock())
+        await self._outcome(action_id, events)
+
+    async def _outcome(self, action_id: str, events: list[ActionEvent]) -> None:
+        sup = self.sup
+        await sup.record(events)
+        action = self.actions[action_id]
+        if action.phase == "in_flight":  # an automatic retry was recorded (S29)
+            self.start(action_id)
+            return
+        outcome = action.outcome
+        rid = action.intent.spool_request
+        if isinstance(outcome, ActionSucceeded):
+            if action.kind == "submit":
+                await self._register(action, outcome)
+            elif action.kind == "fetch" and rid:
+                sup.spool.write_receipt(Receipt(rid, "fetched", action.operation_id,
+                                                action_id=action_id, stored_as=outcome.stored_as,
+                                                sha256=outcome.sha256, size=outcome.size))
+            logfmt.info("action succeeded", action=action_id, http=outcome.http_status)
+            return
+        if isinstance(outcome, ActionFailed):
+            self._announce(action, outcome)
+            if rid:
+                status = "escalated" if outcome.options else "failed"
+                sup.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
+                                                f"{outcome.reason}: {outcome.detail}",
+                                                action_id=action_id))
+
+    async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
+        sup = self.sup
+        template = action.intent.registration
+        profile = sup.profiles.get(action.provider)
+        rid = action.intent.spool_request
+        if template is None or profile is None or outcome.provider_job_id is None:
+            return
+        reg = msgspec.structs.replace(template, provider_job_id=outcome.provider_job_id,
+                                      status_location=outcome.status_location)
+        events = register(reg, profile.contract, sup.clock())
+        rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
+        if rejected is not None:
+            logfmt.error("accepted job could not be registered", op=reg.operation_id,
+                         reason=rejected.reason)
+            if rid:
+                sup.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
+                                                f"{rejected.reason}: {rejected.detail}"))
+            return
+        await sup.record(events)
+        registered = next(e for e in events if isinstance(e, OperationRegistered))
+        sup.schedule(registered.operation_id)
+        logfmt.info("submitted and registered", op=registered.operation_id,
+                    job=registered.provider_job_id)
+        if rid:
+            sup.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
+                                            action_id=action.action_id))
+
+    async def _download(self, intent: ActionIntended) -> list[ActionEvent]:
+        """Stream the result to ``results/ACTION.part``, then rename it: never a partial file."""
+        sup = self.sup
+        client = sup.clients[intent.provider]
+        self.results_dir.mkdir(mode=0o750, exist_ok=True)
+        final = self.results_dir / _safe(intent.action_id)
+        part = final.with_name(final.name + ".part")
+        digest = hashlib.sha256()
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+        try:
+            def sink(chunk: bytes) -> None:
+                digest.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+
+            cap = intent.max_bytes or 1
+            result = await client.call("GET", intent.url, seconds=intent.timeout_seconds,
+                                       cap=cap, sink=sink, headers={"Accept": "*/*"})
+            if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        now = sup.clock()
+        if isinstance(result, NoAnswer):
+            part.unlink(missing_ok=True)
+            return judge_unanswered(intent, result.kind, result.detail, None, now)
+        problem = (f"HTTP {result.status}" if not 200 <= result.status < 300 else
+                   f"larger than the cap of {intent.max_bytes} bytes" if result.truncated
+                   else None)
+        if problem is not None:
+            part.unlink(missing_ok=True)
+            return [ActionFailed(operation_id=intent.operation_id, at=now,
+                                 action_id=intent.action_id, reason="fetch_failed",
+                                 http_status=result.status, detail=problem)]
+        os.chmod(part, 0o640)
+        os.rename(part, final)
+        with contextlib.suppress(OSError):
+            _fsync_dir(self.results_dir)
+        return [ActionSucceeded(operation_id=intent.operation_id, at=now,
+                                action_id=intent.action_id, http_status=result.status,
+                                size=result.size, sha256=digest.hexdigest(),
+                                stored_as=final.name)]
+
+    def _announce(self, action: Action, failed: ActionFailed) -> None:
+        if not failed.options:
+            logfmt.warn("action failed", action=action.action_id, reason=failed.reason,
+                        detail=failed.detail)
+            return
+        text = action_escalation_text(action, failed)
+        path = write_text(self.sup.config.outbox_dir, f"{action.action_id}.{action.attempts}",
+                          text)
+        logfmt.warn("action escalated", action=action.action_id, reason=failed.reason,
+                    outbox=path, options=",".join(o.id for o in failed.options))
+
+
+def action_escalation_text(action: Action, failed: ActionFailed) -> str:
+    lines = [
+        f"bide escalation {action.action_id}: {failed.reason}",
+        f"  action:        {action.kind} for operation {action.operation_id} "
+        f"(provider {action.provider})",
+        f"  request:       {action.intent.method} {action.intent.url}, attempt "
+        f"{action.attempts}" + (", idempotency key recorded" if action.intent.idempotency_key
+                                else ", no idempotency key"),
+        f"  outcome:       {failed.detail or failed.reason} at {format_time(failed.at)}"
+        + (" (the request may have taken effect)" if failed.ambiguous else ""),
+        "  options:",
+    ]
+    lines += [f"    {n}. {o.id}: {o.label}" for n, o in enumerate(failed.options, start=1)]
+    lines.append(f"  decide with:   bide decide {action.action_id} OPTION [--note TEXT]")
+    return "\n".join(lines) + "\n"
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,97 @@
+"""``bide submit``: let the daemon make the submit call, record it, then watch the job."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from daemon.commands.watch import report
+from daemon.config import add_config_flag, load_config
+from daemon.errors import UsageError
+from daemon.readers import parse_duration, parse_time
+from daemon.spool import Spool, SubmitFile, new_request_id
+from replay.observations import Registration
+
+EPILOG = """\
+examples:
+  bide submit --provider acme --body export.json --deadline 40m --operation nightly
+  bide submit --provider acme --body export.json --idempotency-key 7f3c...   # S29
+  bide submit --provider acme --body export.json --force   # a deliberate second submit
+
+The daemon records the request (its fingerprint: method, URL, body; and the idempotency key)
+before it sends it, makes the call once, and registers the job the provider names in its
+answer (Location, Operation-Location or a body field, as the profile says; never guessed).
+An ambiguous outcome (timeout, reset) is retried only when the provider is idempotent and the
+key was recorded; otherwise it escalates with options (see `bide escalations`).
+exit status: 0 accepted and registered (prints the operation id); 1 rejected, failed or
+escalated (prints why); 2 usage error; 75 queued (the daemon is not running or did not answer
+within --wait-seconds).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("submit", help="submit a job through the daemon, then watch it",
+                       description="Have the daemon submit a job to a provider (the profile's "
+                       "[submit] call), record it before sending, and watch the job it creates.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--provider", required=True)
+    p.add_argument("--body", required=True, metavar="FILE", help="the request body ('-': stdin)")
+    p.add_argument("--operation", help="bide's operation id (default: op-<random>)")
+    p.add_argument("--idempotency-key", help="sent in the profile's idempotency header")
+    p.add_argument("--deadline", help="wall-clock deadline from now, e.g. 40m")
+    p.add_argument("--business-deadline", metavar="TIME", help="ISO-8601 or +DURATION (S28)")
+    p.add_argument("--max-requests", type=int)
+    p.add_argument("--max-transport-failures", type=int)
+    p.add_argument("--max-rate-limited", type=int)
+    p.add_argument("--account", default="", help="provider account context (a name)")
+    p.add_argument("--expected-state", help="the success state you expect")
+    p.add_argument("--force", action="store_true",
+                   help="submit even if a live operation has the same request fingerprint")
+    p.add_argument("--wait-seconds", type=float, default=60.0,
+                   help="how long to wait for the provider's answer (default 60)")
+    p.add_argument("--json", action="store_true")
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def _read_body(name: str) -> bytes:
+    try:
+        return sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read --body {name}: {exc.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    now = time.time()
+    op_id = args.operation or f"op-{secrets.token_hex(6)}"
+    body = _read_body(args.body)
+    rid = new_request_id()
+    try:
+        reg = Registration(
+            operation_id=op_id, provider=args.provider, provider_job_id="(from the answer)",
+            account_context=args.account, expected_terminal_state=args.expected_state,
+            deadline_at=now + parse_duration(args.deadline, "--deadline") if args.deadline
+            else None,
+            business_deadline_at=parse_time(args.business_deadline, "--business-deadline", now)
+            if args.business_deadline else None,
+            max_status_requests=args.max_requests,
+            max_transport_failures=args.max_transport_failures,
+            max_rate_limited=args.max_rate_limited)
+        request = SubmitFile(1, rid, "submit", reg, body, args.idempotency_key, args.force)
+        data = msgspec.json.encode(request)
+        msgspec.json.decode(data, type=SubmitFile)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid submit: {exc}") from None
+    spool = Spool(cfg.spool_dir)
+    try:
+        spool.drop(spool.incoming, rid, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write to the spool {spool.incoming}: {exc.strerror}") from None
+    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json, "registered")
