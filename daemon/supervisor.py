@@ -58,6 +58,7 @@ from daemon.spool import (
 )
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
+from eventlog.errors import EventLogError, LogIOError
 from eventlog.keys import KeyRing, Signer
 from eventlog.reader import LogReader
 from eventlog.writer import LogWriter
@@ -149,6 +150,7 @@ class Supervisor:
         self.metrics = Metrics()
         self.stopping = anyio.Event()
         self._idle = anyio.Event()
+        self._log_recovery = anyio.Lock()
         self._log: LogWriter | None = None
         self.polls: anyio.abc.TaskGroup | None = None
         self.runner = ActionRunner(self)
@@ -166,7 +168,7 @@ class Supervisor:
         if not events:
             return
         started = time.monotonic()
-        await self.log.append_many([encode_event(e) for e in events])
+        await self._append_durably([encode_event(e) for e in events])
         self.metrics.append_latency.observe(time.monotonic() - started)
         for ev in events:
             if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
@@ -177,6 +179,36 @@ class Supervisor:
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
+
+    async def _append_durably(self, payloads: list[bytes]) -> None:
+        """Append, and while the log cannot take it (disk full, read-only, I/O error), keep
+        retrying with backoff: the caller waits, so no request is sent before its intent is
+        recorded, and nothing recorded earlier is touched (the writer cut the failed batch)."""
+        delay = 0.05
+        while True:
+            try:
+                await self.log.append_many(payloads)
+            except LogIOError as exc:
+                if not self.metrics.log_alarm:
+                    logfmt.error("ALARM: the event log cannot be appended to; no request is "
+                                 "sent until its intent is recorded", error=exc)
+                    systemd.notify(f"STATUS={self.status_line(alarm=True)}")
+                self.metrics.log_alarm = 1
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                async with self._log_recovery:
+                    if self.log.failed is not None:
+                        try:
+                            await self.log.reopen()
+                        except (EventLogError, OSError) as again:
+                            logfmt.error("log reopen failed; retrying", error=again,
+                                         retry_in=f"{delay:g}s")
+                continue
+            if self.metrics.log_alarm:
+                self.metrics.log_alarm = 0
+                logfmt.info("event log appends recovered")
+                systemd.notify(f"STATUS={self.status_line()}")
+            return
 
     def _announce(self, ev: EscalationRaised) -> None:
         path = write_escalation(self.config.outbox_dir, ev)
@@ -429,12 +461,13 @@ class Supervisor:
     def render_metrics(self) -> str:
         return self.metrics.render(self.ops, self.config.log_dir)
 
-    def status_line(self) -> str:
+    def status_line(self, *, alarm: bool = False) -> str:
         live = sum(1 for op in self.ops.values() if op.phase == "live")
         escalated = sum(1 for op in self.ops.values() if op.phase == "escalated")
-        alarm = "; LOG APPEND FAILING" if self.metrics.log_alarm else ""
+        failing = alarm or self.metrics.log_alarm
+        alarm_text = "; ALARM: LOG APPEND FAILING" if failing else ""
         return (f"{live} live, {escalated} escalated, {self.metrics.requests_sent} requests "
-                f"sent{alarm}")
+                f"sent{alarm_text}")
 
     async def _status_and_watchdog(self) -> None:
         interval = systemd.watchdog_interval()

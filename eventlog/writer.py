@@ -49,7 +49,7 @@ from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.keys import KeyRing, Signer, VerifyKey
 from eventlog.lock import WriterLock
 from eventlog.seal import Sealer
-from eventlog.segments import QUARANTINE_DIR, segment_name
+from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, segment_name
 from eventlog.verify import verify_log
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -314,9 +314,29 @@ class LogWriter:
                 if since_cp >= self._checkpoint_every:
                     emit_checkpoint(final=False)
             batch.results = results
-        self._write_lines(lines, rotate_at, index)
+        start_index, start_size = self._segment_index, self._segment_size
+        try:
+            self._write_lines(lines, rotate_at, index)
+        except OSError:
+            self._roll_back(start_index, start_size)
+            raise
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp = last_cp, since_cp
+
+    def _roll_back(self, index: int, size: int) -> None:
+        """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
+        :meth:`reopen` must not find half of it there (it would append it twice).
+
+        Best effort: where the cut itself fails (a read-only file system), ``reopen`` keeps
+        any complete records and quarantines a torn one.
+        """
+        with contextlib.suppress(OSError):
+            for extra in sorted(self.log_dir.glob("seg-*.jsonl")):
+                m = SEGMENT_RE.match(extra.name)
+                if m and int(m.group(1)) > index:
+                    extra.unlink()
+            os.truncate(self.log_dir / segment_name(index), size)
+            _fsync_dir(self.log_dir)
 
     def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
         cuts = [0, *rotate_at, len(lines)]
