@@ -47,7 +47,9 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's module is imported (fast start-up:
+    `bide verify` need not load httpx, the supervisor or the simulator)."""
     parser = argparse.ArgumentParser(
         prog="bide",
         description="Wait on external jobs under a contract: deadlines, budgets, "
@@ -56,15 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         module = importlib.import_module(f"daemon.commands.{name.replace('-', '_')}")
         module.add_parser(sub)
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(given))
+    args = parser.parse_args(given)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

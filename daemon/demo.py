@@ -25,14 +25,15 @@ from daemon import logfmt
 from daemon.config import load_config
 from daemon.readers import load_log
 from daemon.simulator import SimulatorHandle, run_in_thread, script_from_dict
-from daemon.spool import RegistrationFile, Spool, new_request_id
+from daemon.spool import FetchFile, RegistrationFile, Spool, SubmitFile, new_request_id
 from daemon.supervisor import Supervisor
 from eventlog import keys
 from eventlog.verify import verify_log
+from replay.actions import action_story
 from replay.check import check
 from replay.observations import Registration
 from replay.state import Operation
-from replay.story import story
+from replay.story import story_json
 
 DEMO_TOKEN_BYTES = 24
 TIME_LIMIT = 60.0
@@ -46,6 +47,7 @@ class Scenario:
     expect_phase: str
     expect_reason: str | None = None
     registration: dict[str, object] = field(default_factory=dict)
+    submit: bool = False  # bide submits it (202 + Location), then fetches the result
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -73,6 +75,8 @@ SCENARIOS: tuple[Scenario, ...] = (
               {"state": "running", "poll_after_seconds": -5},
               {"state": "running", "next_check_in": 86400 * 30},
               "succeeded with result"], "succeeded"),
+    Scenario("submit-fetch", "submitted by bide (202 + Location), polled, result fetched",
+             "queued, running, succeeded with result", "succeeded", submit=True),
 )
 
 CONTRACT = """\
@@ -113,6 +117,9 @@ def _write_workspace(root: Path, sim: SimulatorHandle, token: str) -> Path:
         keys.generate(root / "keys")
     (root / "profiles" / "demo.toml").write_text(
         f'[status]\nurl = "{sim.base_url}/jobs/{{job_id}}"\ntimeout_seconds = 2\n\n'
+        f'[submit]\nurl = "{sim.base_url}/jobs"\ntimeout_seconds = 2\n'
+        f'idempotency_header = "Idempotency-Key"\n\n[fetch]\nmax_bytes = 1000000\n'
+        f"timeout_seconds = 5\n\n"
         f'[credential]\nfile = "demo.token"\n\n[quota]\nrequests_per_second = 50\n'
         f"max_in_flight = 8\n\n[contract]\n{CONTRACT}"
     )
@@ -130,13 +137,23 @@ def _write_workspace(root: Path, sim: SimulatorHandle, token: str) -> Path:
 def _register(spool: Spool, scenario: Scenario, now: float) -> None:
     reg = dict(scenario.registration)
     deadline = reg.pop("deadline_seconds", None)
+    if deadline is not None:
+        reg["deadline_at"] = now + float(str(deadline))
     registration = msgspec.convert(
         {"operation_id": scenario.name, "provider": "demo", "provider_job_id": scenario.name,
-         **reg, **({"deadline_at": now + float(deadline)} if deadline is not None else {})},  # type: ignore[arg-type]
-        Registration)
+         **reg}, Registration)
+    rid = new_request_id()
+    request: RegistrationFile | SubmitFile = (
+        SubmitFile(1, rid, "submit", registration,
+                   msgspec.json.encode({"scenario": scenario.name}))
+        if scenario.submit else RegistrationFile(1, rid, registration))
+    spool.drop(spool.incoming, rid, msgspec.json.encode(request))
+
+
+def _fetch(spool: Spool, operation_id: str) -> None:
     rid = new_request_id()
     spool.drop(spool.incoming, rid,
-               msgspec.json.encode(RegistrationFile(1, rid, registration)))
+               msgspec.json.encode(FetchFile(1, rid, "fetch", operation_id)))
 
 
 async def _drive(supervisor: Supervisor, spool: Spool, limit: float) -> None:
@@ -146,12 +163,24 @@ async def _drive(supervisor: Supervisor, spool: Spool, limit: float) -> None:
         for scenario in SCENARIOS:
             _register(spool, scenario, now)
         names = {s.name for s in SCENARIOS}
+
+        def all_ended() -> bool:
+            ops = supervisor.ops
+            return names <= ops.keys() and all(ops[n].phase != "live" for n in names)
+
+        def all_fetched() -> bool:
+            done = {a.operation_id for a in supervisor.runner.actions.values()
+                    if a.kind == "fetch" and a.phase in ("succeeded", "failed")}
+            return wanted <= done
+
+        wanted: set[str] = set()
         with anyio.move_on_after(limit):
-            while True:
-                ops = supervisor.ops
-                if names <= ops.keys() and all(ops[n].phase != "live" for n in names):
-                    break
-                await anyio.sleep(0.05)
+            await supervisor.wait_until(all_ended)
+            wanted = {s.name for s in SCENARIOS
+                      if s.submit and supervisor.ops[s.name].phase == "succeeded"}
+            for name in wanted:
+                _fetch(spool, name)
+            await supervisor.wait_until(all_fetched)
         supervisor.request_stop()
 
 
@@ -168,7 +197,9 @@ def run_demo(keep: Path | None, *, show_stories: bool = True) -> int:
     if (root / "state").exists():
         shutil.rmtree(root / "state")
     token = os.urandom(DEMO_TOKEN_BYTES).hex()
-    script = script_from_dict({"jobs": {s.name: {"steps": s.steps} for s in SCENARIOS}})
+    script = script_from_dict({
+        "jobs": {s.name: {"steps": s.steps} for s in SCENARIOS if not s.submit},
+        "scenarios": {s.name: {"steps": s.steps} for s in SCENARIOS if s.submit}})
     started = time.monotonic()
     try:
         with run_in_thread(script, token=token) as sim:
@@ -184,6 +215,11 @@ def run_demo(keep: Path | None, *, show_stories: bool = True) -> int:
                 finally:
                     logfmt.set_stream(None)
             seen = {s.name: len(sim.requests(kind="status", job_id=s.name)) for s in SCENARIOS}
+            submitted = [r.job_id for r in sim.requests(kind="submit")]
+            for s in SCENARIOS:
+                if s.submit:
+                    seen[s.name] = len([r for r in sim.requests(kind="status")
+                                        if r.job_id in submitted])
         return _report(root, cfg.log_dir, keyring, seen, time.monotonic() - started,
                        show_stories)
     finally:
@@ -199,6 +235,12 @@ def _report(root: Path, log_dir: Path, keyring: keys.KeyRing, seen: dict[str, in
     for scenario in SCENARIOS:
         op = log.ops.get(scenario.name)
         ok, outcome = _outcome(op, scenario)
+        if scenario.submit:
+            fetched = [a for a in log.actions.values()
+                       if a.operation_id == scenario.name and a.kind == "fetch"
+                       and a.phase == "succeeded"]
+            ok = ok and len(fetched) == 1
+            outcome += ", fetched" if fetched else ", NOT fetched"
         all_ok &= ok
         used = f"{op.status_requests_used}/{op.max_status_requests}" if op else "-"
         print(f"{scenario.name:<15} {'ok' if ok else 'FAIL':<4} {outcome:<34} {used:>9}  "
@@ -206,13 +248,17 @@ def _report(root: Path, log_dir: Path, keyring: keys.KeyRing, seen: dict[str, in
     if show_stories:
         for scenario in SCENARIOS:
             events = [e for _, e in log.events if e.operation_id == scenario.name]
+            actions = [e for e in log.action_events if e.operation_id == scenario.name]
+            lines = sorted([*story_json(events), *action_story(actions)],
+                           key=lambda line: float(str(line["at"])))
             print(f"\n== {scenario.name}: {scenario.title}")
-            print(story(events), end="")
+            print("".join(f"{line['time']} {line['text']}\n" for line in lines), end="")
     verify_key = keys.load_verify_key(root / "keys" / keys.VERIFY_KEY)
     report = verify_log(log_dir, verify_key)
     mismatches = check([e for _, e in log.events])
     print(f"\nverify (offline, verify.pub only): {report.summary()}")
-    print(f"replay --check: {len(log.events)} events re-derived, {len(mismatches)} mismatch(es)")
+    print(f"replay --check: {len(log.events)} events re-derived, {len(mismatches)} mismatch(es)"
+          f" ({len(log.action_events)} action events recorded beside them)")
     passed = all_ok and report.exit_status == 0 and not mismatches
     print(f"\nbide demo: {'all scenarios ended as expected' if all_ok else 'SCENARIO FAILED'}; "
           f"verify {report.verdict}; {elapsed:.1f}s")

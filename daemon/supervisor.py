@@ -151,6 +151,7 @@ class Supervisor:
         self.stopping = anyio.Event()
         self._idle = anyio.Event()
         self._log_recovery = anyio.Lock()
+        self._changed = anyio.Event()
         self._log: LogWriter | None = None
         self.polls: anyio.abc.TaskGroup | None = None
         self.runner = ActionRunner(self)
@@ -179,6 +180,13 @@ class Supervisor:
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` holds, re-checking after every recorded change."""
+        while not predicate():
+            await self._changed.wait()
 
     async def _append_durably(self, payloads: list[bytes]) -> None:
         """Append, and while the log cannot take it (disk full, read-only, I/O error), keep

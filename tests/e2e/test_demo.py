@@ -1,0 +1,39 @@
+"""`bide demo` as a user runs it: exit 0, every scenario ok, and every reader works after --keep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from daemon.demo import SCENARIOS
+
+BIDE = [sys.executable, "-m", "daemon.cli"]
+
+
+def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
+    keep = tmp_path / "demo"
+    run = subprocess.run([*BIDE, "demo", "--keep", str(keep)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for scenario in SCENARIOS:
+        [row] = [line for line in run.stdout.splitlines() if line.startswith(scenario.name + " ")]
+        assert row.split()[1] == "ok", row
+    assert "verdict=intact" in run.stdout
+    assert "0 mismatch(es)" in run.stdout
+    config = ["--config", str(keep / "bide.toml")]
+
+    def bide(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*BIDE, *args, *config], capture_output=True, text=True,
+                              timeout=60)
+
+    status = json.loads(bide("status", "--json").stdout)
+    assert {op["operation_id"] for op in status} == {s.name for s in SCENARIOS}
+    assert "from provider guidance (Retry-After)" in bide("story", "retry-after").stdout
+    assert "fetched: HTTP 200" in bide("story", "submit-fetch").stdout
+    reasons = {e["reason"] for e in json.loads(bide("escalations", "--json").stdout)}
+    assert reasons == {s.expect_reason for s in SCENARIOS if s.expect_reason}
+    assert bide("replay", "--check").returncode == 0
+    assert bide("verify").returncode == 0
+    assert (keep / "state" / "outbox" / "deadline.1.txt").exists()
