@@ -17,10 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from daemon.config import load_config
 from daemon.readers import LoadedLog, load_log, open_keyring
-from daemon.simulator import SimulatorHandle, run_in_thread, script_from_dict
+from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, script_from_dict
+from daemon.spool import RegistrationFile, Spool, new_request_id
 from eventlog import keys
+from replay.events import PollScheduled, ResponseClassified, StatusRequestIntended
+from replay.observations import Registration
 
 TOKEN = "e2e-s3cret-token-7f1d"
 BIDE = [sys.executable, "-m", "daemon.cli"]
@@ -172,3 +177,98 @@ def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
             for d in ws.daemons:
                 d.kill()
         ws.assert_no_leak()
+
+
+# -- helpers for the behaviour and crash suites (additive) ---------------------------------
+
+
+def write_status_profile(ws: Workspace, name: str, *, contract: str = DEFAULT_CONTRACT,
+                         timeout_seconds: float = 2.0, max_body_bytes: int = 65536,
+                         extra: str = "") -> Path:
+    """Like :meth:`Workspace.write_profile`, with the ``[status]`` timeout and size cap chosen."""
+    path = ws.root / "profiles" / f"{name}.toml"
+    path.write_text(
+        f'[status]\nurl = "{ws.sim.base_url}/jobs/{{job_id}}"\n'
+        f"timeout_seconds = {timeout_seconds}\nmax_body_bytes = {max_body_bytes}\n\n"
+        f'[credential]\nfile = "sim.token"\n\n{extra}\n[contract]\n{contract}\n{STATES}'
+    )
+    return path
+
+
+def drop_registration(ws: Workspace, op: str, job: str, *, provider: str = "sim",
+                      **fields: object) -> str:
+    """Register a job through the spool, as ``bide watch`` does, without a subprocess.
+
+    ``fields`` are any other :class:`~replay.observations.Registration` fields (absolute times
+    such as ``deadline_at``, budgets such as ``max_status_requests``). Returns the request id
+    whose receipt the daemon writes. The daemon must have created the spool (started once).
+    """
+    rid = new_request_id()
+    reg = msgspec.convert({"operation_id": op, "provider": provider, "provider_job_id": job,
+                           **fields}, Registration)
+    spool = Spool(load_config(str(ws.config)).spool_dir)
+    spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
+    return rid
+
+
+def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op: str, *,
+                               strict: bool = True) -> list[StatusRequestIntended]:
+    """What the provider saw is covered, request by request, by what bide recorded first.
+
+    * The operation's intents are numbered 1..n in log order, each within the budget in force.
+    * Every request the provider received is matched to its own intent: the latest intent
+      written at or before the request arrived (``intent.at <= record.wall``), a different one
+      for each request, in increasing order: no invisible extra request (S11, S13).
+    * No request arrived after the deadline its intent was made under (S9, S13, S16).
+    * No request arrived before a Retry-After or any scheduled ``next_poll_at`` that preceded
+      its intent (S8, S20, S21).
+
+    With ``strict`` (no crash in the run) every intent reached the provider and the request
+    numbers are exactly the arrival order: request k is intent k. Without it (SIGKILL runs) an
+    intent may have died before its request left, so only ``received <= intents`` holds.
+
+    Returns the intents, in log order.
+    """
+    intents: list[StatusRequestIntended] = []
+    guidance: list[float] = []  # per intent: the latest time bide had promised not to poll before
+    promised = float("-inf")
+    for _, ev in log.events:
+        if ev.operation_id != op:
+            continue
+        if isinstance(ev, PollScheduled):
+            promised = max(promised, ev.next_poll_at)
+        elif isinstance(ev, ResponseClassified) and ev.retry_after_at is not None:
+            promised = max(promised, ev.retry_after_at)
+        elif isinstance(ev, StatusRequestIntended):
+            intents.append(ev)
+            guidance.append(promised)
+            promised = float("-inf")
+    numbers = [i.request_number for i in intents]
+    assert numbers == list(range(1, len(intents) + 1)), f"{op}: intents numbered {numbers}"
+    for intent in intents:
+        assert intent.request_number <= intent.max_status_requests, (
+            f"{op}: intent {intent.request_number} beyond the budget {intent.max_status_requests}")
+    assert len(received) <= len(intents), (
+        f"{op}: the provider received {len(received)} requests, bide intended {len(intents)}")
+    if strict:
+        assert len(received) == len(intents), (
+            f"{op}: {len(intents)} intents but {len(received)} requests arrived (no crash here)")
+    last = -1
+    for arrival, record in enumerate(received):
+        candidates = [k for k, i in enumerate(intents) if i.at <= record.wall]
+        assert candidates, f"{op}: request {arrival + 1} arrived before any intent was written"
+        k = candidates[-1]
+        assert k > last, (
+            f"{op}: request {arrival + 1} (at {record.wall:.3f}) has no intent of its own; "
+            f"intent {k + 1} already covers an earlier request")
+        if strict:
+            assert k == arrival, f"{op}: request {arrival + 1} arrived as intent {k + 1}"
+        last = k
+        intent = intents[k]
+        assert record.wall <= intent.deadline_at, (
+            f"{op}: request {intent.request_number} arrived {record.wall - intent.deadline_at:.3f}"
+            " s after the deadline")
+        assert record.wall >= guidance[k], (
+            f"{op}: request {intent.request_number} arrived {guidance[k] - record.wall:.3f} s "
+            "before the time bide had scheduled (Retry-After, hint or backoff)")
+    return intents
