@@ -15,6 +15,10 @@ Theory of operation:
       fsync the kernel may have dropped the dirty pages): the writer marks itself failed and
       every later append raises :class:`LogIOError` until :meth:`LogWriter.reopen`, which
       re-verifies the tail from disk.
+    * A failed batch was never acknowledged, and its caller will append it again: what it
+      wrote is cut at once. Where the cut itself fails (the file system went read-only between
+      two segments), ``reopen`` cuts those records first -- copied to ``quarantine/`` and
+      named by a ``recovery`` record, like a torn tail -- so the retry never doubles them.
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ class LogWriter:
         self._wake = anyio.Event()
         self._closing = False
         self._failed: LogIOError | None = None
+        self._unacked_from: tuple[int, int, int] | None = None  # (segment, size, head seq)
+        self._cuts: list[tuple[Path, int, bytes, str]] = []  # cut, not yet recorded
+        self._acked_seq = -1
         self._fd = -1
         self._tg: anyio.abc.TaskGroup | None = None
         # Head state, advanced only once a write is durable.
@@ -318,25 +325,54 @@ class LogWriter:
         try:
             self._write_lines(lines, rotate_at, index)
         except OSError:
-            self._roll_back(start_index, start_size)
+            if not self._roll_back(start_index, start_size) and self._unacked_from is None:
+                self._unacked_from = (start_index, start_size, self.head_seq)
             raise
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp = last_cp, since_cp
 
-    def _roll_back(self, index: int, size: int) -> None:
+    def _roll_back(self, index: int, size: int) -> bool:
         """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
         :meth:`reopen` must not find half of it there (it would append it twice).
 
-        Best effort: where the cut itself fails (a read-only file system), ``reopen`` keeps
-        any complete records and quarantines a torn one.
+        Returns False where the cut itself fails (a read-only file system): ``reopen`` then
+        cuts the unacknowledged records before anything else (:meth:`_cut_unacknowledged`).
         """
-        with contextlib.suppress(OSError):
+        try:
             for extra in sorted(self.log_dir.glob("seg-*.jsonl")):
                 m = SEGMENT_RE.match(extra.name)
                 if m and int(m.group(1)) > index:
                     extra.unlink()
             os.truncate(self.log_dir / segment_name(index), size)
             _fsync_dir(self.log_dir)
+        except OSError:
+            return False
+        return True
+
+    def _cut_unacknowledged(self, index: int, size: int) -> None:
+        """Quarantine and cut every byte after ``size`` in segment ``index`` and every later
+        segment: records a failed batch left behind that no caller was told are durable.
+
+        Each cut, last segment first, is kept in ``_cuts`` (segment, offset, cut bytes,
+        quarantine name) for the ``recovery`` records appended once the log is open again.
+        """
+        for extra in sorted(self.log_dir.glob("seg-*.jsonl"), reverse=True):
+            m = SEGMENT_RE.match(extra.name)
+            if m and int(m.group(1)) > index:
+                torn, qname = self._quarantine(extra, 0)
+                extra.unlink()
+                self._cuts.append((extra, 0, torn, qname))
+        base = self.log_dir / segment_name(index)
+        if base.stat().st_size > size:
+            torn, qname = self._quarantine(base, size)
+            os.truncate(base, size)
+            fd = os.open(base, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._cuts.append((base, size, torn, qname))
+        _fsync_dir(self.log_dir)
 
     def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
         cuts = [0, *rotate_at, len(lines)]
@@ -372,6 +408,10 @@ class LogWriter:
     # -- open and recovery (worker thread) ---------------------------------------------------
 
     def _open_sync(self) -> None:
+        if self._unacked_from is not None:
+            index, size, self._acked_seq = self._unacked_from
+            self._cut_unacknowledged(index, size)
+            self._unacked_from = None
         if not any(p.name.startswith("seg-") for p in self.log_dir.iterdir()):
             self._create()
             return
@@ -413,6 +453,15 @@ class LogWriter:
                 os.truncate(torn.segment, torn.offset)
                 os.fsync(self._fd)
             self._append_recovery(torn.segment, torn.offset, cut, qname)
+        if self._cuts:
+            if report.head_seq != self._acked_seq:
+                raise DamagedLogError(
+                    f"log {self.log_dir}: after cutting a failed batch the head is record "
+                    f"{report.head_seq}, not the last acknowledged record {self._acked_seq}; "
+                    f"refusing to append. Inspect it with `bide verify {self.log_dir}`")
+            while self._cuts:
+                self._append_recovery(*self._cuts[0])
+                del self._cuts[0]
         self._segment_size = os.fstat(self._fd).st_size
 
     def _create(self) -> None:
