@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from daemon.errors import UsageError
 from replay.observations import Registration
 
 SPOOL_VERSION = 1
@@ -176,6 +177,15 @@ class Spool:
         os.rename(tmp, final)
         _fsync_dir(directory)
         return final
+
+    def request(self, directory: Path, request_id: str, data: bytes, *, who: str = "") -> None:
+        """``drop`` for the commands: a failure is a usage error naming the directory."""
+        try:
+            self.drop(directory, request_id, data)
+        except OSError as exc:
+            hint = f" ({who})" if who else ""
+            raise UsageError(f"cannot write to the spool {directory}: {exc.strerror}{hint}"
+                             ) from None
 
     def receipt_path(self, request_id: str) -> Path:
         return self.receipts / f"{request_id}.json"

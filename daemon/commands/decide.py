@@ -50,9 +50,5 @@ def run(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid decision: {exc}") from None
     spool = Spool(cfg.spool_dir)
-    try:
-        spool.drop(spool.decisions, rid, data)
-    except OSError as exc:
-        raise UsageError(f"cannot write to {spool.decisions}: {exc.strerror} (only the "
-                         f"approvers' group may decide)") from None
-    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json, "recorded")
+    spool.request(spool.decisions, rid, data, who="only the approvers' group may decide")
+    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json)

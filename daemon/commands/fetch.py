@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     rid = new_request_id()
     spool = Spool(cfg.spool_dir)
     data = FetchFile(1, rid, "fetch", args.operation, args.result)
-    spool.drop(spool.incoming, rid, msgspec.json.encode(data))
+    spool.request(spool.incoming, rid, msgspec.json.encode(data))
     receipt = anyio.run(wait_receipt, spool, rid, args.wait_seconds)
     if receipt is None:
         print(f"no answer from the daemon within {args.wait_seconds:g}s")

@@ -90,8 +90,5 @@ def run(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid submit: {exc}") from None
     spool = Spool(cfg.spool_dir)
-    try:
-        spool.drop(spool.incoming, rid, data)
-    except OSError as exc:
-        raise UsageError(f"cannot write to the spool {spool.incoming}: {exc.strerror}") from None
-    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json, "registered")
+    spool.request(spool.incoming, rid, data)
+    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json)

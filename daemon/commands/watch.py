@@ -82,15 +82,12 @@ def run(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid registration: {exc}") from None
     spool = Spool(cfg.spool_dir)
-    try:
-        spool.drop(spool.incoming, rid, data)
-    except OSError as exc:
-        raise UsageError(f"cannot write to the spool {spool.incoming}: {exc.strerror}") from None
-    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json, "registered")
+    spool.request(spool.incoming, rid, data)
+    return report(cfg, spool, rid, op_id, args.wait_seconds, args.json)
 
 
 def report(cfg: Config, spool: Spool, rid: str, op_id: str, wait_seconds: float,
-           as_json: bool, verb: str) -> int:
+           as_json: bool) -> int:
     """Wait (bounded) for the receipt and print it; shared with ``bide decide``."""
     if not writer_alive(cfg.log_dir):
         return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
