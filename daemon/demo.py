@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import httpx
 import msgspec
 
 from daemon import logfmt
@@ -129,7 +130,8 @@ def _write_workspace(root: Path, sim: SimulatorHandle, token: str) -> Path:
         '#   bide status --config THIS   bide story OP --config THIS   bide verify --config THIS\n'
         '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
         'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 100\n'
-        "checkpoint_interval_seconds = 5\n"
+        "checkpoint_interval_seconds = 5\n\n"
+        '[metrics]\nlisten = "127.0.0.1:0"   # the demo scrapes it once into metrics.txt\n'
     )
     return config
 
@@ -181,6 +183,10 @@ async def _drive(supervisor: Supervisor, spool: Spool, limit: float) -> None:
             for name in wanted:
                 _fetch(spool, name)
             await supervisor.wait_until(all_fetched)
+            if supervisor.metrics_url is not None:
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    scraped = await client.get(supervisor.metrics_url, timeout=5)
+                (supervisor.config.path.parent / "metrics.txt").write_text(scraped.text)
         supervisor.request_stop()
 
 

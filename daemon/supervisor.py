@@ -152,6 +152,7 @@ class Supervisor:
         self._idle = anyio.Event()
         self._log_recovery = anyio.Lock()
         self._changed = anyio.Event()
+        self.metrics_url: str | None = None
         self._log: LogWriter | None = None
         self.polls: anyio.abc.TaskGroup | None = None
         self.runner = ActionRunner(self)
@@ -555,6 +556,7 @@ class Supervisor:
                             host, _, port = cfg.metrics.listen.rpartition(":")
                             bound = await tg.start(serve_metrics, host, int(port),
                                                    self.render_metrics)
+                            self.metrics_url = f"http://{host}:{bound}/metrics"
                             logfmt.info("metrics listening",
                                         address=f"http://{host}:{bound}/metrics")
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)

@@ -37,3 +37,6 @@ def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
     assert bide("replay", "--check").returncode == 0
     assert bide("verify").returncode == 0
     assert (keep / "state" / "outbox" / "deadline.1.txt").exists()
+    metrics = (keep / "metrics.txt").read_text()  # scraped from the running daemon
+    assert 'bide_escalations_total{reason="rate_limited"} 1' in metrics
+    assert 'bide_polls_scheduled_total{source="provider_retry_after"}' in metrics
