@@ -13,6 +13,7 @@ from daemon.spool import RegistrationFile, Spool, new_request_id
 from replay.events import (
     DecisionRecorded,
     DecisionRejected,
+    OperationRegistered,
     RequestOutcomeUnknown,
     StatusRequestIntended,
 )
@@ -205,3 +206,22 @@ def _me() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_ingest_is_idempotent_when_a_recorded_file_is_seen_again(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"once": "running"}) as ws:
+        daemon = ws.start_daemon()
+        spool = Spool(tmp_path / "state" / "spool")
+        first = _drop_registration(spool, "once", "only-once")
+        until(lambda: spool.read_receipt(first), what="the first receipt")
+        daemon.kill()
+        # As if the daemon had died after appending but before deleting the file.
+        again = _drop_registration(spool, "once", "only-once")
+        ws.start_daemon()
+        until(lambda: spool.read_receipt(again), what="the second receipt")
+        receipt = spool.read_receipt(again)
+        assert receipt is not None
+        assert receipt.status == "registered"
+        registered = [e for _, e in ws.log().events if isinstance(e, OperationRegistered)]
+        assert len(registered) == 1
+        assert list(spool.incoming.iterdir()) == []
