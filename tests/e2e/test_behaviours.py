@@ -523,6 +523,43 @@ def test_budget_exhausted_after_exactly_the_budget(run: Run) -> None:
     assert len(received) == op.status_requests_used == op.max_status_requests == 3
 
 
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="daemon/supervisor.py _poll_once records StatusRequestIntended, then waits for the "
+    "provider's in-flight semaphore ([quota] max_in_flight) and sends without re-checking the "
+    "deadline: time_left goes negative, http.call clamps it to MIN_TIMEOUT and the request "
+    "leaves after the deadline (S13, S16)")
+def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
+        tmp_path: Path) -> None:
+    jobs: dict[str, str | list[object]] = {
+        "hog": [{"delay": 2.0, "state": "running"}, "succeeded with result"],
+        "late": "running",
+    }
+    with workspace(tmp_path, jobs) as ws:
+        one_slot = "[quota]\nrequests_per_second = 1000\nmax_in_flight = 1\n"
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=one_slot, timeout_seconds=3)
+        daemon = ws.start_daemon()
+        now = time.time()
+        drop_registration(ws, "hog", "hog")  # first poll at +0.2 s holds the slot for 2 s
+        drop_registration(ws, "late", "late", deadline_at=now + 1.0)  # due at +0.2 s too
+
+        def ended() -> bool:
+            ops = ws.log().ops
+            return len(ops) == 2 and all(o.phase != "live" for o in ops.values())
+
+        until(ended, timeout=20, what="both operations to end")
+        assert daemon.stop() == 0
+        log = ws.log()
+        late = log.ops["late"]
+        intents = [e for _, e in log.events
+                   if e.operation_id == "late" and isinstance(e, StatusRequestIntended)]
+        if not intents or intents[0].at >= late.deadline_at:
+            pytest.fail("setup: the late operation's intent should precede its deadline")
+        received = ws.sim.requests(kind="status", job_id="late")
+        after = [r.wall - late.deadline_at for r in received if r.wall > late.deadline_at]
+        assert not after, f"requests arrived {after} s after the deadline"
+
+
 # -- the whole run ------------------------------------------------------------------------------
 
 

@@ -16,6 +16,9 @@ every receipt says so; and for every operation, what the provider received is co
 by request by durable intents (``received <= intended <= budget``), none after the deadline,
 none before the schedule bide had recorded (``assert_provider_invariants``, non-strict: an
 intent may die before its request leaves, never the other way round).
+
+Two short deterministic kills run outside the ``slow`` selection: a Retry-After still honoured
+by the restarted daemon, and a deadline that passed while the daemon was down.
 """
 
 from __future__ import annotations
@@ -209,3 +212,48 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
               f"{undecided} facts decided after a kill between the two appends; "
               f"{torn} torn log tails quarantined")
         print(f"  mix: {dict(Counter(plan.values()).most_common())}")
+
+
+def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path) -> None:
+    """Killed while waiting out a Retry-After: the restarted daemon still waits it out (S20)."""
+    jobs: dict[str, str | list[object]] = {
+        "ra": [{"status": 503, "retry_after": 2}, "succeeded with result"]}
+    with workspace(tmp_path, jobs) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
+        daemon = ws.start_daemon()
+        drop_registration(ws, "ra", "ra")
+        [first] = ws.sim.wait_for_requests(1, kind="status", job_id="ra", timeout=10)
+        until(lambda: ws.log().ops["ra"].not_before is not None, what="the Retry-After recorded")
+        daemon.kill()
+        ws.start_daemon()
+        until(lambda: ws.log().ops["ra"].phase == "succeeded", what="success after the restart")
+        log = ws.log()
+        [_, second] = ws.sim.requests(kind="status", job_id="ra")
+        not_before = log.ops["ra"].not_before
+        assert not_before is not None
+        assert not_before >= first.wall + 2
+        assert second.wall >= not_before, "the restart polled before Retry-After expired"
+        assert_provider_invariants(log, [first, second], "ra")
+
+
+def test_deadline_passed_while_down_stops_without_a_request(tmp_path: Path) -> None:
+    """Killed, restarted after the deadline: a stop, never a late request (S9, S16)."""
+    with workspace(tmp_path, {"slowpoke": "running"}) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
+        daemon = ws.start_daemon()
+        drop_registration(ws, "slowpoke", "slowpoke", deadline_at=time.time() + 1.5)
+        ws.sim.wait_for_requests(1, kind="status", job_id="slowpoke", timeout=10)
+        daemon.kill()
+        deadline = ws.log().ops["slowpoke"].deadline_at
+        until(lambda: time.time() > deadline + 0.3, what="the deadline to pass")
+        seen = len(ws.sim.requests(kind="status", job_id="slowpoke"))
+        ws.start_daemon()
+        until(lambda: ws.log().ops["slowpoke"].phase == "escalated", what="the stop")
+        time.sleep(0.5)
+        log = ws.log()
+        op = log.ops["slowpoke"]
+        assert op.stop_reason == "deadline_exceeded"
+        received = ws.sim.requests(kind="status", job_id="slowpoke")
+        assert len(received) == seen  # nothing after the restart
+        assert all(r.wall < deadline for r in received)
+        assert_provider_invariants(log, received, "slowpoke", strict=False)
