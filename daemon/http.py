@@ -78,6 +78,10 @@ class StatusClient:
         self._credentials_dir = credentials_dir
         self._tls = tls_context()
         self._client = self._build()
+        # Requests in flight per client: a client retired by ``rebuild`` is closed only once
+        # its last request is done, so one operation's slow provider never cuts off another's.
+        self._users: dict[httpx.AsyncClient, int] = {}
+        self._retired: set[httpx.AsyncClient] = set()
 
     def _build(self) -> httpx.AsyncClient:
         limit = self.profile.quota.max_in_flight
@@ -90,12 +94,26 @@ class StatusClient:
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in (*self._retired, self._client):
+            await client.aclose()
+        self._retired.clear()
 
     async def rebuild(self) -> None:
+        """A fresh client for the next requests; the old one closes when its last one ends."""
         old, self._client = self._client, self._build()
-        with anyio.CancelScope(shield=True):
-            await old.aclose()
+        self._retired.add(old)
+        await self._release(old, 0)
+
+    async def _release(self, client: httpx.AsyncClient, done: int) -> None:
+        users = self._users.get(client, 0) - done
+        if users > 0:
+            self._users[client] = users
+            return
+        self._users.pop(client, None)
+        if client in self._retired:
+            self._retired.discard(client)
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
 
     def check_credential(self) -> None:
         """Raise :class:`CredentialError` if the credential cannot be read right now."""
@@ -117,28 +135,54 @@ class StatusClient:
     ) -> Answer | NoAnswer:
         """Make exactly one request. With ``sink`` the body goes there instead of memory.
 
-        ``seconds`` is handed to httpx as its timeouts, so httpx gives up by itself and no
-        cancellation is needed (cancelling under pool contention leaks httpcore slots).
+        ``seconds`` bounds the whole exchange. It is handed to httpx as its timeouts, so httpx
+        usually gives up by itself; but those bound each socket operation, and a provider that
+        trickles a byte at a time (slowloris, in the head or the body) never trips them, so the
+        exchange also runs under one overall deadline. When that deadline cancels it, the client
+        is rebuilt (a cancelled request may leave its httpcore pool slot behind); the old one
+        closes once the requests still using it are done.
         """
         budget = max(MIN_TIMEOUT, seconds)
         try:
             request_headers = self._request_headers(url, headers)
         except CredentialError as exc:
             return NoAnswer("connect_refused", f"not sent: {exc}")
+        client = self._client
+        self._users[client] = self._users.get(client, 0) + 1
         try:
-            async with self._client.stream(method, url, headers=request_headers, content=body,
-                                           timeout=httpx.Timeout(budget)) as resp:
-                data, size, truncated, complete = await self._read_capped(resp, budget, cap,
-                                                                          sink)
-                if not complete:
-                    return NoAnswer("read_timeout",
-                                    f"body not complete within {budget:.3g}s (slow response)")
-                kept = _headers(resp, self.profile.status.request_id_header)
-                return Answer(resp.status_code, kept,
-                              _capped(resp.headers.get("operation-location")), data, size,
-                              truncated)
+            return await self._exchange(client, method, url, request_headers, body, budget,
+                                        cap, sink)
+        finally:
+            await self._release(client, 1)
+
+    async def _exchange(
+        self, client: httpx.AsyncClient, method: str, url: str, request_headers: dict[str, str],
+        body: bytes | None, budget: float, cap: int, sink: Callable[[bytes], None] | None,
+    ) -> Answer | NoAnswer:
+        answer: Answer | None = None
+        headed = False
+        try:
+            with anyio.move_on_after(budget):
+                async with client.stream(method, url, headers=request_headers, content=body,
+                                         timeout=httpx.Timeout(budget)) as resp:
+                    headed = True
+                    data, size, truncated = await self._read_capped(resp, cap, sink)
+                    kept = _headers(resp, self.profile.status.request_id_header)
+                    answer = Answer(resp.status_code, kept,
+                                    _capped(resp.headers.get("operation-location")), data, size,
+                                    truncated)
+            if answer is not None:
+                return answer
+            if self._client is client:
+                await self.rebuild()
+            if headed:
+                return NoAnswer("read_timeout",
+                                f"body not complete within {budget:.3g}s (slow response)")
+            return NoAnswer("read_timeout",
+                            f"no complete response head within {budget:.3g}s (slow response)")
         except httpx.PoolTimeout:
-            await self.rebuild()
+            if self._client is client:
+                await self.rebuild()
             return NoAnswer("pool_timeout", "no connection slot free in time; client rebuilt")
         except httpx.ConnectTimeout:
             return NoAnswer("connect_timeout", f"no connection within {budget:.3g}s")
@@ -177,31 +221,27 @@ class StatusClient:
                                       headers=result.headers, body=result.body,
                                       body_truncated=result.truncated)
 
+    @staticmethod
     async def _read_capped(
-        self, resp: httpx.Response, budget: float, cap: int,
-        sink: Callable[[bytes], None] | None,
-    ) -> tuple[bytes, int, bool, bool]:
-        """(body, size, truncated, complete): at most ``cap`` bytes, within ``budget`` overall."""
+        resp: httpx.Response, cap: int, sink: Callable[[bytes], None] | None,
+    ) -> tuple[bytes, int, bool]:
+        """(body, size, truncated): at most ``cap`` bytes, raw (never decompressed)."""
         chunks: list[bytes] = []
         size = 0
         truncated = False
-        with anyio.move_on_after(budget) as scope:
-            async for chunk in resp.aiter_raw():
-                room = cap - size
-                if len(chunk) > room:
-                    chunk = chunk[:room]
-                    truncated = True
-                if sink is not None:
-                    sink(chunk)
-                else:
-                    chunks.append(chunk)
-                size += len(chunk)
-                if truncated:
-                    break
-        if scope.cancelled_caught:
-            await self.rebuild()  # a cancelled read may leave the pool slot behind
-            return b"", size, False, False
-        return b"".join(chunks), size, truncated, True
+        async for chunk in resp.aiter_raw():
+            room = cap - size
+            if len(chunk) > room:
+                chunk = chunk[:room]
+                truncated = True
+            if sink is not None:
+                sink(chunk)
+            else:
+                chunks.append(chunk)
+            size += len(chunk)
+            if truncated:
+                break
+        return b"".join(chunks), size, truncated
 
 
 @dataclass(frozen=True)
