@@ -88,9 +88,18 @@ def decode_incoming(data: bytes) -> IncomingFile:
     if cls is None:
         raise SpoolReject(f"unknown kind {kind[:32]!r} (known: {', '.join(_INCOMING)})")
     try:
-        return msgspec.json.decode(data, type=cls)
+        request = msgspec.json.decode(data, type=cls)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SpoolReject(f"not a valid {kind} request: {exc}") from None
+    if isinstance(request, RegistrationFile) and request.registration.provider_job_id in DOTS:
+        raise SpoolReject(
+            f"job id {request.registration.provider_job_id!r} cannot be one segment of a "
+            f"status URL: a dot segment is removed by URL normalisation even percent-encoded "
+            f"(RFC 3986 §5.2.4, §6.2.2.2), so the request could reach another path")
+    return request
+
+
+DOTS = (".", "..")
 
 
 class DecisionFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
