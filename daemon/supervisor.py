@@ -289,10 +289,11 @@ class Supervisor:
                 self._idle.set()
 
     async def _poll_once(self, op: Operation) -> None:
-        now = self.clock()
-        events = decide(op, WakeUp(), now, self.draw())
-        intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
-        if intent is None:
+        """S32: decide; acquire the provider's slot; reload and decide again with a fresh clock;
+        the quota; the intent made durable; the one request; the fact; decide. The slot (the
+        lease of S33) is held only for the intent and the request, never while sleeping."""
+        events = decide(op, WakeUp(), self.clock(), self.draw())
+        if not any(isinstance(e, StatusRequestIntended) for e in events):
             await self.record(events)  # nothing, or a stop (deadline, budget) S9/S13/S17
             return
         client = self.clients.get(op.provider)
@@ -306,32 +307,51 @@ class Supervisor:
         except CredentialError as exc:
             logfmt.error("credential unreadable; not polling", op=op.operation_id, error=exc)
             return  # rescheduled at next_poll_at; the deadline still bounds the wait
-        if op.operation_id in self.prepaid:
-            self.prepaid.discard(op.operation_id)
-        else:
-            wait = self.quotas[op.provider].reserve()
-            if wait > 0:
-                deferred = decide(op, QuotaDeferred(until=now + wait), now, self.draw())
-                await self.record(deferred)
-                if self.ops[op.operation_id].phase == "live":
-                    self.prepaid.add(op.operation_id)
-                else:
-                    self.quotas[op.provider].release()
+        async with self.in_flight[op.provider]:
+            op = self.ops[op.operation_id]  # reload: waiting for the slot took time
+            now = self.clock()
+            events = decide(op, WakeUp(), now, self.draw())
+            intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
+            if intent is None:
+                await self.record(events)  # the deadline passed while waiting for the slot
                 return
-        if self.stopping.is_set():
-            return
-        await self.record(events)  # S13: durable before the request leaves
-        sem = self.in_flight[op.provider]
-        async with sem:
-            time_left = op.deadline_at - self.clock()
-            url = op.status_location or client.profile.status_url(op.provider_job_id)
-            fact = await client.fetch(operation_id=op.operation_id, url=url,
-                                      request_number=intent.request_number,
-                                      time_left=time_left, clock=self.clock)
-        self.metrics.requests_sent += 1
+            if not await self._quota_allows(op, now):
+                return
+            if self.stopping.is_set():
+                return
+            await self.record(events)  # S13: durable before the request leaves
+            deadline, _ = op.effective_deadline
+            time_left = deadline - self.clock()
+            if time_left <= 0:
+                fact: StatusResponseReceived | TransportFailed = TransportFailed(
+                    operation_id=op.operation_id, at=self.clock(),
+                    request_number=intent.request_number, kind="pool_timeout",
+                    detail="not sent: the deadline passed before the intent was durable")
+            else:
+                url = op.status_location or client.profile.status_url(op.provider_job_id)
+                fact = await client.fetch(operation_id=op.operation_id, url=url,
+                                          request_number=intent.request_number,
+                                          time_left=time_left, clock=self.clock)
+                self.metrics.requests_sent += 1
         await self.record([fact])
         op = self.ops[op.operation_id]
         await self.record(decide(op, fact, self.clock(), self.draw()))
+
+    async def _quota_allows(self, op: Operation, now: float) -> bool:
+        """Take a slot of the provider's rate quota, or record the poll as held back
+        (``local_quota``; never past the deadline) with its future slot reserved."""
+        if op.operation_id in self.prepaid:
+            self.prepaid.discard(op.operation_id)
+            return True
+        wait = self.quotas[op.provider].reserve()
+        if wait <= 0:
+            return True
+        await self.record(decide(op, QuotaDeferred(until=now + wait), now, self.draw()))
+        if self.ops[op.operation_id].phase == "live":
+            self.prepaid.add(op.operation_id)
+        else:
+            self.quotas[op.provider].release()
+        return False
 
     # -- spool -----------------------------------------------------------------------------
 
