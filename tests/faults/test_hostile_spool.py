@@ -37,11 +37,15 @@ def _registration(op: str, job: str) -> bytes:
 
 
 def _drop(directory: Path, data: bytes, rid: str | None = None) -> str:
-    rid = rid or msgspec.json.decode(data, type=dict[str, object]).get(  # type: ignore[assignment]
-        "request_id") or new_request_id()
-    assert isinstance(rid, str)
+    if rid is None:
+        found = msgspec.json.decode(data, type=dict[str, object]).get("request_id")
+        rid = found if isinstance(found, str) else new_request_id()
     Spool(directory.parent).drop(directory, rid, data)
     return rid
+
+
+def name() -> str:
+    return new_request_id() + ".json"
 
 
 def _reasons(spool: Spool) -> list[str]:
@@ -63,7 +67,6 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         esc_before = before.ops["esc"]
         rejected_before = len(_reasons(spool))
 
-        name = lambda: new_request_id() + ".json"  # noqa: E731
         sparse = spool.incoming / name()
         with sparse.open("wb") as f:
             f.truncate(10 * 1024**3)  # 10 GB, no blocks: a read would be the attack
