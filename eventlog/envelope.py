@@ -26,22 +26,28 @@ from typing import Literal
 
 import msgspec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the genesis record is signed and declares the checkpoint spacing
 ZERO_HASH = "0" * 64
 _RECORD_DOMAIN = b"bide.record.v1\n"
 _AAD_DOMAIN = b"bide.aad.v1\n"
 _CHECKPOINT_DOMAIN = b"bide.checkpoint.v1\n"
+_GENESIS_DOMAIN = b"bide.genesis.v2\n"
 _RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
 
 
 class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
               forbid_unknown_fields=True):
+    """The first record. Signed, so the checkpoint spacing it promises cannot be rewritten:
+    a log stripped of its checkpoints then fails verification instead of passing unsigned."""
+
     seq: int
     prev: str
     format: int
     log: str
     signer: str
     t_us: int
+    checkpoint_every: int = 0
+    sig: str = ""
 
 
 class Segment(msgspec.Struct, frozen=True, tag="segment", tag_field="kind",
@@ -127,6 +133,15 @@ def associated_data(log_id: str, seq: int, prev: str, kid: str) -> bytes:
     return b"".join(
         (_AAD_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq), bytes.fromhex(prev),
          kid.encode("ascii"))
+    )
+
+
+def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_every: int
+                    ) -> bytes:
+    """The bytes a genesis signature covers."""
+    return b"".join(
+        (_GENESIS_DOMAIN, bytes.fromhex(log_id), struct.pack(">Iqq", fmt, t_us, checkpoint_every),
+         bytes.fromhex(signer))
     )
 
 

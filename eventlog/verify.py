@@ -46,7 +46,7 @@ import struct
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import compress, pairwise, repeat
+from itertools import accumulate, compress, pairwise, repeat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -65,6 +65,7 @@ from eventlog.envelope import (
     Segment,
     checkpoint_message,
     decode_record,
+    genesis_message,
     record_hash,
     record_hashes,
 )
@@ -117,6 +118,8 @@ class Report:
     last_segment_index: int = 0
     last_segment_good_size: int = 0
     head_offset: int = 0  # where the head record's line starts in last_segment
+    checkpoint_every: int = 0  # the spacing the signed genesis record promises
+    unsigned_run: int = 0  # event and recovery records since the last checkpoint
     damage: Damage | None = None
     torn: TornTail | None = None
     notes: list[str] = field(default_factory=list)
@@ -199,6 +202,10 @@ class _Summary:
     clean_close: bool  # the unit's last record is a final checkpoint
     last_offset: int  # byte offset of the unit's last line
     end: int  # byte offset just past the unit's last newline
+    checkpoint_every: int  # from the genesis record, when the unit holds it; else 0
+    lead: int  # signed-policy records (events, recoveries) before the unit's first checkpoint
+    max_gap: int  # the most of them between two of the unit's checkpoints
+    trail: int | None  # after its last checkpoint (None: the unit has no checkpoint)
 
 
 _Unit = tuple[str, int, int, int]  # path, ordinal, start offset, end offset
@@ -280,6 +287,12 @@ def _join(report: Report, units: list[_Unit], summaries: Iterator[_Summary | Non
             return ordinal, start
         if s.first_prev_cp is not None and s.first_prev_cp != report.last_checkpoint_hash:
             return ordinal, start
+        if s.first_seq == 0:
+            report.checkpoint_every = s.checkpoint_every
+        run = report.unsigned_run + s.lead
+        if _over(report, run) or _over(report, s.max_gap):
+            return ordinal, start  # the slow path names the unsigned run
+        report.unsigned_run = run if s.trail is None else s.trail
         report.records += s.records
         report.head_seq, report.head_hash = s.last_seq, s.last_hash
         if s.checkpoints:
@@ -323,7 +336,7 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         if ordinal == 1:
             if not (isinstance(first, Genesis) and first.format == FORMAT_VERSION
                     and first.signer == fingerprint(raw_key)
-                    and path.name == segment_name(1)):
+                    and path.name == segment_name(1) and _genesis_ok(raw_key, first)):
                 return None
         elif not (isinstance(first, Segment) and first.index == ordinal
                   and path.name == segment_name(ordinal)):
@@ -361,6 +374,14 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         return None
     last = recs[-1]
     cp_last = recs[cp_index] if cp_index >= 0 else None
+    counted = list(accumulate(map(_SIGNED_POLICY.__contains__, kinds)))
+    cps = [i for i, k in enumerate(kinds) if k is Checkpoint]
+    if cps:
+        lead = counted[cps[0]]
+        max_gap = max((counted[b] - counted[a] for a, b in pairwise(cps)), default=0)
+        trail: int | None = counted[-1] - counted[cps[-1]]
+    else:
+        lead, max_gap, trail = counted[-1], 0, None
     return _Summary(
         records=n, first_seq=first_seq, first_prev=first.prev, log_id=log_id,
         last_seq=last.seq, last_hash=hashes[-1], first_prev_cp=first_prev_cp,
@@ -371,7 +392,38 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         clean_close=isinstance(last, Checkpoint) and last.final,
         last_offset=end - 1 - len(lines[-1]),
         end=end,
+        checkpoint_every=first.checkpoint_every if isinstance(first, Genesis) else 0,
+        lead=lead, max_gap=max_gap, trail=trail,
     )
+
+
+#: The records a writer must cover with a signed checkpoint within ``checkpoint_every``.
+_SIGNED_POLICY = frozenset({EventRecord, Recovery})
+
+
+def _over(report: Report, run: int) -> bool:
+    """Whether ``run`` unsigned records break the genesis record's signed promise (+1 slack
+    for a recovery record written on open before the next checkpoint)."""
+    return report.checkpoint_every > 0 and run > report.checkpoint_every + 1
+
+
+def _genesis_ok(raw_key: bytes, genesis: Genesis) -> bool:
+    """The genesis signature verifies, over the spacing it promises (at least one)."""
+    if genesis.checkpoint_every < 1:
+        return False
+    public = _public_keys.get(raw_key)
+    if public is None:
+        public = _public_keys[raw_key] = Ed25519PublicKey.from_public_bytes(raw_key)
+    try:
+        message = genesis_message(genesis.log, genesis.format, genesis.signer, genesis.t_us,
+                                  genesis.checkpoint_every)
+        sig = base64.b64decode(genesis.sig, validate=True)
+        if base64.b64encode(sig).decode("ascii") != genesis.sig:
+            return False
+        public.verify(sig, message)
+    except (InvalidSignature, ValueError, binascii.Error, struct.error):
+        return False
+    return True
 
 
 def _signature_ok(raw_key: bytes, log_id: str, cp: Checkpoint) -> bool:
@@ -461,7 +513,12 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
                              f"log is signed by key {rec.signer[:16]}…, the verify key is "
                              f"{verify_key.fingerprint[:16]}… (wrong verify.pub, or the log "
                              f"was rewritten and re-signed)"))
+        if not _genesis_ok(verify_key.raw, rec):
+            raise _Found(_at(line, 0, "bad_signature",
+                             "the genesis record's signature does not verify (its fields, "
+                             "such as the checkpoint spacing it promises, were changed)"))
         report.log_id = rec.log
+        report.checkpoint_every = rec.checkpoint_every
     elif expected == 0:
         raise _Found(_at(line, 0, "modified", "the log does not open with a genesis record"))
     else:
@@ -511,7 +568,15 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
         report.checkpoints += 1
         report.last_checkpoint_seq = rec.seq
         report.last_checkpoint_t_us = rec.t_us
-    elif not isinstance(rec, EventRecord | Recovery | Segment | Genesis):  # pragma: no cover
+        report.unsigned_run = 0
+    elif isinstance(rec, EventRecord | Recovery):
+        report.unsigned_run += 1
+        if _over(report, report.unsigned_run):
+            raise _Found(_at(line, rec.seq, "missing",
+                             f"{report.unsigned_run} records without a signed checkpoint; the "
+                             f"signed genesis promises one at least every "
+                             f"{report.checkpoint_every} (checkpoints were removed)"))
+    elif not isinstance(rec, Segment | Genesis):  # pragma: no cover
         raise AssertionError(rec)
     h = record_hash(line.data)
     if isinstance(rec, Checkpoint):

@@ -47,6 +47,7 @@ from eventlog.envelope import (
     associated_data,
     checkpoint_message,
     encode_record,
+    genesis_message,
     record_hash,
 )
 from eventlog.errors import DamagedLogError, LogIOError
@@ -439,6 +440,8 @@ class LogWriter:
         self.head_seq, self.head_hash = report.head_seq, report.head_hash
         self._last_cp_hash = report.last_checkpoint_hash
         self._since_cp = report.unsigned_tail
+        # Never sign less often than the genesis record promised (verify enforces it).
+        self._checkpoint_every = min(self._checkpoint_every, report.checkpoint_every)
         assert report.last_segment is not None
         self._segment_index = report.last_segment_index
         self._fd = os.open(report.last_segment, os.O_WRONLY | os.O_APPEND)
@@ -468,8 +471,12 @@ class LogWriter:
         self.log_id = os.urandom(16).hex()
         path = self.log_dir / segment_name(1)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        genesis = Genesis(0, ZERO_HASH, FORMAT_VERSION, self.log_id,
-                          self._signer.fingerprint, _now_us())
+        t_us = _now_us()
+        signed = genesis_message(self.log_id, FORMAT_VERSION, self._signer.fingerprint, t_us,
+                                 self._checkpoint_every)
+        genesis = Genesis(0, ZERO_HASH, FORMAT_VERSION, self.log_id, self._signer.fingerprint,
+                          t_us, self._checkpoint_every,
+                          base64.b64encode(self._signer.sign(signed)).decode("ascii"))
         line = encode_record(genesis)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)

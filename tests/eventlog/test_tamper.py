@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from eventlog.envelope import (
     Checkpoint,
     EventRecord,
+    Genesis,
     Segment,
     checkpoint_message,
     encode_record,
@@ -541,3 +542,33 @@ def test_segment_record_check_is_positional(log: Path, base_logs: BaseLogs) -> N
     lines.insert(i + 1, StoredLine(lines[i].segment, lines[i].data))  # a segment record, twice
     write_lines(log, lines)
     damaged(verify(log, base_logs.keys), "duplicated", lines[i].seq)
+
+
+# -- the signed genesis: the checkpoint spacing it promises ------------------------------------
+
+
+def test_every_checkpoint_stripped_and_rechained_is_caught(log: Path, base_logs: BaseLogs
+                                                           ) -> None:
+    """Without the signing key, an attacker can drop every checkpoint and recompute the chain;
+    the signed genesis still promises a checkpoint every N records, so the run is too long."""
+    lines = read_lines(log)
+    first_cp = next(i for i, line in enumerate(lines) if line.kind == "Checkpoint")
+    stripped = [line for line in lines if line.kind != "Checkpoint"]
+    stripped = rechain(stripped, first_cp)
+    write_lines(log, stripped)
+    result = verify_cli(log, base_logs.keys.verify_pub)
+    assert result.status == 1
+    assert result.damage["kind"] == "missing"
+    assert "without a signed checkpoint" in str(result.damage["detail"])
+
+
+def test_genesis_promise_raised_without_the_key_is_a_bad_signature(log: Path,
+                                                                   base_logs: BaseLogs) -> None:
+    lines = read_lines(log)
+    genesis = lines[0].record
+    assert isinstance(genesis, Genesis)
+    assert genesis.checkpoint_every >= 1
+    lines[0].data = encode_record(msgspec.structs.replace(genesis, checkpoint_every=10**9))
+    lines = rechain(lines, 1)
+    write_lines(log, lines)
+    damaged(verify(log, base_logs.keys), "bad_signature", 0)
