@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import secrets
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -21,6 +20,7 @@ from daemon import logfmt
 from daemon.http import Answer, NoAnswer
 from daemon.outbox import write_text
 from daemon.spool import FetchFile, Receipt, SpoolReject, SubmitFile
+from eventlog.fsync import fsync_dir
 from replay.actions import (
     Action,
     decide_action,
@@ -310,7 +310,7 @@ class ActionRunner:
         os.chmod(part, 0o640)
         os.rename(part, final)
         with contextlib.suppress(OSError):
-            _fsync_dir(self.results_dir)
+            fsync_dir(self.results_dir)
         return [ActionSucceeded(operation_id=intent.operation_id, at=now,
                                 action_id=intent.action_id, http_status=result.status,
                                 size=result.size, sha256=digest.hexdigest(),
@@ -348,10 +348,3 @@ def action_escalation_text(action: Action, failed: ActionFailed) -> str:
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -27,6 +27,7 @@ import msgspec
 from msgspec import Meta
 
 from daemon.errors import UsageError
+from eventlog.fsync import fsync_dir
 from replay.observations import Registration
 
 SPOOL_VERSION = 1
@@ -184,7 +185,7 @@ class Spool:
         finally:
             os.close(fd)
         os.rename(tmp, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return final
 
     def request(self, directory: Path, request_id: str, data: bytes, *, who: str = "") -> None:
@@ -287,13 +288,6 @@ def _mtime(path: Path) -> float:
     except FileNotFoundError:
         return 0.0
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def request_id_of(path: Path) -> str | None:

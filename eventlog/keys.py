@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from eventlog.errors import KeyFileError, UnknownKeyError
+from eventlog.fsync import fsync_dir
 
 DATA_KEY = "data.key"
 SIGNING_KEY = "signing.key"
@@ -198,7 +199,7 @@ def generate(directory: Path, *, rotate: bool = False) -> Generated:
         os.rename(directory / DATA_KEY, retired)
         new = os.urandom(KEY_BYTES)
         _write_new(directory / DATA_KEY, _b64line(new), 0o600)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         signer = load_signer(directory)
         return Generated(directory, [directory / DATA_KEY, retired], key_id(new),
                          signer.fingerprint)
@@ -219,13 +220,6 @@ def generate(directory: Path, *, rotate: bool = False) -> Generated:
     ):
         _write_new(directory / name, _b64line(raw), mode)
         created.append(directory / name)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return Generated(directory, created, key_id(data), signer.fingerprint)
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -51,6 +51,7 @@ from eventlog.envelope import (
     record_hash,
 )
 from eventlog.errors import DamagedLogError, LogIOError
+from eventlog.fsync import fsync_dir
 from eventlog.keys import KeyRing, Signer, VerifyKey
 from eventlog.lock import WriterLock
 from eventlog.seal import Sealer
@@ -82,13 +83,6 @@ class _Batch:
 def _now_us() -> int:
     return time.time_ns() // 1000
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LogWriter:
@@ -345,7 +339,7 @@ class LogWriter:
                 if m and int(m.group(1)) > index:
                     extra.unlink()
             os.truncate(self.log_dir / segment_name(index), size)
-            _fsync_dir(self.log_dir)
+            fsync_dir(self.log_dir)
         except OSError:
             return False
         return True
@@ -373,7 +367,7 @@ class LogWriter:
             finally:
                 os.close(fd)
             self._cuts.append((base, size, torn, qname))
-        _fsync_dir(self.log_dir)
+        fsync_dir(self.log_dir)
 
     def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
         cuts = [0, *rotate_at, len(lines)]
@@ -403,7 +397,7 @@ class LogWriter:
         self._fd = -1
         path = self.log_dir / segment_name(index)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        _fsync_dir(self.log_dir)
+        fsync_dir(self.log_dir)
         self._segment_index = index
 
     # -- open and recovery (worker thread) ---------------------------------------------------
@@ -431,7 +425,7 @@ class LogWriter:
             assert torn is not None
             cut, qname = self._quarantine(torn.segment, torn.offset)
             os.unlink(torn.segment)
-            _fsync_dir(self.log_dir)
+            fsync_dir(self.log_dir)
             self._create()
             self._append_recovery(torn.segment, torn.offset, cut, qname)
             self._segment_size = os.fstat(self._fd).st_size
@@ -451,7 +445,7 @@ class LogWriter:
                 # The crash came while a new segment was being started: the file holds only
                 # torn bytes (perhaps none). Remove it; the next rotation creates it again.
                 os.unlink(torn.segment)
-                _fsync_dir(self.log_dir)
+                fsync_dir(self.log_dir)
             else:
                 os.truncate(torn.segment, torn.offset)
                 os.fsync(self._fd)
@@ -480,7 +474,7 @@ class LogWriter:
         line = encode_record(genesis)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
-        _fsync_dir(self.log_dir)
+        fsync_dir(self.log_dir)
         self.head_seq, self.head_hash = 0, record_hash(line)
         self._segment_index = 1
 
@@ -498,8 +492,8 @@ class LogWriter:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(qdir)
-        _fsync_dir(self.log_dir)
+        fsync_dir(qdir)
+        fsync_dir(self.log_dir)
         return torn, qname
 
     def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str) -> None:
