@@ -1,6 +1,9 @@
-"""``python -m tests.bench [--quick] [--only append|verify] [--seconds S] [--records N]``.
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale] [--seconds S]
+[--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
+[--window S] [--concurrency C]``.
 
 Prints a table and writes ``bench-out/results.json``. Nothing here is a pass/fail test.
+The full scale run (100,000 operations) takes several minutes; ``--quick`` runs 1,000.
 """
 
 from __future__ import annotations
@@ -13,17 +16,29 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from tests.bench import bench_append, bench_verify
+from tests.bench import bench_append, bench_replay, bench_scale, bench_verify
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
-    p.add_argument("--only", choices=["append", "verify"])
+    p.add_argument("--only", choices=["append", "verify", "replay", "scale"])
     p.add_argument("--seconds", type=float, help="time per append setting (default 3)")
     p.add_argument("--records", type=int, help="records in the verify log (default 1000000)")
+    p.add_argument("--replay-records", type=int,
+                   help="events in the replay log (default 1000000; --quick 100000)")
+    p.add_argument("--scale", help="live operations per scale run, comma-separated "
+                   "(default 1000,10000,100000; --quick 1000)")
+    p.add_argument("--rate", default="2000",
+                   help="target status requests/s, comma-separated (default %(default)s)")
+    p.add_argument("--window", type=float,
+                   help="measured seconds per scale run (default 20; --quick 5)")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="the profile's max_in_flight, and the bare loop's (default 8)")
+    p.add_argument("--keep", action="store_true", help="keep each scale run's directory")
     p.add_argument("--out", default="bench-out",
                    help="results and cached logs (default: %(default)s)")
     args = p.parse_args(argv)
@@ -48,6 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         verify = bench_verify.run(out, records)
         results["verify"] = verify
         _print_verify(verify)
+    if args.only in (None, "replay"):
+        replay_records = args.replay_records or (100_000 if args.quick else 1_000_000)
+        replayed = bench_replay.run(out, replay_records, runs=1 if args.quick else 3)
+        results["replay"] = replayed
+        _print_replay(replayed)
+    if args.only in (None, "scale"):
+        scales = [int(x) for x in (args.scale or ("1000" if args.quick else
+                                                  "1000,10000,100000")).split(",")]
+        rates = [float(x) for x in args.rate.split(",")]
+        window = args.window or (5.0 if args.quick else 20.0)
+        scale = bench_scale.run(out, scales, window, rates, args.concurrency, args.keep)
+        results["scale"] = scale
+        _print_scale(scale)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {out / 'results.json'}")
     return 0
@@ -77,6 +105,29 @@ def _print_verify(r: dict[str, object]) -> None:
             label = f"bide verify --jobs {key.removeprefix('verify_jobs')}"
             print(f"  {label:<28}{value['seconds']:>9}{value['records_per_s']:>12}"
                   f"{value['mb_per_s']:>8}{value['ratio_vs_sha256sum']:>13.2f}x")
+
+
+def _print_replay(r: dict[str, Any]) -> None:
+    print(f"\nreplay {r['events']} events, {r['operations']} operations ({r['live']} live), "
+          f"{r['log_bytes'] / 1e6:.0f} MB; goal {r['goal_events_per_s']} events/s")
+    print(f"  {'stage':<10}{'seconds':>9}{'events/s':>11}")
+    for name, row in r["stages"].items():
+        print(f"  {name:<10}{row['seconds']:>9}{row['events_per_s']:>11}")
+
+
+def _print_scale(r: dict[str, Any]) -> None:
+    print(f"\nlive operations in one daemon (goals: {r['goals']})")
+    print(f"  {'ops':>7}{'target/s':>9}{'req/s':>8}{'ready s':>8}{'KiB/op':>8}"
+          f"{'late p50':>10}{'p99 ms':>9}{'cpu us/req':>11}{'bare us':>9}{'ratio':>7}"
+          f"{'daemon cpu':>11}{'sim cpu':>8}")
+    for row in r["rows"]:
+        late = row["lateness"]
+        print(f"  {row['operations']:>7}{row['target_rate']:>9g}{row['requests_per_s']:>8}"
+              f"{row['ready_s']:>8}{row['rss_per_op_end_kib']:>8}"
+              f"{late.get('p50_ms', '-'):>10}{late.get('p99_ms', '-'):>9}"
+              f"{row['daemon_cpu_per_request_us']:>11}"
+              f"{row['bare_loop']['cpu_per_request_us']:>9}{row['cpu_ratio_vs_bare']:>7}"
+              f"{row['daemon_cpu_share']:>11}{row['simulator_cpu_share']:>8}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""Restart at scale: replaying a log of 1,000,000 events (decrypt, decode, fold).
+
+The log is made once with the real ``LogWriter`` from events the real model produced:
+``register`` and ``decide`` drive 111,111 operations through a registration and two poll
+cycles each (intent, response, classification, next poll), so the fold sees what a daemon
+writes. It is cached under ``bench-out/``. Replay is measured in stages over the same files,
+each a full pass, in this process, best of ``runs``:
+
+    chain     read the segments, parse each envelope, check sequence and hash links
+    decrypt   + AES-GCM-SIV open of every payload
+    decode    + msgspec decode of every event
+    replay    + the fold (``daemon.supervisor.replay_log``: what ``bide run`` does at start)
+
+The goal is 300,000 events/s for ``replay``.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from daemon.supervisor import replay_log
+from eventlog import keys
+from eventlog.envelope import EventRecord
+from eventlog.reader import LogReader
+from eventlog.writer import LogWriter
+from replay.contract import Contract, StateTable
+from replay.decide import decide, register
+from replay.events import (
+    ResponseHeaders,
+    StatusRequestIntended,
+    StatusResponseReceived,
+    decode_log_event,
+    encode_event,
+)
+from replay.observations import Registration, WakeUp
+from replay.state import evolve
+
+EVENTS_PER_OP = 9  # registration + 2 x (intent, response, classified, scheduled)
+BATCH = 20_000
+
+
+def bench_contract() -> Contract:
+    return Contract(
+        provider="sim",
+        states=StateTable(pending=("queued", "running"), success=("succeeded",)),
+        state_pointer="/status", job_id_pointer="/id", backoff_base_seconds=30.0,
+        backoff_cap_seconds=60.0, rate_limited_delay_seconds=120.0,
+        default_max_status_requests=1000, default_deadline_seconds=86400.0,
+    )
+
+
+def op_events(i: int, contract: Contract, t0: float, rng: random.Random) -> list[bytes]:
+    """The events one operation writes: registered, then two poll cycles, as decided."""
+    reg = Registration(operation_id=f"op-{i:07d}", provider="sim",
+                       provider_job_id=f"job-{i:07d}", deadline_at=t0 + 86400.0,
+                       first_poll_after_seconds=rng.uniform(0, 60))
+    events = list(register(reg, contract, t0))
+    op = evolve(None, events[0])
+    now = op.next_poll_at
+    for _ in range(2):
+        [intent] = decide(op, WakeUp(), now, rng.random())
+        assert isinstance(intent, StatusRequestIntended)
+        op = evolve(op, intent)
+        fact = StatusResponseReceived(
+            operation_id=op.operation_id, at=now + 0.05, request_number=intent.request_number,
+            status_code=200, headers=ResponseHeaders(request_id=f"req-{i}-{intent.request_number}",
+                                                     content_type="application/json"),
+            body=b'{"id": "job-%07d", "status": "running", "progress": 0.42}' % i)
+        op = evolve(op, fact)
+        decided = decide(op, fact, now + 0.05, rng.random())
+        for ev in decided:
+            op = evolve(op, ev)
+        events += [intent, fact, *decided]
+        now = op.next_poll_at
+    assert len(events) == EVENTS_PER_OP, events
+    return [encode_event(e) for e in events]
+
+
+async def _generate(log_dir: Path, key_dir: Path, records: int) -> None:
+    contract = bench_contract()
+    rng = random.Random(8)
+    t0 = time.time()
+    pending: list[bytes] = []
+    async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
+                         checkpoint_every=1000) as log:
+        for i in range(records // EVENTS_PER_OP):
+            pending += op_events(i, contract, t0, rng)
+            if len(pending) >= BATCH:
+                await log.append_many(pending)
+                pending = []
+        if pending:
+            await log.append_many(pending)
+
+
+def cached_log(work: Path, records: int) -> tuple[Path, Path]:
+    """(log dir, keys dir) of a closed log of about ``records`` events, made once and kept."""
+    root = work / f"replay-log-{records}"
+    done = root / "complete"
+    if not done.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        keys.generate(root / "keys")
+        started = time.perf_counter()
+        anyio.run(_generate, root / "log", root / "keys", records)
+        print(f"  generated a {records}-event log in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr)
+        done.write_text("ok\n")
+    return root / "log", root / "keys"
+
+
+def _best(fn: Callable[[], int], runs: int) -> tuple[int, float]:
+    best = float("inf")
+    count = 0
+    for _ in range(runs):
+        started = time.perf_counter()
+        count = fn()
+        best = min(best, time.perf_counter() - started)
+    return count, best
+
+
+def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
+    log_dir, key_dir = cached_log(work, records)
+    keyring = keys.load_keyring(key_dir)
+
+    def chain() -> int:
+        return sum(1 for s in LogReader(log_dir).poll() if isinstance(s.record, EventRecord))
+
+    def decrypt() -> int:
+        return sum(1 for _ in LogReader(log_dir, keyring).payloads())
+
+    def decode() -> int:
+        n = 0
+        for _, payload in LogReader(log_dir, keyring).payloads():
+            decode_log_event(payload)
+            n += 1
+        return n
+
+    def replay() -> int:
+        return replay_log(log_dir, keyring).events
+
+    stages: dict[str, object] = {}
+    for name, fn in (("chain", chain), ("decrypt", decrypt), ("decode", decode),
+                     ("replay", replay)):
+        n, seconds = _best(fn, runs)
+        stages[name] = {"events": n, "seconds": round(seconds, 3),
+                        "events_per_s": round(n / seconds)}
+    replayed = replay_log(log_dir, keyring)
+    live = sum(op.phase == "live" for op in replayed.ops.values())
+    return {"events": replayed.events, "operations": len(replayed.ops), "live": live,
+            "log_bytes": sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl")),
+            "goal_events_per_s": 300_000, "stages": stages}
