@@ -63,6 +63,7 @@ from eventlog.keys import KeyRing, Signer
 from eventlog.reader import LogReader
 from eventlog.writer import LogWriter
 from replay.actions import Action, evolve_action
+from replay.contract import Contract
 from replay.decide import decide, register
 from replay.events import (
     ActionDecided,
@@ -85,6 +86,7 @@ from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
 from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
+MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
@@ -98,6 +100,14 @@ class Replayed:
     actions: dict[str, Action]
     undecided: dict[str, Fact]  # facts whose decision never made it to the log (a crash)
     events: int
+    contracts: dict[str, Contract]  # one shared object per contract digest
+
+
+def share_contract(op: Operation, contracts: dict[str, Contract]) -> Operation:
+    """Every operation under the same contract digest shares one Contract object: a contract
+    is about 1.4 KB of Python objects, and 100,000 operations often have a handful."""
+    shared = contracts.setdefault(op.contract_digest, op.contract)
+    return op if shared is op.contract else msgspec.structs.replace(op, contract=shared)
 
 
 def replay_log(log_dir: Path, keyring: KeyRing) -> Replayed:
@@ -105,6 +115,7 @@ def replay_log(log_dir: Path, keyring: KeyRing) -> Replayed:
     ops: dict[str, Operation] = {}
     actions: dict[str, Action] = {}
     undecided: dict[str, Fact] = {}
+    contracts: dict[str, Contract] = {}
     count = 0
     for _, payload in LogReader(log_dir, keyring).payloads():
         ev = decode_log_event(payload)
@@ -112,12 +123,15 @@ def replay_log(log_dir: Path, keyring: KeyRing) -> Replayed:
         if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
             actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
             continue
-        ops[ev.operation_id] = evolve(ops.get(ev.operation_id), ev)
+        op = evolve(ops.get(ev.operation_id), ev)
+        if isinstance(ev, OperationRegistered):
+            op = share_contract(op, contracts)
+        ops[ev.operation_id] = op
         if isinstance(ev, FACTS):
             undecided[ev.operation_id] = ev
         else:
             undecided.pop(ev.operation_id, None)
-    return Replayed(ops, actions, undecided, count)
+    return Replayed(ops, actions, undecided, count, contracts)
 
 
 class Supervisor:
@@ -139,6 +153,7 @@ class Supervisor:
         self.drain_seconds = (config.daemon.drain_seconds if drain_seconds is None
                               else drain_seconds)
         self.ops: dict[str, Operation] = {}
+        self.contracts: dict[str, Contract] = {}
         self.profiles: dict[str, Profile] = {}
         self.clients: dict[str, StatusClient] = {}
         self.quotas: dict[str, RateQuota] = {}
@@ -151,6 +166,7 @@ class Supervisor:
         self.stopping = anyio.Event()
         self._idle = anyio.Event()
         self._log_recovery = anyio.Lock()
+        self._poll_slots = anyio.Semaphore(MAX_POLLS)
         self._changed = anyio.Event()
         self.metrics_url: str | None = None
         self._log: LogWriter | None = None
@@ -177,7 +193,10 @@ class Supervisor:
                 actions = self.runner.actions
                 actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
                 continue
-            op = self.ops[ev.operation_id] = evolve(self.ops.get(ev.operation_id), ev)
+            op = evolve(self.ops.get(ev.operation_id), ev)
+            if isinstance(ev, OperationRegistered):
+                op = share_contract(op, self.contracts)
+            self.ops[ev.operation_id] = op
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
@@ -266,27 +285,35 @@ class Supervisor:
         self.timers.schedule(op_id, time.monotonic() + delay)
 
     async def _timer_loop(self) -> None:
+        """Start a poll for each due operation, at most ``MAX_POLLS`` at once: under overload
+        due operations wait in the heap's output, not as thousands of parked tasks."""
         assert self.polls is not None
         while not self.stopping.is_set():
             for op_id, due in await self.timers.wait():
+                await self._poll_slots.acquire()
                 if self.stopping.is_set():
+                    self._poll_slots.release()
                     return
-                self.metrics.wakeup_lateness.observe(time.monotonic() - due)
-                self.polls.start_soon(self._poll, op_id)
+                self.polls.start_soon(self._poll, op_id, due)
 
-    async def _poll(self, op_id: str) -> None:
+    async def _poll(self, op_id: str, due: float) -> None:
         """One wake-up of one operation, in the seed's order (S32)."""
-        op = self.ops.get(op_id)
-        if op is None or op_id in self.busy:
-            return
-        self.busy.add(op_id)
         try:
-            await self._poll_once(op)
+            # Lateness as the operation sees it: from its due time to its poll starting.
+            self.metrics.wakeup_lateness.observe(time.monotonic() - due)
+            op = self.ops.get(op_id)
+            if op is None or op_id in self.busy:
+                return
+            self.busy.add(op_id)
+            try:
+                await self._poll_once(op)
+            finally:
+                self.busy.discard(op_id)
+                self.schedule(op_id)
+                if not self.busy:
+                    self._idle.set()
         finally:
-            self.busy.discard(op_id)
-            self.schedule(op_id)
-            if not self.busy:
-                self._idle.set()
+            self._poll_slots.release()
 
     async def _poll_once(self, op: Operation) -> None:
         """S32: decide; acquire the provider's slot; reload and decide again with a fresh clock;
@@ -456,9 +483,12 @@ class Supervisor:
         self.schedule(df.operation_id)
 
     async def _watch_spool(self) -> None:
+        """Ingest on every change, and rescan at least once a second: a file dropped between
+        the start-up scan and the watch being set up (or an event the kernel dropped) waits
+        a second at most, never forever."""
         async for _ in watchfiles.awatch(self.spool.incoming, self.spool.decisions,
                                          stop_event=self.stopping, debounce=20, step=10,
-                                         rust_timeout=1000):
+                                         rust_timeout=1000, yield_on_timeout=True):
             await self.ingest_all()
 
     async def _watch_profiles(self) -> None:
@@ -552,6 +582,7 @@ class Supervisor:
                             quarantine=log.recovered.quarantine)
             replayed = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring)
             self.ops, self.runner.actions = replayed.ops, replayed.actions
+            self.contracts = replayed.contracts
             undecided, count = replayed.undecided, replayed.events
             live = [op for op in self.ops.values() if op.phase == "live"]
             logfmt.info("replayed", events=count, operations=len(self.ops), live=len(live),

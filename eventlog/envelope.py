@@ -109,6 +109,10 @@ def decode_record(line: bytes) -> Record:
     return _decoder.decode(line)
 
 
+#: The decoder itself, for loops that map it over many lines.
+RECORD_DECODER = _decoder
+
+
 def record_hash(line: bytes) -> str:
     """Domain-separated SHA-256 of a record's exact stored bytes, as lowercase hex."""
     h = _RECORD_HASHER.copy()

@@ -56,6 +56,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from eventlog.envelope import (
     FORMAT_VERSION,
+    RECORD_DECODER,
     ZERO_HASH,
     Checkpoint,
     EventRecord,
@@ -210,7 +211,7 @@ class _Summary:
 
 _Unit = tuple[str, int, int, int]  # path, ordinal, start offset, end offset
 
-_decode = decode_record
+_decode = RECORD_DECODER.decode  # the bound method: no Python frame per record
 _seq = operator.attrgetter("seq")
 _prev = operator.attrgetter("prev")
 _log = operator.attrgetter("log")
