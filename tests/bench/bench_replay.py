@@ -17,13 +17,9 @@ The goal is 300,000 events/s for ``replay``.
 from __future__ import annotations
 
 import random
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import anyio
 
 from daemon.supervisor import replay_log
 from eventlog import keys
@@ -41,6 +37,7 @@ from replay.events import (
 )
 from replay.observations import Registration, WakeUp
 from replay.state import evolve
+from tests.bench import cache
 
 EVENTS_PER_OP = 9  # registration + 2 x (intent, response, classified, scheduled)
 BATCH = 20_000
@@ -101,16 +98,7 @@ async def _generate(log_dir: Path, key_dir: Path, records: int) -> None:
 
 def cached_log(work: Path, records: int) -> tuple[Path, Path]:
     """(log dir, keys dir) of a closed log of about ``records`` events, made once and kept."""
-    root = work / f"replay-log-{records}"
-    done = root / "complete"
-    if not done.exists():
-        shutil.rmtree(root, ignore_errors=True)
-        keys.generate(root / "keys")
-        started = time.perf_counter()
-        anyio.run(_generate, root / "log", root / "keys", records)
-        print(f"  generated a {records}-event log in {time.perf_counter() - started:.1f} s",
-              file=sys.stderr)
-        done.write_text("ok\n")
+    root = cache.cached_log(work, "replay-log", records, _generate)
     return root / "log", root / "keys"
 
 

@@ -8,17 +8,15 @@ written once with the real LogWriter in large ``append_many`` batches and cached
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import anyio
-
 from eventlog import keys
 from eventlog.segments import list_segments
 from eventlog.writer import LogWriter
+from tests.bench import cache
 
 PAYLOAD_BYTES = 256
 BATCH = 10_000
@@ -34,16 +32,7 @@ async def _generate(log_dir: Path, key_dir: Path, records: int) -> None:
 
 def cached_log(work: Path, records: int) -> tuple[Path, Path]:
     """(log dir, verify.pub) of a closed log with ``records`` events, made once and kept."""
-    root = work / f"verify-log-{records}"
-    done = root / "complete"
-    if not done.exists():
-        shutil.rmtree(root, ignore_errors=True)
-        keys.generate(root / "keys")
-        started = time.perf_counter()
-        anyio.run(_generate, root / "log", root / "keys", records)
-        print(f"  generated {records} records in {time.perf_counter() - started:.1f} s",
-              file=sys.stderr)
-        done.write_text("ok\n")
+    root = cache.cached_log(work, "verify-log", records, _generate)
     return root / "log", root / "keys" / "verify.pub"
 
 
