@@ -28,8 +28,9 @@ from eventlog.envelope import (
 )
 from eventlog.errors import DamagedLogError, EventLogError
 from eventlog.keys import KeyRing
+from eventlog.position import LogPosition
 from eventlog.seal import Sealer
-from eventlog.segments import list_segments
+from eventlog.segments import list_segments, segment_name
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,15 @@ class StoredRecord:
 
 
 class LogReader:
-    """Incremental reader: each :meth:`poll` returns the records appended since the last one."""
+    """Incremental reader: each :meth:`poll` returns the records appended since the last one.
 
-    def __init__(self, log_dir: Path, keyring: KeyRing | None = None) -> None:
+    ``start`` begins just after a position's record instead of at the genesis record; the
+    caller has checked that it matches the log (:func:`eventlog.position.mismatch`), and the
+    chain is checked from its hash on.
+    """
+
+    def __init__(self, log_dir: Path, keyring: KeyRing | None = None, *,
+                 start: LogPosition | None = None) -> None:
         if not log_dir.is_dir():
             raise EventLogError(
                 f"log directory {log_dir} does not exist; check [paths] state_dir in the config, "
@@ -57,6 +64,11 @@ class LogReader:
         self.next_seq = 0
         self.head_hash = ZERO_HASH
         self.log_id = ""
+        if start is not None:
+            self._ordinal = start.segment  # segment files are numbered from 1, without gaps
+            self._segment = log_dir / segment_name(start.segment)
+            self._offset = start.end
+            self.next_seq, self.head_hash, self.log_id = start.seq + 1, start.hash, start.log_id
 
     def poll(self) -> list[StoredRecord]:
         out: list[StoredRecord] = []

@@ -72,6 +72,7 @@ from eventlog.envelope import (
 )
 from eventlog.keys import VerifyKey, fingerprint
 from eventlog.lock import holder_pid, writer_alive
+from eventlog.position import LogPosition, mismatch
 from eventlog.segments import Line, list_segments, segment_name, split_lines
 
 EXIT_INTACT = 0
@@ -123,7 +124,19 @@ class Report:
     unsigned_run: int = 0  # event and recovery records since the last checkpoint
     damage: Damage | None = None
     torn: TornTail | None = None
+    resumed_at: int | None = None  # the record verification resumed after, if it did
     notes: list[str] = field(default_factory=list)
+
+    def position(self) -> LogPosition:
+        """Where a later verification of this log may resume (only for an intact report)."""
+        if self.damage is not None or self.last_segment is None or self.head_seq < 0:
+            raise ValueError(f"log {self.log_dir} has no intact head to resume from")
+        return LogPosition(
+            log_id=self.log_id, seq=self.head_seq, hash=self.head_hash,
+            segment=_index_of(self.last_segment), line_start=self.head_offset,
+            end=self.last_segment_good_size, last_cp_seq=self.last_checkpoint_seq,
+            last_cp_hash=self.last_checkpoint_hash, checkpoint_every=self.checkpoint_every,
+            unsigned_run=self.unsigned_run)
 
     @property
     def verdict(self) -> str:
@@ -156,8 +169,13 @@ def verify_log(
     anchor: tuple[int, str] | None = None,
     writer_live: bool | None = None,
     jobs: int = 1,
+    resume: LogPosition | None = None,
 ) -> Report:
     """Verify the whole log at ``log_dir``; never raises on damage, reports it.
+
+    ``resume`` skips what an earlier verification proved: when the record it names is still
+    in place (see :mod:`eventlog.position`), checking starts just after it, from what it
+    recorded about the chain; otherwise the whole log is verified and a note says why.
 
     ``writer_live`` overrides the lock probe (the writer itself holds the lock when it verifies
     on open, and a live writer's partial last line is work in progress, not a torn tail).
@@ -172,14 +190,42 @@ def verify_log(
     if not segments:
         report.damage = Damage("missing", 0, "", 0, "no segment files: not a bide log, or empty")
         return report
+    begin = (1, 0)
+    if resume is not None:
+        begin = _resume(report, segments, resume) or begin
     try:
-        start = _fast(report, verify_key, segments, anchor, jobs)
+        start = _fast(report, verify_key, segments, anchor, jobs, begin)
         if start is not None:
             _slow(report, verify_key, segments, start[0], start[1], anchor)
         _finish(report, segments, anchor)
     except _Found as found:
         report.damage = found.damage
     return report
+
+
+def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
+            ) -> tuple[int, int] | None:
+    """Fill ``report`` from ``pos`` and return where to go on, or None (verify it all)."""
+    ordinals = {index: ordinal for ordinal, (index, _) in enumerate(segments, start=1)}
+    why = mismatch(report.log_dir, pos)
+    if why is None and ordinals.get(pos.segment) != pos.segment:
+        why = f"segment {pos.segment} is not where it was"
+    if why is not None:
+        report.notes.append(f"verified from the start: the resume point does not match ({why})")
+        return None
+    report.log_id, report.head_seq, report.head_hash = pos.log_id, pos.seq, pos.hash
+    report.records = pos.seq + 1
+    report.last_checkpoint_seq, report.last_checkpoint_hash = pos.last_cp_seq, pos.last_cp_hash
+    report.checkpoint_every, report.unsigned_run = pos.checkpoint_every, pos.unsigned_run
+    report.last_segment = segments[pos.segment - 1][1]
+    report.last_segment_index = pos.segment
+    report.last_segment_good_size, report.head_offset = pos.end, pos.line_start
+    report.resumed_at = pos.seq
+    return pos.segment, pos.end
+
+
+def _index_of(segment: Path) -> int:
+    return int(segment.name[4:12])
 
 
 # -- fast path ---------------------------------------------------------------------------------
@@ -224,9 +270,10 @@ def _fast(
     segments: list[tuple[int, Path]],
     anchor: tuple[int, str] | None,
     jobs: int,
+    begin: tuple[int, int],
 ) -> tuple[int, int] | None:
     """Join the summaries of intact units; return (ordinal, offset) where the slow path starts."""
-    units = _plan(segments)
+    units = _plan(segments, begin)
     total = sum(u[3] - u[2] for u in units)
     args = [(u, verify_key.raw, anchor) for u in units]
     gc_was_enabled = gc.isenabled()
@@ -245,14 +292,20 @@ def _fast(
             gc.enable()
 
 
-def _plan(segments: list[tuple[int, Path]]) -> list[_Unit]:
-    """Newline-aligned units of about ``UNIT_BYTES`` covering every segment file."""
+def _plan(segments: list[tuple[int, Path]], begin: tuple[int, int]) -> list[_Unit]:
+    """Newline-aligned units of about ``UNIT_BYTES`` covering the segment files from ``begin``
+    (an ordinal and an offset in that file)."""
     units: list[_Unit] = []
     for ordinal, (_, path) in enumerate(segments, start=1):
+        if ordinal < begin[0]:
+            continue
         size = path.stat().st_size
-        cuts = [0]
+        first = begin[1] if ordinal == begin[0] else 0
+        if first and first >= size:
+            continue
+        cuts = [first]
         with path.open("rb") as f:
-            pos = UNIT_BYTES
+            pos = first + UNIT_BYTES
             while pos < size:
                 cut = _newline_after(f, pos)
                 if cut is None or cut >= size:

@@ -2,7 +2,9 @@
 
 Theory of operation:
     * One writer per log directory, enforced by an ``flock`` the kernel drops if we die.
-    * On open the whole chain is verified with the signer's own public key. A torn tail
+    * On open the whole chain is verified with the signer's own public key -- or, given a
+      ``resume`` position that still names its record (a state snapshot's), only what was
+      appended after it: what came before was verified when that position was taken. A torn tail
       (crash artifact) is copied to ``quarantine/``, cut, and a ``recovery`` record naming the
       cut bytes is appended; any other damage refuses the open (:class:`DamagedLogError`).
     * Appends are group-committed: callers queue payloads, one flusher task frames, encrypts
@@ -54,6 +56,7 @@ from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.fsync import fsync_dir
 from eventlog.keys import KeyRing, Signer, VerifyKey
 from eventlog.lock import WriterLock
+from eventlog.position import LogPosition
 from eventlog.seal import Sealer
 from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, segment_name
 from eventlog.verify import verify_log
@@ -97,6 +100,7 @@ class LogWriter:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+        resume: LogPosition | None = None,
     ) -> None:
         self.log_dir = log_dir
         self._keyring = keyring
@@ -121,10 +125,19 @@ class LogWriter:
         self.head_seq = -1
         self.head_hash = ZERO_HASH
         self._last_cp_hash = ZERO_HASH
+        self._last_cp_seq: int | None = None
         self._since_cp = 0
+        self._promised_every = checkpoint_every
         self._segment_index = 0
         self._segment_size = 0
+        self._head_len = 0  # the head record's line, newline included
         self.recovered: Recovery | None = None
+        #: The durable head, replaced whole (one store) after every write: safe to read from
+        #: the event loop while the flusher thread writes.
+        self.position: LogPosition | None = None
+        self._resume = resume
+        #: The record the open's verification resumed after (None: it verified everything).
+        self.resumed_at: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,7 +284,7 @@ class LogWriter:
         if self._failed is not None:
             raise self._failed
         seq, prev = self.head_seq, self.head_hash
-        last_cp, since_cp = self._last_cp_hash, self._since_cp
+        last_cp, since_cp, last_cp_seq = self._last_cp_hash, self._since_cp, self._last_cp_seq
         lines: list[bytes] = []
         size = self._segment_size
         rotate_at: list[int] = []  # indexes into lines where a new segment starts
@@ -286,14 +299,14 @@ class LogWriter:
             return prev
 
         def emit_checkpoint(final: bool) -> Appended:
-            nonlocal last_cp, since_cp
+            nonlocal last_cp, since_cp, last_cp_seq
             t_us = _now_us()
             cp_seq = seq + 1
             msg = checkpoint_message(self.log_id, cp_seq, prev, t_us, last_cp, final)
             rec = Checkpoint(cp_seq, prev, self.log_id, t_us, last_cp, final,
                              base64.b64encode(self._signer.sign(msg)).decode("ascii"))
             h = emit(encode_record(rec))
-            last_cp, since_cp = h, 0
+            last_cp, since_cp, last_cp_seq = h, 0, cp_seq
             return Appended(cp_seq, h)
 
         for batch in batches:
@@ -324,7 +337,18 @@ class LogWriter:
                 self._unacked_from = (start_index, start_size, self.head_seq)
             raise
         self.head_seq, self.head_hash = seq, prev
-        self._last_cp_hash, self._since_cp = last_cp, since_cp
+        self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
+        if lines:
+            self._head_len = len(lines[-1]) + 1
+        self._set_position()
+
+    def _set_position(self) -> None:
+        self.position = LogPosition(
+            log_id=self.log_id, seq=self.head_seq, hash=self.head_hash,
+            segment=self._segment_index, line_start=self._segment_size - self._head_len,
+            end=self._segment_size, last_cp_seq=self._last_cp_seq,
+            last_cp_hash=self._last_cp_hash, checkpoint_every=self._promised_every,
+            unsigned_run=self._since_cp)
 
     def _roll_back(self, index: int, size: int) -> bool:
         """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
@@ -409,9 +433,12 @@ class LogWriter:
             self._unacked_from = None
         if not any(p.name.startswith("seg-") for p in self.log_dir.iterdir()):
             self._create()
+            self._set_position()
             return
         verify_key = VerifyKey(self._signer.private.public_key(), self._signer.public_bytes)
-        report = verify_log(self.log_dir, verify_key, writer_live=False)  # the lock is ours
+        report = verify_log(self.log_dir, verify_key, writer_live=False,  # the lock is ours
+                            resume=self.position or self._resume)
+        self.resumed_at = report.resumed_at
         if report.damage is not None:
             d = report.damage
             raise DamagedLogError(
@@ -429,12 +456,16 @@ class LogWriter:
             self._create()
             self._append_recovery(torn.segment, torn.offset, cut, qname)
             self._segment_size = os.fstat(self._fd).st_size
+            self._set_position()
             return
         self.log_id = report.log_id
         self.head_seq, self.head_hash = report.head_seq, report.head_hash
+        self._head_len = report.last_segment_good_size - report.head_offset
         self._last_cp_hash = report.last_checkpoint_hash
-        self._since_cp = report.unsigned_tail
+        self._last_cp_seq = report.last_checkpoint_seq
+        self._since_cp = report.unsigned_run  # exactly what verify holds against the promise
         # Never sign less often than the genesis record promised (verify enforces it).
+        self._promised_every = report.checkpoint_every
         self._checkpoint_every = min(self._checkpoint_every, report.checkpoint_every)
         assert report.last_segment is not None
         self._segment_index = report.last_segment_index
@@ -460,6 +491,7 @@ class LogWriter:
                 self._append_recovery(*self._cuts[0])
                 del self._cuts[0]
         self._segment_size = os.fstat(self._fd).st_size
+        self._set_position()
 
     def _create(self) -> None:
         self.log_id = os.urandom(16).hex()
@@ -476,6 +508,9 @@ class LogWriter:
         os.fdatasync(self._fd)
         fsync_dir(self.log_dir)
         self.head_seq, self.head_hash = 0, record_hash(line)
+        self._head_len = len(line) + 1
+        self._segment_size = len(line) + 1
+        self._promised_every = self._checkpoint_every
         self._segment_index = 1
 
     def _quarantine(self, segment: Path, offset: int) -> tuple[bytes, str]:
@@ -505,5 +540,6 @@ class LogWriter:
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
         self.head_seq, self.head_hash = self.head_seq + 1, record_hash(line)
+        self._head_len = len(line) + 1
         self._since_cp += 1
         self.recovered = rec
