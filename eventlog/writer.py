@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -195,11 +195,14 @@ class LogWriter:
         """Encrypt and append one payload; returns once it is durable."""
         return (await self.append_many([payload]))[0]
 
-    async def append_many(self, payloads: Sequence[bytes]) -> list[Appended]:
+    async def append_many(self, payloads: Sequence[bytes], *,
+                          on_durable: Callable[[], None] | None = None) -> list[Appended]:
         """Append payloads in order, in one batch; returns once all are durable.
 
         A caller cancelled while waiting still waits (shielded) until its records are written
         or have failed, then the cancellation propagates: the records may be durable.
+        ``on_durable`` runs once they are, before this returns or the cancellation propagates,
+        so a caller that folds what it appends into state never misses a record.
         """
         if self._failed is not None:
             raise self._failed
@@ -208,14 +211,14 @@ class LogWriter:
         batch = _Batch(payloads, self._round)
         self._queue.append(batch)
         self._wake.set()
-        await self._outcome(batch)
+        await self._outcome(batch, on_durable)
         if batch.error is not None:
             raise batch.error
         assert batch.results is not None
         return batch.results
 
     @staticmethod
-    async def _outcome(batch: _Batch) -> None:
+    async def _outcome(batch: _Batch, on_durable: Callable[[], None] | None = None) -> None:
         # Once queued the batch will be written. Shielding only after a cancellation (instead of
         # entering a shielded cancel scope on every append) keeps the hot path cheap.
         try:
@@ -223,7 +226,11 @@ class LogWriter:
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await batch.done.wait()
+            if batch.error is None and on_durable is not None:
+                on_durable()
             raise
+        if batch.error is None and on_durable is not None:
+            on_durable()
 
     async def checkpoint(self) -> Appended:
         return await self._enqueue_checkpoint(final=False)

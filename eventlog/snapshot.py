@@ -1,0 +1,94 @@
+"""A state snapshot: an encrypted blob tied to the log position it was taken at.
+
+The log stays the truth; a snapshot only saves re-reading it. Its file holds one clear JSON
+header line (format, the :class:`~eventlog.position.LogPosition`, the data key id, the nonce)
+and then the AES-256-GCM-SIV ciphertext of the body, with the header as associated data: a
+changed position, a swapped body or a snapshot of another log fails authentication, and a
+position that no longer names its record in the log is refused by whoever resumes from it.
+Written atomically (temporary file, fsync, rename, fsync of the directory), mode 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import msgspec
+
+from eventlog.errors import DecryptError, EventLogError, UnknownKeyError
+from eventlog.fsync import fsync_dir
+from eventlog.keys import KeyRing
+from eventlog.position import LogPosition
+from eventlog.seal import NONCE_BYTES, Sealer
+
+SNAPSHOT_FORMAT = 1
+_AAD_DOMAIN = b"bide.snapshot.v1\n"
+_MAX_HEADER = 4096
+
+
+class SnapshotError(EventLogError):
+    """A snapshot cannot be used; the caller reads the whole log instead."""
+
+
+class _Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: int
+    position: LogPosition
+    kid: str
+    nonce: bytes  # base64 in the JSON line
+
+
+_header_decoder = msgspec.json.Decoder(_Header)
+
+
+def write_snapshot(path: Path, keyring: KeyRing, position: LogPosition, body: bytes) -> int:
+    """Seal ``body`` under the active data key, bound to ``position``; returns bytes written."""
+    kid = keyring.active
+    nonce = os.urandom(NONCE_BYTES)
+    header = msgspec.json.encode(_Header(SNAPSHOT_FORMAT, position, kid, nonce))
+    ct = Sealer(keyring.get(kid)).seal_with(nonce, body, _AAD_DOMAIN + header)
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(header + b"\n")
+            f.write(ct)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return len(header) + 1 + len(ct)
+
+
+def read_snapshot(path: Path, keyring: KeyRing) -> tuple[LogPosition, bytes]:
+    """The position and plaintext body of the snapshot at ``path``.
+
+    Raises :class:`SnapshotError` naming what is wrong (missing, malformed, unknown key,
+    failed authentication); :class:`FileNotFoundError` when there is none.
+    """
+    data = path.read_bytes()
+    end = data.find(b"\n", 0, _MAX_HEADER)
+    if end < 0:
+        raise SnapshotError(f"snapshot {path} has no header line; it will be rebuilt")
+    raw = data[:end]
+    try:
+        header = _header_decoder.decode(raw)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise SnapshotError(f"snapshot {path} has a malformed header ({exc})") from None
+    if header.format != SNAPSHOT_FORMAT:
+        raise SnapshotError(f"snapshot {path} is format {header.format}, this bide writes "
+                            f"{SNAPSHOT_FORMAT}")
+    try:
+        key = keyring.get(header.kid)
+    except UnknownKeyError:
+        raise SnapshotError(f"snapshot {path} is sealed with data key {header.kid}, which the "
+                            f"keyring does not hold") from None
+    try:
+        body = Sealer(key).open_raw(header.nonce, data[end + 1:], _AAD_DOMAIN + raw,
+                                    where=f"snapshot {path}")
+    except DecryptError as exc:
+        raise SnapshotError(str(exc)) from None
+    return header.position, body
