@@ -14,6 +14,7 @@ Example::
     [log]
     checkpoint_every = 1000               # records between signed checkpoints
     checkpoint_interval_seconds = 60      # and at least this often while running
+    snapshot_every = 100000               # events between state snapshots (0: only at stop)
 
     [spool]
     agents_group = "bide-agents"          # may register jobs (spool/incoming)
@@ -51,6 +52,7 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     segment_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
     checkpoint_every: Annotated[int, msgspec.Meta(ge=1)] = 1000
     checkpoint_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    snapshot_every: Annotated[int, msgspec.Meta(ge=0)] = 100_000
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -97,6 +99,11 @@ class Config:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "log"
+
+    @property
+    def snapshot_path(self) -> Path:
+        """The encrypted state snapshot: a restart folds only the events after it."""
+        return self.state_dir / "snapshot"
 
     @property
     def spool_dir(self) -> Path:

@@ -1,7 +1,8 @@
 """The supervisor: the one task group that owns the log, the timers and every request.
 
 Theory of operation (S9, S11, S13, S30-S33):
-    * Start: take the log (its lock refuses a second daemon), replay every event into state,
+    * Start: take the log (its lock refuses a second daemon), replay every event into state
+      (from the state snapshot, when it still matches the log, plus the events after it),
       record an unknown outcome for each intent whose outcome never made it to the log (the
       daemon died in between: the request counted, S11/S13), then schedule one wake-up per live
       operation at its ``next_poll_at``. An overdue operation gets one wake-up, never a burst
@@ -18,7 +19,11 @@ Theory of operation (S9, S11, S13, S30-S33):
       in the profiles directory reloads profiles; an invalid profile keeps the last good one.
 
 Every event is appended before the state it leads to is acted on: the in-memory ``ops`` only
-ever reflects durable events.
+ever reflects durable events, and every durable event is folded in (even when its appender is
+cancelled), so a snapshot of the state at a log position is the fold of the log up to it.
+Snapshots are taken every ``[log] snapshot_every`` events, at a moment no append is in flight
+(new appends wait the few milliseconds that takes), and at a clean stop; they are encoded,
+sealed and written in a worker thread.
 """
 
 from __future__ import annotations
@@ -60,16 +65,13 @@ from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.errors import EventLogError, LogIOError
 from eventlog.keys import KeyRing, Signer
+from eventlog.position import LogPosition
 from eventlog.reader import LogReader
+from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
 from eventlog.writer import LogWriter
-from replay.actions import Action, evolve_action
-from replay.contract import Contract
 from replay.decide import decide, register
 from replay.events import (
-    ActionDecided,
-    ActionFailed,
-    ActionIntended,
-    ActionSucceeded,
+    ActionEvent,
     DecisionRejected,
     EscalationRaised,
     LogEvent,
@@ -82,56 +84,50 @@ from replay.events import (
     decode_log_event,
     encode_event,
 )
+from replay.ledger import Fact, Ledger, SnapshotFormatError
 from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
-from replay.state import Operation, evolve
+from replay.state import Operation
 
 DRAIN_SECONDS = 5.0
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
-FACTS = (StatusResponseReceived, TransportFailed, RequestOutcomeUnknown)
-Fact = StatusResponseReceived | TransportFailed | RequestOutcomeUnknown
-
-
 @dataclass
-class Replayed:
-    ops: dict[str, Operation]
-    actions: dict[str, Action]
-    undecided: dict[str, Fact]  # facts whose decision never made it to the log (a crash)
-    events: int
-    contracts: dict[str, Contract]  # one shared object per contract digest
+class Snapshot:
+    position: LogPosition
+    ledger: Ledger
 
 
-def share_contract(op: Operation, contracts: dict[str, Contract]) -> Operation:
-    """Every operation under the same contract digest shares one Contract object: a contract
-    is about 1.4 KB of Python objects, and 100,000 operations often have a handful."""
-    shared = contracts.setdefault(op.contract_digest, op.contract)
-    return op if shared is op.contract else msgspec.structs.replace(op, contract=shared)
+def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
+    """The state snapshot at ``path``; None (and a warning) when there is none or it is
+    unusable: the log is the truth, and a full replay rebuilds everything it held."""
+    try:
+        position, body = read_snapshot(path, keyring)
+        return Snapshot(position, Ledger.load(body))
+    except FileNotFoundError:
+        return None
+    except (SnapshotError, SnapshotFormatError, OSError) as exc:
+        logfmt.warn("state snapshot not used; replaying the whole log", snapshot=path,
+                    error=exc)
+        return None
 
 
-def replay_log(log_dir: Path, keyring: KeyRing) -> Replayed:
-    """Fold every event of the log into operation and action state."""
-    ops: dict[str, Operation] = {}
-    actions: dict[str, Action] = {}
-    undecided: dict[str, Fact] = {}
-    contracts: dict[str, Contract] = {}
-    count = 0
-    for _, payload in LogReader(log_dir, keyring).payloads():
-        ev = decode_log_event(payload)
-        count += 1
-        if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
-            actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
-            continue
-        op = evolve(ops.get(ev.operation_id), ev)
-        if isinstance(ev, OperationRegistered):
-            op = share_contract(op, contracts)
-        ops[ev.operation_id] = op
-        if isinstance(ev, FACTS):
-            undecided[ev.operation_id] = ev
-        else:
-            undecided.pop(ev.operation_id, None)
-    return Replayed(ops, actions, undecided, count, contracts)
+def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
+    """Fold the log into a ledger: every event, or those after ``start``'s position into its
+    ledger (the caller has checked that the position still names its record)."""
+    if start is None:
+        ledger, reader = Ledger(), LogReader(log_dir, keyring)
+    else:
+        ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
+    apply = ledger.apply
+    for _, payload in reader.payloads():
+        apply(decode_log_event(payload))
+    return ledger
+
+
+def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:
+    return write_snapshot(path, keyring, position, ledger.dump())
 
 
 class Supervisor:
@@ -152,8 +148,8 @@ class Supervisor:
         self.draw = draw
         self.drain_seconds = (config.daemon.drain_seconds if drain_seconds is None
                               else drain_seconds)
-        self.ops: dict[str, Operation] = {}
-        self.contracts: dict[str, Contract] = {}
+        self.ledger = Ledger()
+        self.ops: dict[str, Operation] = self.ledger.ops
         self.profiles: dict[str, Profile] = {}
         self.clients: dict[str, StatusClient] = {}
         self.quotas: dict[str, RateQuota] = {}
@@ -173,6 +169,10 @@ class Supervisor:
         self.polls: anyio.abc.TaskGroup | None = None
         self.runner = ActionRunner(self)
         self._main_scope: anyio.CancelScope | None = None
+        self._appending = 0  # record() calls between queueing and folding their events
+        self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
+        self._snapshot_writing = False
+        self._snapshot_events = 0  # the ledger's event count at the last snapshot
 
     # -- recording -------------------------------------------------------------------------
 
@@ -185,37 +185,89 @@ class Supervisor:
         """Append ``events`` durably, then fold them into state; then act on escalations."""
         if not events:
             return
+        while self._snapshot_barrier is not None:
+            await self._snapshot_barrier.wait()
         started = time.monotonic()
-        await self._append_durably([encode_event(e) for e in events])
+        self._appending += 1
+        try:
+            await self._append_durably([encode_event(e) for e in events],
+                                       lambda: self._fold(events))
+        finally:
+            self._appending -= 1
+            self._snapshot_if_due()
         self.metrics.append_latency.observe(time.monotonic() - started)
+
+    def _fold(self, events: Sequence[LogEvent]) -> None:
+        """Fold durable events into state (runs even if their appender was cancelled)."""
         for ev in events:
-            if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
-                actions = self.runner.actions
-                actions[ev.action_id] = evolve_action(actions.get(ev.action_id), ev)
+            op = self.ledger.apply(ev)
+            if op is None or isinstance(ev, ActionEvent):
                 continue
-            op = evolve(self.ops.get(ev.operation_id), ev)
-            if isinstance(ev, OperationRegistered):
-                op = share_contract(op, self.contracts)
-            self.ops[ev.operation_id] = op
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
         self._changed.set()
         self._changed = anyio.Event()
 
+    def _snapshot_if_due(self) -> None:
+        every = self.config.log.snapshot_every
+        due = (every > 0 and self.polls is not None and not self.stopping.is_set()
+               and not self._snapshot_writing
+               and self.ledger.events - self._snapshot_events >= every)
+        if not due and self._snapshot_barrier is None:
+            return
+        if self._appending:
+            if self._snapshot_barrier is None:
+                self._snapshot_barrier = anyio.Event()  # let those in flight finish
+            return
+        if due:
+            self._start_snapshot()
+        if self._snapshot_barrier is not None:
+            self._snapshot_barrier.set()
+            self._snapshot_barrier = None
+
+    def _start_snapshot(self) -> None:
+        """Capture the state and the log position together (nothing is being appended, so the
+        position covers exactly the folded events, plus perhaps a checkpoint), then encode,
+        seal and write in a worker thread."""
+        assert self.polls is not None
+        position = self.log.position
+        if position is None:
+            return
+        copy = self.ledger.copy()
+        self._snapshot_events = copy.events
+        self._snapshot_writing = True
+
+        async def write() -> None:
+            started = time.monotonic()
+            try:
+                size = await anyio.to_thread.run_sync(
+                    save_snapshot, self.config.snapshot_path, self.keyring, position, copy)
+            except OSError as exc:
+                logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
+            else:
+                logfmt.info("state snapshot written", seq=position.seq, events=copy.events,
+                            operations=len(copy.ops), bytes=size,
+                            seconds=f"{time.monotonic() - started:.3f}")
+            finally:
+                self._snapshot_writing = False
+
+        self.polls.start_soon(write)
+
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds, re-checking after every recorded change."""
         while not predicate():
             await self._changed.wait()
 
-    async def _append_durably(self, payloads: list[bytes]) -> None:
+    async def _append_durably(self, payloads: list[bytes], on_durable: Callable[[], None]
+                              ) -> None:
         """Append, and while the log cannot take it (disk full, read-only, I/O error), keep
         retrying with backoff: the caller waits, so no request is sent before its intent is
         recorded, and nothing recorded earlier is touched (the writer cut the failed batch)."""
         delay = 0.05
         while True:
             try:
-                await self.log.append_many(payloads)
+                await self.log.append_many(payloads, on_durable=on_durable)
             except LogIOError as exc:
                 if not self.metrics.log_alarm:
                     logfmt.error("ALARM: the event log cannot be appended to; no request is "
@@ -572,20 +624,30 @@ class Supervisor:
         cfg.outbox_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.load_profiles()
         started = time.monotonic()
+        snapshot = await anyio.to_thread.run_sync(load_snapshot, cfg.snapshot_path,
+                                                  self.keyring)
         async with LogWriter(cfg.log_dir, self.keyring, self.signer,
                              segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
-                             checkpoint_interval=cfg.log.checkpoint_interval_seconds) as log:
+                             checkpoint_interval=cfg.log.checkpoint_interval_seconds,
+                             resume=snapshot.position if snapshot else None) as log:
             self._log = log
             if log.recovered is not None:
                 logfmt.warn("torn log tail quarantined", bytes=log.recovered.cut_len,
                             quarantine=log.recovered.quarantine)
-            replayed = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring)
-            self.ops, self.runner.actions = replayed.ops, replayed.actions
-            self.contracts = replayed.contracts
-            undecided, count = replayed.undecided, replayed.events
+            if snapshot is not None and log.resumed_at != snapshot.position.seq:
+                logfmt.warn("state snapshot does not match the log; replaying the whole log",
+                            snapshot=cfg.snapshot_path, snapshot_seq=snapshot.position.seq)
+                snapshot = None
+            from_events = snapshot.ledger.events if snapshot is not None else 0
+            self.ledger = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring,
+                                                         snapshot)
+            self.ops, self.runner.actions = self.ledger.ops, self.ledger.actions
+            self._snapshot_events = from_events
+            undecided = dict(self.ledger.undecided)
             live = [op for op in self.ops.values() if op.phase == "live"]
-            logfmt.info("replayed", events=count, operations=len(self.ops), live=len(live),
+            logfmt.info("replayed", events=self.ledger.events, operations=len(self.ops),
+                        live=len(live), from_snapshot=from_events,
                         seconds=f"{time.monotonic() - started:.3f}")
             async with anyio.create_task_group() as polls:
                 self.polls = polls
@@ -626,7 +688,23 @@ class Supervisor:
                 await self.recover_in_flight()
                 for client in self.clients.values():
                     await client.aclose()
+        if log.position is not None and log.failed is None:
+            await self._final_snapshot(log.position)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
+
+    async def _final_snapshot(self, position: LogPosition) -> None:
+        """At a clean stop the log is closed and nothing changes: snapshot what it holds."""
+        started = time.monotonic()
+        try:
+            size = await anyio.to_thread.run_sync(save_snapshot, self.config.snapshot_path,
+                                                  self.keyring, position, self.ledger)
+        except OSError as exc:
+            logfmt.warn("state snapshot not written; the next start replays the whole log",
+                        error=exc)
+            return
+        logfmt.info("state snapshot written", seq=position.seq, events=self.ledger.events,
+                    operations=len(self.ops), bytes=size,
+                    seconds=f"{time.monotonic() - started:.3f}")
 
 
 def _user_name(uid: int) -> str:

@@ -23,6 +23,7 @@ from daemon.config import load_config
 from daemon.readers import LoadedLog, load_log, open_keyring
 from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, script_from_dict
 from daemon.spool import RegistrationFile, Spool, new_request_id
+from daemon.supervisor import load_snapshot, replay_log
 from eventlog import keys
 from replay.events import PollScheduled, ResponseClassified, StatusRequestIntended
 from replay.observations import Registration
@@ -272,3 +273,17 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
             f"{op}: request {intent.request_number} arrived {guidance[k] - record.wall:.3f} s "
             "before the time bide had scheduled (Retry-After, hint or backoff)")
     return intents
+
+
+def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
+    """The snapshot on disk holds exactly what folding the whole log gives; its event count."""
+    cfg = load_config(str(ws.config))
+    keyring = open_keyring(cfg)
+    snap = load_snapshot(cfg.snapshot_path, keyring)
+    assert snap is not None
+    full = replay_log(cfg.log_dir, keyring)
+    assert snap.ledger.ops == full.ops
+    assert snap.ledger.actions == full.actions
+    assert snap.ledger.undecided == full.undecided
+    assert snap.ledger.events == full.events
+    return full.events

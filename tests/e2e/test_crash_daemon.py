@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,6 +46,7 @@ from tests.e2e.harness import (
     Daemon,
     Workspace,
     assert_provider_invariants,
+    assert_snapshot_is_the_full_fold,
     drop_registration,
     until,
     workspace,
@@ -115,7 +117,8 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
     moments: Counter[str] = Counter()
     started = time.monotonic()
 
-    with workspace(tmp_path, jobs) as ws:
+    # Frequent snapshots: most restarts fold a snapshot plus the events after it.
+    with workspace(tmp_path, jobs, config_extra="snapshot_every = 30\n") as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
         spool = Spool(load_config(str(ws.config)).spool_dir)
 
@@ -156,6 +159,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         checked = ws.bide("replay", "--check")
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "0 mismatch" in checked.stdout
+        assert_snapshot_is_the_full_fold(ws)
+        resumed = sum(bool(re.search(r"from_snapshot=[1-9]", d.output())) for d in ws.daemons)
+        assert resumed > 0
         log = ws.log()
         events = [e for _, e in log.events]
 
@@ -210,7 +216,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         print(f"  status requests: {received_total} received by the provider, {intended_total} "
               f"intended; {unknown} outcomes recorded unknown after a kill; "
               f"{undecided} facts decided after a kill between the two appends; "
-              f"{torn} torn log tails quarantined")
+              f"{torn} torn log tails quarantined; {resumed} starts resumed from a snapshot")
         print(f"  mix: {dict(Counter(plan.values()).most_common())}")
 
 

@@ -1,0 +1,140 @@
+"""State snapshots with the real daemon: a restart folds only the events after the snapshot,
+ends in exactly the state a full replay gives, and any snapshot that does not match the log
+is set aside for a full replay."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+from pathlib import Path
+
+from tests.e2e.harness import (
+    Daemon,
+    Workspace,
+    assert_snapshot_is_the_full_fold,
+    drop_registration,
+    until,
+    workspace,
+)
+
+FAST = ('state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
+        "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n")
+
+
+def _replayed(daemon: Daemon) -> tuple[int, int]:
+    """(events, of which from the snapshot) from the daemon's start-up line."""
+    m = re.search(r"msg=replayed events=(\d+) .*from_snapshot=(\d+)", daemon.output())
+    assert m, daemon.output()
+    return int(m.group(1)), int(m.group(2))
+
+
+def _start_polling(ws: Workspace, n: int) -> None:
+    ws.write_profile(contract=FAST)
+    for i in range(n):
+        drop_registration(ws, f"op-{i}", f"job-{i}")
+
+
+def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_path: Path
+                                                                         ) -> None:
+    with workspace(tmp_path, {f"job-{i}": "running" for i in range(3)}) as ws:
+        first = ws.start_daemon()
+        _start_polling(ws, 3)
+        ws.sim.wait_for_requests(9, kind="status", timeout=15)
+        assert first.stop() == 0
+        snapshot = tmp_path / "state" / "snapshot"
+        assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
+        assert "msg=\"state snapshot written\"" in first.output()
+        events = assert_snapshot_is_the_full_fold(ws)
+
+        second = ws.start_daemon()
+        assert _replayed(second) == (events, events)  # everything came from the snapshot
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 3, kind="status", timeout=15)  # and polling goes on
+        assert second.stop() == 0
+        assert_snapshot_is_the_full_fold(ws)
+        assert ws.bide("replay", "--check").returncode == 0
+
+
+def test_an_older_snapshot_still_matches_and_the_tail_is_folded(tmp_path: Path) -> None:
+    with workspace(tmp_path, {f"job-{i}": "running" for i in range(2)}) as ws:
+        first = ws.start_daemon()
+        _start_polling(ws, 2)
+        ws.sim.wait_for_requests(4, kind="status", timeout=15)
+        assert first.stop() == 0
+        snapshot = tmp_path / "state" / "snapshot"
+        old = tmp_path / "old-snapshot"
+        shutil.copy2(snapshot, old)
+        old_events = assert_snapshot_is_the_full_fold(ws)
+
+        second = ws.start_daemon()
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        assert second.stop() == 0
+        shutil.copy2(old, snapshot)  # put the older one back
+
+        third = ws.start_daemon()
+        events, from_snapshot = _replayed(third)
+        assert from_snapshot == old_events < events
+        assert third.stop() == 0
+        assert_snapshot_is_the_full_fold(ws)
+
+
+def test_a_damaged_snapshot_is_set_aside_for_a_full_replay(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"job-0": "running"}) as ws:
+        first = ws.start_daemon()
+        _start_polling(ws, 1)
+        ws.sim.wait_for_requests(3, kind="status", timeout=15)
+        assert first.stop() == 0
+        snapshot = tmp_path / "state" / "snapshot"
+        data = bytearray(snapshot.read_bytes())
+        data[-1] ^= 0x01
+        snapshot.write_bytes(bytes(data))
+
+        second = ws.start_daemon()
+        assert "state snapshot not used; replaying the whole log" in second.output()
+        events, from_snapshot = _replayed(second)
+        assert from_snapshot == 0 < events
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=15)
+        assert second.stop() == 0
+        assert_snapshot_is_the_full_fold(ws)  # and a good one replaced it
+
+
+def test_a_snapshot_of_a_replaced_log_is_not_used(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"job-0": "running"}) as ws:
+        first = ws.start_daemon()
+        _start_polling(ws, 1)
+        ws.sim.wait_for_requests(2, kind="status", timeout=15)
+        assert first.stop() == 0
+        shutil.rmtree(tmp_path / "state" / "log")  # an operator starts a new log
+
+        second = ws.start_daemon()
+        assert "state snapshot does not match the log" in second.output()
+        assert _replayed(second) == (0, 0)
+        assert second.stop() == 0
+        assert ws.log().ops == {}
+
+
+def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_path: Path
+                                                                         ) -> None:
+    with workspace(tmp_path, {f"job-{i}": "running" for i in range(4)},
+                   config_extra="snapshot_every = 40\n") as ws:
+        first = ws.start_daemon()
+        _start_polling(ws, 4)
+        until(lambda: first.output().count("state snapshot written") >= 2, timeout=30,
+              what="two periodic snapshots")
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        first.kill()  # SIGKILL: the snapshot on disk is behind the log
+
+        second = ws.start_daemon()
+        events, from_snapshot = _replayed(second)
+        assert 0 < from_snapshot < events
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        assert second.stop() == 0
+        assert_snapshot_is_the_full_fold(ws)
+        checked = ws.bide("replay", "--check")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert ws.bide("verify").returncode == 0
