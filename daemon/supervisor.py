@@ -81,7 +81,6 @@ from replay.events import (
     StatusRequestIntended,
     StatusResponseReceived,
     TransportFailed,
-    decode_log_event,
     encode_event,
 )
 from replay.ledger import Fact, Ledger, SnapshotFormatError
@@ -120,9 +119,7 @@ def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -
         ledger, reader = Ledger(), LogReader(log_dir, keyring)
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
-    apply = ledger.apply
-    for _, payload in reader.payloads():
-        apply(decode_log_event(payload))
+    ledger.fold(payload for _, payload in reader.payloads())
     return ledger
 
 

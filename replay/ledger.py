@@ -13,7 +13,7 @@ a snapshot and then folding the events after it gives the ledger a full fold giv
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -105,6 +105,14 @@ class Ledger:
         else:
             self.undecided.pop(ev.operation_id, None)
         return op
+
+    def fold(self, payloads: Iterable[bytes]) -> None:
+        """Decode and apply stored events in order, the garbage collector paused (see
+        :func:`_no_gc`): how a start-up replays the log."""
+        apply = self.apply
+        with _no_gc():
+            for payload in payloads:
+                apply(decode_log_event(payload))
 
     def _share_contract(self, op: Operation) -> Operation:
         """A contract is about 1.4 KB of Python objects; 100,000 operations often have a
