@@ -118,13 +118,13 @@ def _print_replay(r: dict[str, Any]) -> None:
 
 def _print_scale(r: dict[str, Any]) -> None:
     print(f"\nlive operations in one daemon (goals: {r['goals']})")
-    print(f"  {'ops':>7}{'target/s':>9}{'req/s':>8}{'ready s':>8}{'KiB/op':>8}"
+    print(f"  {'ops':>7}{'target/s':>9}{'req/s':>8}{'ready s':>8}{'again s':>8}{'KiB/op':>8}"
           f"{'late p50':>10}{'p99 ms':>9}{'cpu us/req':>11}{'bare us':>9}{'ratio':>7}"
           f"{'daemon cpu':>11}{'sim cpu':>8}")
     for row in r["rows"]:
         late = row["lateness"]
         print(f"  {row['operations']:>7}{row['target_rate']:>9g}{row['requests_per_s']:>8}"
-              f"{row['ready_s']:>8}{row['rss_per_op_end_kib']:>8}"
+              f"{row['ready_s']:>8}{row['restart']['ready_s']:>8}{row['rss_per_op_end_kib']:>8}"
               f"{late.get('p50_ms', '-'):>10}{late.get('p99_ms', '-'):>9}"
               f"{row['daemon_cpu_per_request_us']:>11}"
               f"{row['bare_loop']['cpu_per_request_us']:>9}{row['cpu_ratio_vs_bare']:>7}"

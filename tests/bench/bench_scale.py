@@ -247,6 +247,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         m1, c1, s1, w1 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
         rss_end = daemon.rss_kib()
         daemon.stop()
+        restart = _restart(root)
 
         sent = int(m1["bide_status_requests_sent_total"] - m0["bide_status_requests_sent_total"])
         achieved = sent / (w1 - w0)
@@ -263,6 +264,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "operations": n, "target_rate": rate, "backoff_cap_s": cap,
             "concurrency": concurrency,
             "ready_s": round(ready, 2), "replay_s": float(replayed),
+            "restart": restart,
             "generate_s": round(generated, 2),
             "window_s": round(w1 - w0, 2), "requests": sent,
             "requests_per_s": round(achieved, 1),
@@ -285,6 +287,22 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         sim.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _restart(root: Path) -> dict[str, float]:
+    """Start the daemon again on the log (and the snapshot its clean stop wrote): seconds
+    from exec to ready, and how many events came from the snapshot."""
+    popen = time.monotonic()
+    daemon = _start([*BIDE, "run", "--config", str(root / "bide.toml")], root / "restart.log")
+    try:
+        daemon.wait_for(r"msg=ready", 600)
+        ready = time.monotonic() - popen
+        m = daemon.wait_for(r"msg=replayed events=(\d+) .*from_snapshot=(\d+) "
+                            r"seconds=([\d.]+)", 5)
+    finally:
+        daemon.stop()
+    return {"ready_s": round(ready, 2), "events": int(m.group(1)),
+            "from_snapshot": int(m.group(2)), "replay_s": float(m.group(3))}
 
 
 def _hist_quantile(buckets: dict[str, float], q: float) -> str | None:
