@@ -9,7 +9,6 @@ clock that jumps back never makes anything due early, and one that jumps forward
 from __future__ import annotations
 
 import heapq
-import itertools
 import time
 from collections.abc import Callable
 
@@ -17,12 +16,18 @@ import anyio
 
 
 class TimerHeap:
-    """Keys scheduled at monotonic times; rescheduling a key replaces its earlier entry."""
+    """Keys scheduled at monotonic times; rescheduling a key replaces its earlier entry.
+
+    One entry per key is a ``(due, key)`` tuple in the heap and ``key -> due`` in a dict (the
+    same float object): an entry is current while the dict still maps its key to its due time,
+    so a superseded entry needs no token of its own to be recognised (100,000 keys cost about
+    130 bytes each). Two entries of one key due at the same time are one wake-up: the first
+    popped takes the key out of the dict, the second finds it gone.
+    """
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._heap: list[tuple[float, int, str]] = []
-        self._current: dict[str, int] = {}
-        self._counter = itertools.count()
+        self._heap: list[tuple[float, str]] = []
+        self._current: dict[str, float] = {}
         self._changed = anyio.Event()
         self._monotonic = monotonic
 
@@ -30,10 +35,10 @@ class TimerHeap:
         return len(self._current)
 
     def schedule(self, key: str, due: float) -> None:
-        token = next(self._counter)
-        self._current[key] = token
-        heapq.heappush(self._heap, (due, token, key))
-        if self._heap[0][1] == token:
+        entry = (due, key)
+        self._current[key] = due
+        heapq.heappush(self._heap, entry)
+        if self._heap[0] is entry:
             self._changed.set()
 
     def cancel(self, key: str) -> None:
@@ -42,17 +47,19 @@ class TimerHeap:
     def pop_due(self, now: float) -> list[tuple[str, float]]:
         """Every key due at ``now`` (monotonic), with its due time, in due order."""
         out = []
+        current = self._current
         while self._heap and self._heap[0][0] <= now:
-            due, token, key = heapq.heappop(self._heap)
-            if self._current.get(key) == token:
-                del self._current[key]
+            due, key = heapq.heappop(self._heap)
+            if current.get(key) == due:
+                del current[key]
                 out.append((key, due))
         return out
 
     def next_due(self) -> float | None:
-        while self._heap and self._current.get(self._heap[0][2]) != self._heap[0][1]:
-            heapq.heappop(self._heap)  # drop superseded entries
-        return self._heap[0][0] if self._heap else None
+        heap, current = self._heap, self._current
+        while heap and current.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # drop superseded entries
+        return heap[0][0] if heap else None
 
     async def wait(self) -> list[tuple[str, float]]:
         """Sleep until something is due (or an earlier timer is added), then return it."""
