@@ -28,6 +28,8 @@ sealed and written in a worker thread.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import os
 import pwd
@@ -104,7 +106,10 @@ def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
     unusable: the log is the truth, and a full replay rebuilds everything it held."""
     try:
         position, body = read_snapshot(path, keyring)
-        return Snapshot(position, Ledger.load(body))
+        snapshot = Snapshot(position, Ledger.load(body))
+        del body
+        release_freed_heap()
+        return snapshot
     except FileNotFoundError:
         return None
     except (SnapshotError, SnapshotFormatError, OSError) as exc:
@@ -121,7 +126,19 @@ def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
     ledger.fold(payload for _, payload in reader.payloads())
+    release_freed_heap()
     return ledger
+
+
+def release_freed_heap() -> None:
+    """Replay frees nearly everything it reads (segments, records, every registration's
+    copy of its contract), but glibc keeps those pages resident until asked: about 1.5 KB per
+    operation at 100,000 operations. A no-op where the C library has no ``malloc_trim``."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:

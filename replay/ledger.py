@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import msgspec
 
@@ -34,7 +33,7 @@ from replay.events import (
     decode_log_event,
     encode_event,
 )
-from replay.state import Operation, evolve
+from replay.state import Operation, compact, evolve
 
 __all__ = ["Fact", "Ledger", "SnapshotFormatError"]
 
@@ -51,9 +50,9 @@ class SnapshotFormatError(ValueError):
 def _row_type() -> type[msgspec.Struct]:
     """``Operation`` with its contract replaced by the contract's digest. Mutable: loading
     puts the shared contract object in its place, then converts the row (in C)."""
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    fields: list[tuple[str, object] | tuple[str, object, object]] = []
     for f in msgspec.structs.fields(Operation):
-        typ = Any if f.name == "contract" else f.type
+        typ = object if f.name == "contract" else f.type
         if f.default is not msgspec.NODEFAULT:
             fields.append((f.name, typ, f.default))
         elif f.default_factory is not msgspec.NODEFAULT:
@@ -157,14 +156,14 @@ class Ledger:
             ledger.events = body.events
             ledger.contracts = contracts = body.contracts
             ops = ledger.ops
-            rows: list[Any] = body.ops
+            rows: list[msgspec.Struct] = body.ops
             for row in rows:
                 try:
-                    row.contract = contracts[row.contract]
+                    row.contract = contracts[row.contract]  # type: ignore[attr-defined]
                 except (KeyError, TypeError):
                     raise SnapshotFormatError("an operation names a contract the snapshot "
                                               "does not hold") from None
-                op = msgspec.convert(row, Operation, from_attributes=True)
+                op = compact(msgspec.convert(row, Operation, from_attributes=True))
                 ops[op.operation_id] = op
         ledger.actions = {a.action_id: a for a in body.actions}
         for raw in body.undecided:
