@@ -9,9 +9,9 @@ Theory of operation (S9, S11, S13, S30-S33):
       (S9); ``decide`` checks its deadline first.
     * A wake-up runs the seed's order (S32): load; ``decide(WakeUp)`` (deadline, budget, due);
       the provider's quota (a poll it holds back is recorded as a ``local_quota`` delay); append
-      ``StatusRequestIntended`` and wait until it is durable; send one request; append what came
-      back; ``decide`` on it; append; schedule. Nothing is held while sleeping (S33): the state
-      is in the log, the timer is one heap entry.
+      ``StatusRequestIntended`` and wait until it is durable; send one request; ``decide`` on
+      what came back; append the two together; schedule. Nothing is held while sleeping
+      (S33): the state is in the log, the timer is one heap entry.
     * The spool is watched with watchfiles (plus one scan at start): registrations and
       decisions are validated, recorded, receipted, then deleted.
     * SIGTERM/SIGINT: stop starting requests, give those in flight ``drain_seconds`` to finish,
@@ -88,7 +88,7 @@ from replay.events import (
 )
 from replay.ledger import Fact, Ledger, SnapshotFormatError
 from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
-from replay.state import Operation
+from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
@@ -427,9 +427,9 @@ class Supervisor:
                                           request_number=intent.request_number,
                                           time_left=time_left, clock=self.clock)
                 self.metrics.requests_sent += 1
-        await self.record([fact])
-        op = self.ops[op.operation_id]
-        await self.record(decide(op, fact, self.clock(), self.draw()))
+        # The fact and its decision in one durable batch: one write and fsync, not two.
+        after = evolve(self.ops[op.operation_id], fact)
+        await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
 
     async def _quota_allows(self, op: Operation, now: float) -> bool:
         """Take a slot of the provider's rate quota, or record the poll as held back

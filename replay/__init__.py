@@ -26,10 +26,12 @@ Public API (everything below is re-exported here):
 ``replay.errors``
     ``ReplayError`` and its subclasses.
 
-The daemon's protocol: for a stored fact, append it, evolve the operation with it, then append
-``decide(op, fact, now, draw)``; for a wake-up, a quota deferral or a human decision, append
-``decide(op, observation, now, draw)``. Make every ``StatusRequestIntended`` durable before the
-request is sent (S13). A log written this way passes ``check``.
+The daemon's protocol: for a stored fact, evolve the operation with it and append the fact
+followed by ``decide(op, fact, now, draw)`` (in one batch, or the fact first; a log that ends
+between the two is completed by deciding the fact on restart); for a wake-up, a quota
+deferral or a human decision, append ``decide(op, observation, now, draw)``. Make every
+``StatusRequestIntended`` durable before the request is sent (S13). A log written this way
+passes ``check``.
 """
 
 from __future__ import annotations
