@@ -25,6 +25,10 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _system() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                 token: str) -> dict[str, float]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -43,7 +47,7 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                     body = b"".join([chunk async for chunk in resp.aiter_raw()])
                     ok += resp.status_code == 200 and bool(body)
 
-        cpu, started = _cpu(), time.monotonic()
+        cpu, system, started = _cpu(), _system(), time.monotonic()
         async with anyio.create_task_group() as tg:
             for i in range(count):
                 due = started + i / rate
@@ -52,7 +56,7 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                     await anyio.sleep(delay)
                 tg.start_soon(one, i)
         return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
-                "cpu_seconds": _cpu() - cpu}
+                "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system}
 
 
 def main(argv: list[str]) -> int:

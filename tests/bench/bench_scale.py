@@ -79,8 +79,12 @@ class Proc:
         raise TimeoutError(f"no {pattern!r} within {timeout}s:\n{self.text()[-3000:]}")
 
     def cpu_seconds(self) -> float:
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds so far."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
     def rss_kib(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -243,8 +247,10 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         window_start = max(time.time() + 2.0, polls_from + 0.5 * cap + 1.0)
         time.sleep(max(0.0, window_start - time.time()))
         m0, c0, s0, w0 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
+        k0 = daemon.cpu_split()[1]
         time.sleep(seconds)
         m1, c1, s1, w1 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
+        k1 = daemon.cpu_split()[1]
         rss_end = daemon.rss_kib()
         daemon.stop()
         restart = _restart(root)
@@ -278,6 +284,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "daemon_cpu_share": round((c1 - c0) / (w1 - w0), 2),
             "simulator_cpu_share": round((s1 - s0) / (w1 - w0), 2),
             "daemon_cpu_per_request_us": round(cpu_per_req * 1e6, 1),
+            "daemon_system_per_request_us": round((k1 - k0) / max(sent, 1) * 1e6, 1),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
             "cpu_ratio_vs_bare": round(cpu_per_req / bare_per_req, 2) if bare_per_req else None,
         }

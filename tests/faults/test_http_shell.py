@@ -17,6 +17,7 @@ import anyio
 
 from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.profile import load_profile
+from daemon.simulator import run_in_thread, script_from_dict
 from tests.e2e.harness import DEFAULT_CONTRACT, STATES
 from tests.faults.rawserver import RawServer
 
@@ -78,3 +79,47 @@ def test_one_timeout_does_not_cut_another_request_in_flight(tmp_path: Path) -> N
     assert isinstance(late, Answer), late
     assert late.status == 200
     assert late.body == b'{"status": "running"}'
+
+
+def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: Path) -> None:
+    """The credential file is re-read whenever it changes (same size included): rotation needs
+    no restart, a removed file stops the request before it is sent, and the error names the
+    file, never the secret."""
+    creds = tmp_path / "creds"
+    creds.mkdir(mode=0o700)
+    token = creds / "sim.token"
+    right, wrong = "rotation-test-token-1", "rotation-test-token-2"
+    script = script_from_dict({"jobs": {"j": {"steps": "running"}}})
+    with run_in_thread(script, token=right) as sim:
+        path = tmp_path / "sim.toml"
+        path.write_text(f'[status]\nurl = "{sim.base_url}/jobs/{{job_id}}"\n\n'
+                        f'[credential]\nfile = "sim.token"\n\n'
+                        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+
+        async def run() -> list[Answer | NoAnswer]:
+            client = StatusClient(load_profile(path), creds)
+            out: list[Answer | NoAnswer] = []
+            try:
+                for secret in (right, wrong, right, None):
+                    if secret is None:
+                        token.unlink()
+                    else:
+                        token.write_text(secret + "\n")
+                    out.append(await client.call("GET", f"{sim.base_url}/jobs/j", seconds=2,
+                                                 cap=4096))
+            finally:
+                await client.aclose()
+            return out
+
+        ok, denied, again, missing = anyio.run(run)
+    assert isinstance(ok, Answer)
+    assert ok.status == 200
+    assert isinstance(denied, Answer)
+    assert denied.status == 401
+    assert isinstance(again, Answer)
+    assert again.status == 200
+    assert isinstance(missing, NoAnswer)
+    assert missing.kind == "connect_refused"
+    assert "not sent" in missing.detail
+    assert str(token) in missing.detail
+    assert right not in missing.detail
