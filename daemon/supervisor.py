@@ -92,7 +92,9 @@ from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
-_SYSTEM_RANDOM = random.SystemRandom()
+#: Jitter only has to decorrelate daemons and operations, not resist prediction: a PRNG seeded
+#: from the OS once, instead of a getrandom(2) system call for every draw.
+_JITTER = random.Random(os.urandom(32))
 
 
 @dataclass
@@ -153,7 +155,7 @@ class Supervisor:
         signer: Signer,
         *,
         clock: Callable[[], float] = time.time,
-        draw: Callable[[], float] = _SYSTEM_RANDOM.random,
+        draw: Callable[[], float] = _JITTER.random,
         drain_seconds: float | None = None,
     ) -> None:
         self.config = config
