@@ -86,7 +86,7 @@ class Metrics:
         elif isinstance(ev, PollScheduled):
             self.delay_sources[ev.delay_source] += 1
 
-    def render(self, ops: Mapping[str, Operation], log_dir: Path) -> str:
+    def render(self, ops: Mapping[str, Operation], log_dir: Path, log_flushes: int = 0) -> str:
         phases = Counter(op.phase for op in ops.values())
         out = ["# HELP bide_operations Operations by phase.", "# TYPE bide_operations gauge"]
         out += [f'bide_operations{{phase="{p}"}} {phases.get(p, 0)}'
@@ -117,6 +117,8 @@ class Metrics:
         size = sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl"))
         out += ["# HELP bide_log_bytes Size of the event log's segments.",
                 "# TYPE bide_log_bytes gauge", f"bide_log_bytes {size}",
+                "# HELP bide_log_flushes_total Durable write rounds (one fdatasync each).",
+                "# TYPE bide_log_flushes_total counter", f"bide_log_flushes_total {log_flushes}",
                 "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
                 "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}"]
         return "\n".join(out) + "\n"

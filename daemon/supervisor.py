@@ -587,7 +587,8 @@ class Supervisor:
             self._main_scope.cancel()
 
     def render_metrics(self) -> str:
-        return self.metrics.render(self.ops, self.config.log_dir)
+        flushes = self._log.flushes if self._log is not None else 0
+        return self.metrics.render(self.ops, self.config.log_dir, flushes)
 
     def status_line(self, *, alarm: bool = False) -> str:
         live = sum(1 for op in self.ops.values() if op.phase == "live")

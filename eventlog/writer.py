@@ -138,6 +138,8 @@ class LogWriter:
         self._resume = resume
         #: The record the open's verification resumed after (None: it verified everything).
         self.resumed_at: int | None = None
+        #: Durable write rounds so far (one ``fdatasync`` each, however many records).
+        self.flushes = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -345,6 +347,7 @@ class LogWriter:
             raise
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
+        self.flushes += 1
         if lines:
             self._head_len = len(lines[-1]) + 1
         self._set_position()

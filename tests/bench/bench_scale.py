@@ -285,6 +285,8 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "simulator_cpu_share": round((s1 - s0) / (w1 - w0), 2),
             "daemon_cpu_per_request_us": round(cpu_per_req * 1e6, 1),
             "daemon_system_per_request_us": round((k1 - k0) / max(sent, 1) * 1e6, 1),
+            "log_flushes_per_request": round(
+                (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
             "cpu_ratio_vs_bare": round(cpu_per_req / bare_per_req, 2) if bare_per_req else None,
         }
