@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from replay.events import ResponseHeaders, StatusResponseReceived, TransportFail
 USER_AGENT = "bide/0.1 (+status polling under a contract)"
 HEADER_CAP = 512  # bytes kept of any recorded header value
 MIN_TIMEOUT = 0.05
+CREDENTIAL_MAX_AGE = 1.0  # seconds a credential read is reused while its file looks unchanged
 
 
 def tls_context() -> ssl.SSLContext:
@@ -83,7 +85,7 @@ class StatusClient:
         # its last request is done, so one operation's slow provider never cuts off another's.
         self._users: dict[httpx.AsyncClient, int] = {}
         self._retired: set[httpx.AsyncClient] = set()
-        self._credential_seen: tuple[tuple[int, ...], tuple[str, str] | None] | None = None
+        self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
 
     def _build(self) -> httpx.AsyncClient:
         limit = self.profile.quota.max_in_flight
@@ -123,8 +125,10 @@ class StatusClient:
 
     def _credential(self) -> tuple[str, str] | None:
         """The credential as the file holds it now. The file is read again whenever a stat
-        of it differs from the last read (rotated, rewritten, replaced, removed): the stat
-        is one system call, where reading it on every request cost about 0.1 ms."""
+        of it differs from the last read (rotated, rewritten, replaced, removed), and at least
+        every ``CREDENTIAL_MAX_AGE`` seconds (a same-size rewrite within one timestamp tick of
+        a coarse file system): the stat is one system call, where reading the file on every
+        request cost about 0.1 ms."""
         ref = self.profile.credential
         if ref is None or self._credentials_dir is None:
             return read_credential(self.profile, self._credentials_dir)
@@ -134,11 +138,12 @@ class StatusClient:
             self._credential_seen = None
             return read_credential(self.profile, self._credentials_dir)  # names the problem
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        now = time.monotonic()
         seen = self._credential_seen
-        if seen is not None and seen[0] == key:
+        if seen is not None and seen[0][:-1] == key and now - seen[0][-1] < CREDENTIAL_MAX_AGE:
             return seen[1]
         value = read_credential(self.profile, self._credentials_dir)
-        self._credential_seen = (key, value)
+        self._credential_seen = ((*key, now), value)
         return value
 
     def _request_headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:

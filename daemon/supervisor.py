@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import hashlib
 import os
 import pwd
 import random
@@ -45,6 +46,7 @@ import anyio.abc
 import msgspec
 import watchfiles
 
+import replay
 from daemon import logfmt, systemd
 from daemon.actions import ActionRunner
 from daemon.config import Config
@@ -103,12 +105,24 @@ class Snapshot:
     ledger: Ledger
 
 
+def model_digest() -> str:
+    """A digest of the pure model's sources: a snapshot is used only by the code that made
+    it, since another version of ``evolve`` could fold the same events differently."""
+    h = hashlib.sha256(b"bide.model.v1\n")
+    for source in sorted(Path(replay.__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+MODEL = model_digest()
+
+
 def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
     """The state snapshot at ``path``; None (and a warning) when there is none or it is
     unusable: the log is the truth, and a full replay rebuilds everything it held."""
     try:
         position, body = read_snapshot(path, keyring)
-        snapshot = Snapshot(position, Ledger.load(body))
+        snapshot = Snapshot(position, Ledger.load(body, MODEL))
         del body
         release_freed_heap()
         return snapshot
@@ -144,7 +158,7 @@ def release_freed_heap() -> None:
 
 
 def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:
-    return write_snapshot(path, keyring, position, ledger.dump())
+    return write_snapshot(path, keyring, position, ledger.dump(MODEL))
 
 
 class Supervisor:

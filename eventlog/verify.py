@@ -191,7 +191,9 @@ def verify_log(
         report.damage = Damage("missing", 0, "", 0, "no segment files: not a bide log, or empty")
         return report
     begin = (1, 0)
-    if resume is not None:
+    if resume is not None and anchor is not None and anchor[0] <= resume.seq:
+        report.notes.append("verified from the start: the anchor lies before the resume point")
+    elif resume is not None:
         begin = _resume(report, segments, resume) or begin
     try:
         start = _fast(report, verify_key, segments, anchor, jobs, begin)

@@ -324,6 +324,8 @@ class LogWriter:
                 continue
             results = []
             for payload in batch.payloads:
+                if since_cp >= self._checkpoint_every:
+                    emit_checkpoint(final=False)  # recovery records on open left a full run
                 if size >= self._segment_bytes:
                     index += 1
                     rotate_at.append(len(lines))
@@ -523,6 +525,21 @@ class LogWriter:
         self._promised_every = self._checkpoint_every
         self._segment_index = 1
 
+    def _append_checkpoint_now(self) -> None:
+        """A signed checkpoint written and synced at once (open and recovery only)."""
+        t_us = _now_us()
+        seq = self.head_seq + 1
+        msg = checkpoint_message(self.log_id, seq, self.head_hash, t_us, self._last_cp_hash,
+                                 False)
+        rec = Checkpoint(seq, self.head_hash, self.log_id, t_us, self._last_cp_hash, False,
+                         base64.b64encode(self._signer.sign(msg)).decode("ascii"))
+        line = encode_record(rec)
+        self._write_all(line + b"\n")
+        os.fdatasync(self._fd)
+        self.head_seq, self.head_hash = seq, record_hash(line)
+        self._head_len = len(line) + 1
+        self._last_cp_hash, self._last_cp_seq, self._since_cp = self.head_hash, seq, 0
+
     def _quarantine(self, segment: Path, offset: int) -> tuple[bytes, str]:
         """Copy the torn bytes from ``offset`` to the end of ``segment`` aside, durably."""
         with segment.open("rb") as f:
@@ -542,7 +559,13 @@ class LogWriter:
         return torn, qname
 
     def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str) -> None:
-        """Record the cut in the chain: the cut bytes' length and hash, and where they went."""
+        """Record the cut in the chain: the cut bytes' length and hash, and where they went.
+
+        Signs a checkpoint first when the unsigned run is already full: several cuts in one
+        open must not stretch it past what the genesis record promised (verify refuses that).
+        """
+        if self._since_cp >= self._checkpoint_every:
+            self._append_checkpoint_now()
         rec = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
                        segment.name, offset, len(torn), hashlib.sha256(torn).hexdigest(),
                        f"{QUARANTINE_DIR}/{qname}")

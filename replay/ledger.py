@@ -20,6 +20,7 @@ import msgspec
 
 from replay.actions import Action, evolve_action
 from replay.contract import Contract
+from replay.errors import ReplayError
 from replay.events import (
     ActionDecided,
     ActionFailed,
@@ -68,6 +69,7 @@ _CONTRACT_AT = [f.name for f in msgspec.structs.fields(Operation)].index("contra
 
 class _Body(msgspec.Struct, frozen=True, array_like=True):
     format: int
+    model: str
     events: int
     contracts: dict[str, Contract]
     ops: list[_Row]  # type: ignore[valid-type]
@@ -128,8 +130,10 @@ class Ledger:
         other.events = self.events
         return other
 
-    def dump(self) -> bytes:
-        """The ledger as snapshot bytes."""
+    def dump(self, model: str = "") -> bytes:
+        """The ledger as snapshot bytes. ``model`` names the code that folded it (the daemon
+        passes a digest of ``replay``'s sources): a snapshot loads only under the same one,
+        because another version of ``evolve`` could fold the same events differently."""
         rows = []
         for op in self.ops.values():
             values = msgspec.structs.astuple(op)
@@ -137,18 +141,31 @@ class Ledger:
                          *values[_CONTRACT_AT + 1:]))
         contracts = {op.contract_digest: op.contract for op in self.ops.values()}
         undecided = [encode_event(fact) for fact in self.undecided.values()]
-        body = (_FORMAT, self.events, contracts, rows, list(self.actions.values()), undecided)
+        body = (_FORMAT, model, self.events, contracts, rows, list(self.actions.values()),
+                undecided)
         return _encoder.encode(body)
 
     @classmethod
-    def load(cls, data: bytes) -> Ledger:
-        """A ledger from snapshot bytes; :class:`SnapshotFormatError` if they are not one."""
+    def load(cls, data: bytes, model: str = "") -> Ledger:
+        """A ledger from snapshot bytes; :class:`SnapshotFormatError` if they are not one, or
+        if they were made by another version of the model (``model``, see :meth:`dump`)."""
+        try:
+            return cls._load(data, model)
+        except SnapshotFormatError:
+            raise
+        except (msgspec.DecodeError, msgspec.ValidationError, ReplayError, ValueError,
+                TypeError) as exc:
+            raise SnapshotFormatError(f"not a ledger snapshot this version reads ({exc})"
+                                      ) from None
+
+    @classmethod
+    def _load(cls, data: bytes, model: str) -> Ledger:
         with _no_gc():
-            try:
-                body = _decoder.decode(data)
-            except (msgspec.DecodeError, ValueError) as exc:
-                raise SnapshotFormatError(f"not a ledger snapshot this version reads ({exc})"
-                                          ) from None
+            body = _decoder.decode(data)
+            if body.model != model:
+                raise SnapshotFormatError(
+                    "the snapshot was made by another version of the model (what it holds "
+                    "could differ from a replay by this one)")
             if body.format != _FORMAT:
                 raise SnapshotFormatError(f"ledger snapshot format {body.format}, this "
                                           f"version reads {_FORMAT}")

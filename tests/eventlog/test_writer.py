@@ -313,9 +313,45 @@ async def test_appends_return_their_seq_and_hash(tmp_path: Path, ks: KeySet) -> 
 async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     async with writer(log, ks) as w:
+        folded: list[int] = []
         with anyio.move_on_after(0) as scope:
-            await w.append(b"queued, then cancelled")
+            await w.append_many([b"queued, then cancelled"],
+                                on_durable=lambda: folded.append(w.head_seq))
         assert scope.cancelled_caught
         assert w.head_seq == 1  # the record was written before the cancellation went on
+        assert folded == [1]  # and its caller could still fold it into state
         await w.append(b"next")
     assert list(payloads(log, ks).values()) == [b"queued, then cancelled", b"next"]
+
+
+async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed batch that spans a segment rotation, whose cut also fails, leaves two cuts for
+    reopen to record; with the unsigned run nearly full, the recovery records and the next
+    append must still verify (a checkpoint is signed before the run would overflow)."""
+    import eventlog.writer as writer_module
+    log = tmp_path / "log"
+    async with writer(log, ks, segment_bytes=1 << 20, checkpoint_every=5) as w:
+        for i in range(4):
+            await w.append(f"p{i}".encode())
+        w._segment_bytes = w._segment_size + 1  # the batch's second record starts a segment
+        real = os.fdatasync
+        calls = 0
+
+        def failing_second(fd: int) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise OSError(errno.EIO, "EIO")
+            real(fd)
+
+        monkeypatch.setattr(writer_module.os, "fdatasync", failing_second)
+        monkeypatch.setattr(LogWriter, "_roll_back", lambda self, index, size: False)
+        with pytest.raises(LogIOError):
+            await w.append_many([b"a", b"b"])
+        monkeypatch.setattr(writer_module.os, "fdatasync", real)
+        await w.reopen()
+        assert w.recovered is not None
+        await w.append(b"after")
+    report = verify(log, ks)
+    assert report.verdict == "intact", report.damage

@@ -10,6 +10,7 @@ in it, without a daemon around them.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -100,11 +101,13 @@ def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: P
             client = StatusClient(load_profile(path), creds)
             out: list[Answer | NoAnswer] = []
             try:
-                for secret in (right, wrong, right, None):
+                for step, secret in enumerate((right, wrong, right, None), start=1):
                     if secret is None:
                         token.unlink()
                     else:
                         token.write_text(secret + "\n")
+                        # Distinct mtimes whatever the file system's timestamp resolution.
+                        os.utime(token, ns=(step * 10**9, step * 10**9))
                     out.append(await client.call("GET", f"{sim.base_url}/jobs/j", seconds=2,
                                                  cap=4096))
             finally:

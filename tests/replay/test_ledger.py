@@ -93,6 +93,20 @@ def test_bytes_that_are_not_a_snapshot_are_refused(data: bytes) -> None:
 def test_an_operation_naming_a_missing_contract_is_refused() -> None:
     full = _fold(_history())
     raw = msgspec.msgpack.decode(full.dump())
-    raw[2] = {}  # drop the contracts
+    raw[3] = {}  # drop the contracts
     with pytest.raises(SnapshotFormatError, match="contract"):
+        Ledger.load(msgspec.msgpack.encode(raw))
+
+
+def test_a_snapshot_made_by_another_model_version_is_refused() -> None:
+    data = _fold(_history()).dump("model-a")
+    assert Ledger.load(data, "model-a").events == len(_history())
+    with pytest.raises(SnapshotFormatError, match="another version of the model"):
+        Ledger.load(data, "model-b")
+
+
+def test_a_bad_undecided_fact_is_a_format_error_not_a_crash() -> None:
+    raw = msgspec.msgpack.decode(_fold(_history()).dump())
+    raw[6] = [b"not an event"]
+    with pytest.raises(SnapshotFormatError):
         Ledger.load(msgspec.msgpack.encode(raw))
