@@ -16,9 +16,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run the daemon (foreground; systemd Type=notify)",
-        description="Run the daemon: take the log, replay it, poll every live operation under "
-        "its contract, ingest the spool. SIGTERM/SIGINT drain and stop with a final signed "
-        "checkpoint; SIGHUP reloads provider profiles.",
+        description="Run the daemon: take the log, replay it (from the state snapshot in "
+        "state_dir when it still matches the log, plus the events after it), poll every live "
+        "operation under its contract, ingest the spool. A snapshot is written every [log] "
+        "snapshot_every events and at stop. SIGTERM/SIGINT drain and stop with a final "
+        "signed checkpoint; SIGHUP reloads provider profiles.",
         epilog="example:\n  bide run --config /etc/bide/bide.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
