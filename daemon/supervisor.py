@@ -584,8 +584,11 @@ class Supervisor:
                                          debounce=200, rust_timeout=1000):
             self.load_profiles()
 
-    async def _signals(self, scope: anyio.CancelScope) -> None:
+    async def _signals(self, scope: anyio.CancelScope, *,
+                       task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                       ) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            task_status.started()  # handlers are in place: "ready" may be announced
             async for signum in sigs:
                 if signum == signal.SIGHUP:
                     logfmt.info("SIGHUP: reloading profiles")
@@ -699,7 +702,8 @@ class Supervisor:
                 with anyio.CancelScope() as main_scope:
                     self._main_scope = main_scope
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._signals, main_scope)
+                        # Before READY=1: a SIGTERM right after it must drain, not kill.
+                        await tg.start(self._signals, main_scope)
                         tg.start_soon(self._timer_loop)
                         tg.start_soon(self._watch_spool)
                         if cfg.profiles_dir is not None:

@@ -225,3 +225,18 @@ def test_ingest_is_idempotent_when_a_recorded_file_is_seen_again(tmp_path: Path)
         registered = [e for _, e in ws.log().events if isinstance(e, OperationRegistered)]
         assert len(registered) == 1
         assert list(spool.incoming.iterdir()) == []
+
+
+def test_sigterm_right_after_ready_drains_and_exits_zero(tmp_path: Path) -> None:
+    """systemd may stop the unit the moment READY=1 arrives: the signal handlers must already
+    be in place then, or SIGTERM's default action kills the daemon without a final checkpoint."""
+    with workspace(tmp_path) as ws:
+        for _ in range(5):
+            daemon = ws.start_daemon(ready=False)
+            deadline = time.monotonic() + 20
+            while "msg=ready" not in daemon.output():  # no sleep: signal the instant it shows
+                assert time.monotonic() < deadline, daemon.output()
+                assert daemon.proc.poll() is None, daemon.output()
+            assert daemon.stop() == 0, daemon.output()
+            assert "msg=stopping" in daemon.output()
+        assert ws.bide("verify").returncode == 0
