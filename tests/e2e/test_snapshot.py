@@ -35,13 +35,25 @@ def _start_polling(ws: Workspace, n: int) -> None:
         drop_registration(ws, f"op-{i}", f"job-{i}")
 
 
+def _run_until(ws: Workspace, n: int, requests: int) -> Daemon:
+    """Start a daemon, register ``n`` operations, wait for ``requests`` polls, stop cleanly."""
+    daemon = ws.start_daemon()
+    _start_polling(ws, n)
+    ws.sim.wait_for_requests(requests, kind="status", timeout=15)
+    assert daemon.stop() == 0
+    return daemon
+
+
+def _more_polls(ws: Workspace, count: int) -> None:
+    """Wait until the provider has seen ``count`` more status requests (polling goes on)."""
+    seen = len(ws.sim.requests(kind="status"))
+    ws.sim.wait_for_requests(seen + count, kind="status", timeout=15)
+
+
 def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_path: Path
                                                                          ) -> None:
     with workspace(tmp_path, {f"job-{i}": "running" for i in range(3)}) as ws:
-        first = ws.start_daemon()
-        _start_polling(ws, 3)
-        ws.sim.wait_for_requests(9, kind="status", timeout=15)
-        assert first.stop() == 0
+        first = _run_until(ws, 3, 9)
         snapshot = tmp_path / "state" / "snapshot"
         assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
         assert "msg=\"state snapshot written\"" in first.output()
@@ -49,8 +61,7 @@ def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_pa
 
         second = ws.start_daemon()
         assert _replayed(second) == (events, events)  # everything came from the snapshot
-        seen = len(ws.sim.requests(kind="status"))
-        ws.sim.wait_for_requests(seen + 3, kind="status", timeout=15)  # and polling goes on
+        _more_polls(ws, 3)  # and polling goes on
         assert second.stop() == 0
         assert_snapshot_is_the_full_fold(ws)
         assert ws.bide("replay", "--check").returncode == 0
@@ -58,18 +69,14 @@ def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_pa
 
 def test_an_older_snapshot_still_matches_and_the_tail_is_folded(tmp_path: Path) -> None:
     with workspace(tmp_path, {f"job-{i}": "running" for i in range(2)}) as ws:
-        first = ws.start_daemon()
-        _start_polling(ws, 2)
-        ws.sim.wait_for_requests(4, kind="status", timeout=15)
-        assert first.stop() == 0
+        _run_until(ws, 2, 4)
         snapshot = tmp_path / "state" / "snapshot"
         old = tmp_path / "old-snapshot"
         shutil.copy2(snapshot, old)
         old_events = assert_snapshot_is_the_full_fold(ws)
 
         second = ws.start_daemon()
-        seen = len(ws.sim.requests(kind="status"))
-        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        _more_polls(ws, 4)
         assert second.stop() == 0
         shutil.copy2(old, snapshot)  # put the older one back
 
@@ -82,10 +89,7 @@ def test_an_older_snapshot_still_matches_and_the_tail_is_folded(tmp_path: Path) 
 
 def test_a_damaged_snapshot_is_set_aside_for_a_full_replay(tmp_path: Path) -> None:
     with workspace(tmp_path, {"job-0": "running"}) as ws:
-        first = ws.start_daemon()
-        _start_polling(ws, 1)
-        ws.sim.wait_for_requests(3, kind="status", timeout=15)
-        assert first.stop() == 0
+        _run_until(ws, 1, 3)
         snapshot = tmp_path / "state" / "snapshot"
         data = bytearray(snapshot.read_bytes())
         data[-1] ^= 0x01
@@ -95,18 +99,14 @@ def test_a_damaged_snapshot_is_set_aside_for_a_full_replay(tmp_path: Path) -> No
         assert "state snapshot not used; replaying the whole log" in second.output()
         events, from_snapshot = _replayed(second)
         assert from_snapshot == 0 < events
-        seen = len(ws.sim.requests(kind="status"))
-        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=15)
+        _more_polls(ws, 1)
         assert second.stop() == 0
         assert_snapshot_is_the_full_fold(ws)  # and a good one replaced it
 
 
 def test_a_snapshot_of_a_replaced_log_is_not_used(tmp_path: Path) -> None:
     with workspace(tmp_path, {"job-0": "running"}) as ws:
-        first = ws.start_daemon()
-        _start_polling(ws, 1)
-        ws.sim.wait_for_requests(2, kind="status", timeout=15)
-        assert first.stop() == 0
+        _run_until(ws, 1, 2)
         shutil.rmtree(tmp_path / "state" / "log")  # an operator starts a new log
 
         second = ws.start_daemon()
@@ -124,15 +124,13 @@ def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_pat
         _start_polling(ws, 4)
         until(lambda: first.output().count("state snapshot written") >= 2, timeout=30,
               what="two periodic snapshots")
-        seen = len(ws.sim.requests(kind="status"))
-        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        _more_polls(ws, 4)
         first.kill()  # SIGKILL: the snapshot on disk is behind the log
 
         second = ws.start_daemon()
         events, from_snapshot = _replayed(second)
         assert 0 < from_snapshot < events
-        seen = len(ws.sim.requests(kind="status"))
-        ws.sim.wait_for_requests(seen + 4, kind="status", timeout=15)
+        _more_polls(ws, 4)
         assert second.stop() == 0
         assert_snapshot_is_the_full_fold(ws)
         checked = ws.bide("replay", "--check")
