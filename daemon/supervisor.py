@@ -28,17 +28,13 @@ sealed and written in a worker thread.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
-import hashlib
 import os
 import pwd
 import random
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -46,7 +42,6 @@ import anyio.abc
 import msgspec
 import watchfiles
 
-import replay
 from daemon import logfmt, systemd
 from daemon.actions import ActionRunner
 from daemon.config import Config
@@ -55,6 +50,7 @@ from daemon.http import CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles
+from daemon.snapshots import load_snapshot, replay_log, write_snapshot_in_thread
 from daemon.spool import (
     DecisionFile,
     FetchFile,
@@ -70,9 +66,6 @@ from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.errors import EventLogError, LogIOError
 from eventlog.keys import KeyRing, Signer
-from eventlog.position import LogPosition
-from eventlog.reader import LogReader
-from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
 from eventlog.writer import LogWriter
 from replay.decide import decide, register
 from replay.events import (
@@ -88,7 +81,7 @@ from replay.events import (
     TransportFailed,
     encode_event,
 )
-from replay.ledger import Fact, Ledger, SnapshotFormatError
+from replay.ledger import Fact, Ledger
 from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
 from replay.state import Operation, evolve
 
@@ -97,68 +90,6 @@ MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their tur
 #: Jitter only has to decorrelate daemons and operations, not resist prediction: a PRNG seeded
 #: from the OS once, instead of a getrandom(2) system call for every draw.
 _JITTER = random.Random(os.urandom(32))
-
-
-@dataclass
-class Snapshot:
-    position: LogPosition
-    ledger: Ledger
-
-
-def model_digest() -> str:
-    """A digest of the pure model's sources: a snapshot is used only by the code that made
-    it, since another version of ``evolve`` could fold the same events differently."""
-    h = hashlib.sha256(b"bide.model.v1\n")
-    for source in sorted(Path(replay.__file__).parent.glob("*.py")):
-        h.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-MODEL = model_digest()
-
-
-def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
-    """The state snapshot at ``path``; None (and a warning) when there is none or it is
-    unusable: the log is the truth, and a full replay rebuilds everything it held."""
-    try:
-        position, body = read_snapshot(path, keyring)
-        snapshot = Snapshot(position, Ledger.load(body, MODEL))
-        del body
-        release_freed_heap()
-        return snapshot
-    except FileNotFoundError:
-        return None
-    except (SnapshotError, SnapshotFormatError, OSError) as exc:
-        logfmt.warn("state snapshot not used; replaying the whole log", snapshot=path,
-                    error=exc)
-        return None
-
-
-def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
-    """Fold the log into a ledger: every event, or those after ``start``'s position into its
-    ledger (the caller has checked that the position still names its record)."""
-    if start is None:
-        ledger, reader = Ledger(), LogReader(log_dir, keyring)
-    else:
-        ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
-    ledger.fold(payload for _, payload in reader.payloads())
-    release_freed_heap()
-    return ledger
-
-
-def release_freed_heap() -> None:
-    """Replay frees nearly everything it reads (segments, records, every registration's
-    copy of its contract), but glibc keeps those pages resident until asked: about 1.5 KB per
-    operation at 100,000 operations. A no-op where the C library has no ``malloc_trim``."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:
-    return write_snapshot(path, keyring, position, ledger.dump(MODEL))
 
 
 class Supervisor:
@@ -270,16 +201,9 @@ class Supervisor:
         self._snapshot_writing = True
 
         async def write() -> None:
-            started = time.monotonic()
             try:
-                size = await anyio.to_thread.run_sync(
-                    save_snapshot, self.config.snapshot_path, self.keyring, position, copy)
-            except OSError as exc:
-                logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
-            else:
-                logfmt.info("state snapshot written", seq=position.seq, events=copy.events,
-                            operations=len(copy.ops), bytes=size,
-                            seconds=f"{time.monotonic() - started:.3f}")
+                await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
+                                               position, copy)
             finally:
                 self._snapshot_writing = False
 
@@ -732,22 +656,11 @@ class Supervisor:
                 for client in self.clients.values():
                     await client.aclose()
         if log.position is not None and log.failed is None:
-            await self._final_snapshot(log.position)
+            # The log is closed and nothing changes any more: snapshot what it holds.
+            await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, log.position,
+                                           self.ledger)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
 
-    async def _final_snapshot(self, position: LogPosition) -> None:
-        """At a clean stop the log is closed and nothing changes: snapshot what it holds."""
-        started = time.monotonic()
-        try:
-            size = await anyio.to_thread.run_sync(save_snapshot, self.config.snapshot_path,
-                                                  self.keyring, position, self.ledger)
-        except OSError as exc:
-            logfmt.warn("state snapshot not written; the next start replays the whole log",
-                        error=exc)
-            return
-        logfmt.info("state snapshot written", seq=position.seq, events=self.ledger.events,
-                    operations=len(self.ops), bytes=size,
-                    seconds=f"{time.monotonic() - started:.3f}")
 
 
 async def _acquire(semaphore: anyio.Semaphore) -> None:

@@ -9,7 +9,7 @@ each a full pass, in this process, best of ``runs``:
     chain     read the segments, parse each envelope, check sequence and hash links
     decrypt   + AES-GCM-SIV open of every payload
     decode    + msgspec decode of every event
-    replay    + the fold (``daemon.supervisor.replay_log`` without a snapshot)
+    replay    + the fold (``daemon.snapshots.replay_log`` without a snapshot)
 
 and then as ``bide run`` starts, from opening the log to the state being ready (the writer's
 verification on open, the snapshot if any, the fold of the events after it):
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from daemon.config import LogConfig
-from daemon.supervisor import load_snapshot, replay_log, save_snapshot
+from daemon.snapshots import load_snapshot, replay_log, save_snapshot
 from eventlog import keys
 from eventlog.envelope import (
     ZERO_HASH,

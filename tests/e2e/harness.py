@@ -22,8 +22,8 @@ import msgspec
 from daemon.config import load_config
 from daemon.readers import LoadedLog, load_log, open_keyring
 from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, script_from_dict
+from daemon.snapshots import load_snapshot, replay_log
 from daemon.spool import RegistrationFile, Spool, new_request_id
-from daemon.supervisor import load_snapshot, replay_log
 from eventlog import keys
 from replay.events import PollScheduled, ResponseClassified, StatusRequestIntended
 from replay.observations import Registration
