@@ -46,7 +46,7 @@ from daemon import logfmt, systemd
 from daemon.actions import ActionRunner
 from daemon.config import Config
 from daemon.errors import ConfigError
-from daemon.http import CredentialError, StatusClient
+from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles
@@ -86,6 +86,8 @@ from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
 from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
+#: A request is not sent this close to its deadline: it could arrive after it.
+SEND_MARGIN = MIN_TIMEOUT
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
 #: Jitter only has to decorrelate daemons and operations, not resist prediction: a PRNG seeded
 #: from the OS once, instead of a getrandom(2) system call for every draw.
@@ -358,11 +360,13 @@ class Supervisor:
             await self.record(events)  # S13: durable before the request leaves
             deadline, _ = op.effective_deadline
             time_left = deadline - self.clock()
-            if time_left <= 0:
+            # S13: a request needs room to arrive before the deadline, not only to leave.
+            if time_left < SEND_MARGIN:
                 fact: StatusResponseReceived | TransportFailed = TransportFailed(
                     operation_id=op.operation_id, at=self.clock(),
                     request_number=intent.request_number, kind="pool_timeout",
-                    detail="not sent: the deadline passed before the intent was durable")
+                    detail=f"not sent: less than {SEND_MARGIN:g}s to the deadline once the "
+                           f"intent was durable")
             else:
                 url = op.status_location or client.profile.status_url(op.provider_job_id)
                 fact = await client.fetch(operation_id=op.operation_id, url=url,
