@@ -40,3 +40,21 @@ def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
     metrics = (keep / "metrics.txt").read_text()  # scraped from the running daemon
     assert 'bide_escalations_total{reason="rate_limited"} 1' in metrics
     assert 'bide_polls_scheduled_total{source="provider_retry_after"}' in metrics
+
+
+def test_readme_shows_every_demo_scenario() -> None:
+    """The README's copy of the demo's table lists exactly the demo's scenarios, in order, each
+    with its expected outcome: the page a newcomer reads first stays true."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## What `make demo` shows", 1)[1].split("```", 2)[1].splitlines()
+    header = next(i for i, line in enumerate(block) if line.startswith("scenario "))
+    rows = []
+    for line in block[header + 1:]:
+        if not line.strip():
+            break
+        rows.append(line)
+    assert [row.split()[0] for row in rows] == [s.name for s in SCENARIOS]
+    for scenario, row in zip(SCENARIOS, rows, strict=True):
+        assert row.split()[1] == "ok", row
+        assert (scenario.expect_reason or "succeeded") in row, row
+        assert f"({scenario.title})" in row, row
