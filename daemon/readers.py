@@ -1,13 +1,11 @@
-"""What the reader commands share: loading the log into events and state, and parsing times.
+"""What the reader commands share: loading the log into events and state.
 
 Readers never write and never take the writer lock; they need the data keys.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from daemon.config import Config
@@ -25,37 +23,6 @@ from replay.events import (
     decode_log_event,
 )
 from replay.state import Operation, evolve
-
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
-                       r"(?:(\d+(?:\.\d+)?)s)?$")
-
-
-def parse_duration(text: str, flag: str) -> float:
-    """``90``, ``90s``, ``40m``, ``1h30m``, ``2d`` -> seconds."""
-    t = text.strip()
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    m = _DURATION.match(t)
-    if not t or not m or not any(m.groups()):
-        raise UsageError(f"{flag} {text!r} is not a duration (examples: 90s, 40m, 1h30m, 2d)")
-    d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return d * 86400 + h * 3600 + mi * 60 + s
-
-
-def parse_time(text: str, flag: str, now: float) -> float:
-    """An ISO-8601 time (UTC if no offset), or ``+DURATION`` from now -> POSIX seconds."""
-    if text.startswith("+"):
-        return now + parse_duration(text[1:], flag)
-    try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{flag} {text!r} is not a time (ISO-8601 like 2026-12-02T18:00:00Z, "
-                         f"or +DURATION like +2h)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 @dataclass

@@ -10,6 +10,7 @@ import msgspec
 from daemon.commands.watch import report
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
+from daemon.inputs import count_arg, seconds_arg
 from daemon.spool import DecisionFile, Spool, new_request_id
 
 EPILOG = """\
@@ -33,8 +34,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("operation", metavar="OP", help="the operation id")
     p.add_argument("option", metavar="OPTION", help="an option id the escalation offers")
     p.add_argument("--note", default="", help="why (recorded with the decision)")
-    p.add_argument("--escalation", type=int, help="the escalation number, to be exact")
-    p.add_argument("--wait-seconds", type=float, default=10.0)
+    p.add_argument("--escalation", type=count_arg(1, 10**9), metavar="N",
+                   help="the escalation number, to be exact")
+    p.add_argument("--wait-seconds", type=seconds_arg(0, 3600, allow_zero=True), default=10.0)
     p.add_argument("--json", action="store_true")
     add_config_flag(p)
     p.set_defaults(func=run)

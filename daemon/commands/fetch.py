@@ -16,6 +16,7 @@ import msgspec
 from daemon.commands.watch import EXIT_QUEUED, wait_receipt
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
+from daemon.inputs import seconds_arg
 from daemon.spool import FetchFile, Spool, new_request_id
 from eventlog.lock import writer_alive
 
@@ -40,7 +41,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("operation", metavar="OP")
     p.add_argument("--to", required=True, metavar="PATH", help="where to write the result")
     p.add_argument("--result", help="which result field, when there are several URLs")
-    p.add_argument("--wait-seconds", type=float, default=600.0)
+    p.add_argument("--wait-seconds", type=seconds_arg(0, 86400, allow_zero=True), default=600.0)
     p.add_argument("--json", action="store_true")
     add_config_flag(p)
     p.set_defaults(func=run)

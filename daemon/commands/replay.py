@@ -11,7 +11,8 @@ import msgspec
 
 from daemon.commands.status import op_line, op_summary
 from daemon.config import add_config_flag, load_config
-from daemon.readers import load_log, open_keyring, parse_time
+from daemon.inputs import parse_time
+from daemon.readers import load_log, open_keyring
 from replay.check import check
 
 EPILOG = """\

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import anyio
 
 from daemon.errors import UsageError
+from daemon.inputs import count_arg
 from daemon.simulator import FORMAT_HELP, Script, Simulator, is_loopback, load_script
 
 DESCRIPTION = """\
@@ -42,7 +43,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="address to bind (default 127.0.0.1; anything but loopback only when given here)",
     )
-    p.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    p.add_argument("--port", type=count_arg(0, 65535), default=0,
+                   help="port (default 0: a free one)")
     p.add_argument(
         "--request-log",
         type=Path,

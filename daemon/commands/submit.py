@@ -14,7 +14,7 @@ import msgspec
 from daemon.commands.watch import report
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.readers import parse_duration, parse_time
+from daemon.inputs import count_arg, parse_duration, parse_time, seconds_arg
 from daemon.spool import Spool, SubmitFile, new_request_id
 from replay.observations import Registration
 
@@ -46,14 +46,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--idempotency-key", help="sent in the profile's idempotency header")
     p.add_argument("--deadline", help="wall-clock deadline from now, e.g. 40m")
     p.add_argument("--business-deadline", metavar="TIME", help="ISO-8601 or +DURATION (S28)")
-    p.add_argument("--max-requests", type=int)
-    p.add_argument("--max-transport-failures", type=int)
-    p.add_argument("--max-rate-limited", type=int)
+    p.add_argument("--max-requests", type=count_arg(), metavar="N")
+    p.add_argument("--max-transport-failures", type=count_arg(), metavar="N")
+    p.add_argument("--max-rate-limited", type=count_arg(), metavar="N")
     p.add_argument("--account", default="", help="provider account context (a name)")
     p.add_argument("--expected-state", help="the success state you expect")
     p.add_argument("--force", action="store_true",
                    help="submit even if a live operation has the same request fingerprint")
-    p.add_argument("--wait-seconds", type=float, default=60.0,
+    p.add_argument("--wait-seconds", type=seconds_arg(0, 3600, allow_zero=True), default=60.0,
                    help="how long to wait for the provider's answer (default 60)")
     p.add_argument("--json", action="store_true")
     add_config_flag(p)

@@ -13,6 +13,7 @@ from typing import Any
 
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
+from daemon.inputs import count_arg
 from eventlog.keys import load_verify_key
 from eventlog.verify import Report, verify_log
 
@@ -47,7 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--anchor", metavar="SEQ:HASH", help="a head recorded elsewhere "
                    "(`bide log head`): the log must contain it")
     p.add_argument("--json", action="store_true", help="machine-readable report")
-    p.add_argument("--jobs", type=int, metavar="N", default=min(os.cpu_count() or 1, 4),
+    p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
+                   default=min(os.cpu_count() or 1, 4),
                    help="worker processes for large logs (default: CPUs, at most 4)")
     add_config_flag(p)
     p.set_defaults(func=run)

@@ -12,7 +12,8 @@ import watchfiles
 from daemon.commands.status import op_line, op_summary
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.readers import open_keyring, parse_duration
+from daemon.inputs import parse_duration
+from daemon.readers import open_keyring
 from eventlog.envelope import EventRecord
 from eventlog.reader import LogReader
 from replay.events import (
@@ -64,7 +65,7 @@ def _exit_for(op: Operation) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    timeout = parse_duration(args.timeout, "--timeout")
+    timeout = parse_duration(args.timeout, "--timeout", allow_zero=True)
     reader = LogReader(cfg.log_dir, open_keyring(cfg))
     op: Operation | None = None
 

@@ -14,7 +14,7 @@ import watchfiles
 
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.readers import parse_duration, parse_time
+from daemon.inputs import count_arg, parse_duration, parse_time, seconds_arg
 from daemon.spool import Receipt, RegistrationFile, Spool, new_request_id
 from eventlog.lock import writer_alive
 from replay.observations import Registration
@@ -45,13 +45,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--deadline", help="wall-clock deadline from now, e.g. 40m (default: profile)")
     p.add_argument("--business-deadline", metavar="TIME",
                    help="when the result stops being useful: ISO-8601 or +DURATION (S28)")
-    p.add_argument("--max-requests", type=int, help="status-request budget")
-    p.add_argument("--max-transport-failures", type=int, help="transport-failure budget")
-    p.add_argument("--max-rate-limited", type=int, help="rate-limited-response budget")
+    p.add_argument("--max-requests", type=count_arg(), metavar="N", help="status-request budget")
+    p.add_argument("--max-transport-failures", type=count_arg(), metavar="N",
+                   help="transport-failure budget")
+    p.add_argument("--max-rate-limited", type=count_arg(), metavar="N",
+                   help="rate-limited-response budget")
     p.add_argument("--fingerprint", default="", help="fingerprint of the original submit request")
     p.add_argument("--account", default="", help="provider account context (a name, no secret)")
     p.add_argument("--expected-state", help="the success state you expect")
-    p.add_argument("--wait-seconds", type=float, default=10.0,
+    p.add_argument("--wait-seconds", type=seconds_arg(0, 3600, allow_zero=True), default=10.0,
                    help="how long to wait for the daemon's answer (default 10)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_config_flag(p)
