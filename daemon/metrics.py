@@ -73,6 +73,7 @@ class Metrics:
         self.append_latency = Histogram()
         self.requests_sent = 0
         self.log_alarm = 0
+        self.log_append_retries = 0
 
     def observe(self, ev: Event, provider: str) -> None:
         if isinstance(ev, ResponseClassified):
@@ -120,7 +121,10 @@ class Metrics:
                 "# HELP bide_log_flushes_total Durable write rounds (one fdatasync each).",
                 "# TYPE bide_log_flushes_total counter", f"bide_log_flushes_total {log_flushes}",
                 "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
-                "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}"]
+                "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}",
+                "# HELP bide_log_append_retries_total Failed append attempts retried.",
+                "# TYPE bide_log_append_retries_total counter",
+                f"bide_log_append_retries_total {self.log_append_retries}"]
         return "\n".join(out) + "\n"
 
 

@@ -137,6 +137,8 @@ class Supervisor:
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
         self._snapshot_writing = False
         self._snapshot_events = 0  # the ledger's event count at the last snapshot
+        self._append_failing = (0.0, 0)  # (monotonic start, attempts) while appends fail
+        self._append_errors: set[str] = set()  # errors logged in this failing episode
 
     # -- recording -------------------------------------------------------------------------
 
@@ -220,17 +222,18 @@ class Supervisor:
                               ) -> None:
         """Append, and while the log cannot take it (disk full, read-only, I/O error), keep
         retrying with backoff: the caller waits, so no request is sent before its intent is
-        recorded, and nothing recorded earlier is touched (the writer cut the failed batch)."""
+        recorded, and nothing recorded earlier is touched (the writer cut the failed batch).
+
+        Many callers wait at once while the log fails; the journal gets one line when the
+        condition starts, one for each new error, and one when it ends (with the number of
+        attempts), not a line per caller per retry. ``bide_log_append_retries_total`` counts
+        the attempts."""
         delay = 0.05
         while True:
             try:
                 await self.log.append_many(payloads, on_durable=on_durable)
             except LogIOError as exc:
-                if not self.metrics.log_alarm:
-                    logfmt.error("ALARM: the event log cannot be appended to; no request is "
-                                 "sent until its intent is recorded", error=exc)
-                    systemd.notify(f"STATUS={self.status_line(alarm=True)}")
-                self.metrics.log_alarm = 1
+                self._append_failed(exc)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 async with self._log_recovery:
@@ -238,14 +241,37 @@ class Supervisor:
                         try:
                             await self.log.reopen()
                         except (EventLogError, OSError) as again:
-                            logfmt.error("log reopen failed; retrying", error=again,
-                                         retry_in=f"{delay:g}s")
+                            self._append_failed(again, reopening=True)
                 continue
             if self.metrics.log_alarm:
                 self.metrics.log_alarm = 0
-                logfmt.info("event log appends recovered")
+                since, attempts = self._append_failing
+                logfmt.info("event log appends recovered", attempts=attempts,
+                            failing_for=f"{time.monotonic() - since:.1f}s")
+                self._append_failing = (0.0, 0)
+                self._append_errors.clear()
                 systemd.notify(f"STATUS={self.status_line()}")
             return
+
+    def _append_failed(self, exc: BaseException, *, reopening: bool = False) -> None:
+        """Count one failed attempt; log only when the condition starts or a new error shows."""
+        self.metrics.log_append_retries += 1
+        text = f"{type(exc).__name__}: {exc}"
+        if not self.metrics.log_alarm:
+            self.metrics.log_alarm = 1
+            self._append_failing = (time.monotonic(), 1)
+            self._append_errors = {text}
+            logfmt.error("ALARM: the event log cannot be appended to; no request is sent "
+                         "until its intent is recorded", error=exc)
+            systemd.notify(f"STATUS={self.status_line(alarm=True)}")
+            return
+        since, attempts = self._append_failing
+        self._append_failing = (since, attempts + 1)
+        if text not in self._append_errors and len(self._append_errors) < 8:
+            self._append_errors.add(text)
+            logfmt.error("event log still failing, with another error" +
+                         ("; reopening" if reopening else ""), error=exc, attempts=attempts + 1,
+                         failing_for=f"{time.monotonic() - since:.1f}s")
 
     def _announce(self, ev: EscalationRaised) -> None:
         path = write_escalation(self.config.outbox_dir, ev)

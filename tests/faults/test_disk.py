@@ -89,11 +89,21 @@ def test_disk_full_stops_requests_raises_alarm_and_resumes(tmp_path: Path) -> No
             assert daemon.proc.poll() is None, "the daemon gave up instead of retrying"
             before = _events(ws)  # what is durable now must survive the whole episode
 
+            retries = scrape(url)["bide_log_append_retries_total"]
+            assert retries >= 2, "the append was not retried"
+
             filler.unlink()
             until(lambda: "event log appends recovered" in daemon.output(), timeout=30,
                   what="recovery after space returned")
             ws.sim.wait_for_requests(stalled_at + 4, kind="status", timeout=20)
             assert scrape(url)["bide_log_append_failing"] == 0
+            # One line when the condition starts, one per change of error, one when it ends:
+            # not one per waiting caller per retry (issue 14).
+            episode = daemon.output().split("ALARM", 1)[1].split("appends recovered", 1)[0]
+            assert episode.count("level=error") <= 3, episode
+            recovered = next(line for line in daemon.output().splitlines()
+                             if "appends recovered" in line)
+            assert "attempts=" in recovered and "failing_for=" in recovered, recovered
             until(lambda: "ALARM" not in notify.statuses()[-1], what="STATUS= without alarm")
             assert daemon.stop() == 0
             _assert_log_whole(ws, before)
@@ -128,6 +138,8 @@ def test_read_only_log_directory_stops_requests_and_resumes(tmp_path: Path) -> N
               what="recovery once the directory is writable again")
         ws.sim.wait_for_requests(stalled_at + 4, kind="status", timeout=20)
         assert scrape(url)["bide_log_append_failing"] == 0
+        episode = daemon.output().split("ALARM", 1)[1].split("appends recovered", 1)[0]
+        assert episode.count("level=error") <= 3, episode  # not a line per caller per retry
         assert daemon.stop() == 0
         _assert_log_whole(ws, before)
         assert_every_request_was_intended(ws, JOBS)
