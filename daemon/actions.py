@@ -24,8 +24,10 @@ from eventlog.fsync import fsync_dir
 from replay.actions import (
     Action,
     decide_action,
+    fetch_target,
     fingerprint,
     judge_answer,
+    judge_download,
     judge_unanswered,
 )
 from replay.decide import format_time, register
@@ -109,15 +111,10 @@ class ActionRunner:
         op = sup.ops.get(ff.operation_id)
         if op is None:
             raise SpoolReject(f"no operation {ff.operation_id!r}")
-        if op.phase != "succeeded":
-            raise SpoolReject(f"operation {op.operation_id} has not succeeded (it is "
-                              f"{op.phase}); only a validated result can be fetched (S1)")
-        urls = {name: value for name, value in op.results.items()
-                if value.startswith(("https://", "http://"))}
-        name = ff.result or (next(iter(urls)) if len(urls) == 1 else None)
-        if name is None or name not in urls:
-            raise SpoolReject(f"name the result to fetch with --result (URL results: "
-                              f"{', '.join(sorted(urls)) or 'none'})")
+        target = fetch_target(op.phase, op.results, ff.result)
+        if isinstance(target, str):
+            raise SpoolReject(f"operation {op.operation_id}: {target}")
+        name, url = target
         profile = sup.profiles.get(op.provider)
         if profile is None:
             raise SpoolReject(f"no profile for provider {op.provider!r}")
@@ -125,7 +122,7 @@ class ActionRunner:
                     if a.operation_id == op.operation_id and a.kind == "fetch")
         intent = ActionIntended(
             operation_id=op.operation_id, at=sup.clock(), action_id=f"{op.operation_id}.fetch.{n}",
-            kind="fetch", provider=op.provider, method="GET", url=urls[name],
+            kind="fetch", provider=op.provider, method="GET", url=url,
             timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
             spool_request=rid, result_name=name)
         await sup.record([intent])
@@ -299,22 +296,16 @@ class ActionRunner:
         if isinstance(result, NoAnswer):
             part.unlink(missing_ok=True)
             return judge_unanswered(intent, result.kind, result.detail, None, now)
-        problem = (f"HTTP {result.status}" if not 200 <= result.status < 300 else
-                   f"larger than the cap of {intent.max_bytes} bytes" if result.truncated
-                   else None)
-        if problem is not None:
+        events = judge_download(intent, result.status, result.size, result.truncated,
+                                digest.hexdigest(), final.name, now)
+        if not isinstance(events[0], ActionSucceeded):
             part.unlink(missing_ok=True)
-            return [ActionFailed(operation_id=intent.operation_id, at=now,
-                                 action_id=intent.action_id, reason="fetch_failed",
-                                 http_status=result.status, detail=problem)]
+            return events
         os.chmod(part, 0o640)
         os.rename(part, final)
         with contextlib.suppress(OSError):
             fsync_dir(self.results_dir)
-        return [ActionSucceeded(operation_id=intent.operation_id, at=now,
-                                action_id=intent.action_id, http_status=result.status,
-                                size=result.size, sha256=digest.hexdigest(),
-                                stored_as=final.name)]
+        return events
 
     def _announce(self, action: Action, failed: ActionFailed) -> None:
         if not failed.options:

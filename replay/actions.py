@@ -27,8 +27,13 @@ Rules:
 * **Cancel** happens only because a human chose ``cancel_at_provider`` (offered only where the
   profile documents a cancel call); never implicitly, e.g. on a deadline. Its ambiguous outcome
   escalates ``cancel_outcome_unknown``.
-* **Fetch** happens only for an operation that succeeded with a validated result reference; a
-  failed fetch is recorded with its reason and leaves the status operation untouched.
+* **Fetch** (S1, S14, S34) happens only for an operation that succeeded with a validated result
+  reference, and only for a result that is an ``http(s)`` URL (:func:`fetch_target`). It is
+  one GET, never retried by itself; a download is a success only with a 2xx answer whose
+  body fit under the profile's cap, and then its size and SHA-256 are recorded
+  (:func:`judge_download`). Anything else is ``fetch_failed`` with its reason and no options
+  (fetching again is a new request, by whoever asked), and leaves the status operation
+  untouched. The credential goes only to the provider's own origin (the HTTP shell's rule).
 * A decision names an offered option or is recorded as not accepted and changes nothing.
 """
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -69,9 +74,11 @@ __all__ = [
     "action_story",
     "decide_action",
     "evolve_action",
+    "fetch_target",
     "fingerprint",
     "fold_actions",
     "judge_answer",
+    "judge_download",
     "judge_unanswered",
     "origin",
 ]
@@ -138,6 +145,42 @@ def origin(url: str) -> str:
     parts = urlsplit(url)
     port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 0)
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+# --- fetch ----------------------------------------------------------------------------------
+
+
+def fetch_target(phase: str, results: Mapping[str, str], wanted: str | None
+                 ) -> tuple[str, str] | str:
+    """``(result name, URL)`` a fetch may download, or the reason it may not (S1, S34).
+
+    Only a succeeded operation has validated results; only a result that is an ``http(s)``
+    URL can be downloaded; with several such results the caller must name one.
+    """
+    if phase != "succeeded":
+        return (f"the operation has not succeeded (it is {phase}); only a validated result "
+                f"can be fetched (S1)")
+    urls = {name: value for name, value in results.items()
+            if value.startswith(("https://", "http://"))}
+    name = wanted or (next(iter(urls)) if len(urls) == 1 else None)
+    if name is None or name not in urls:
+        return (f"name the result to fetch with --result (URL results: "
+                f"{', '.join(sorted(urls)) or 'none'})")
+    return name, urls[name]
+
+
+def judge_download(intent: ActionIntended, status: int, size: int, truncated: bool,
+                   sha256: str, stored_as: str, now: float) -> list[ActionEvent]:
+    """A fetch that was answered: a success only for a 2xx whose whole body fit the cap."""
+    if not 200 <= status < 300:
+        problem = f"HTTP {status}"
+    elif truncated:
+        problem = f"larger than the cap of {intent.max_bytes} bytes"
+    else:
+        return [ActionSucceeded(operation_id=intent.operation_id, at=now,
+                                action_id=intent.action_id, http_status=status, size=size,
+                                sha256=sha256, stored_as=stored_as)]
+    return [_failed(intent, now, "fetch_failed", http_status=status, detail=problem)]
 
 
 # --- state by replay ------------------------------------------------------------------------

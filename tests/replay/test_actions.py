@@ -8,9 +8,11 @@ from replay.actions import (
     SubmitSpec,
     decide_action,
     evolve_action,
+    fetch_target,
     fingerprint,
     fold_actions,
     judge_answer,
+    judge_download,
     judge_unanswered,
     origin,
 )
@@ -192,3 +194,64 @@ def test_fingerprint_and_origin() -> None:
     assert fingerprint("post", "https://a/x", b"1") == fingerprint("POST", "https://a/x", b"1")
     assert origin("https://API.example/x") == origin("https://api.example:443/y")
     assert origin("http://api.example/x") != origin("https://api.example/x")
+
+
+RESULTS = {"result_url": "https://cdn.example/r/1", "checksum": "abc"}
+
+
+@pytest.mark.parametrize(
+    ("phase", "results", "wanted", "expect"),
+    [
+        pytest.param("succeeded", RESULTS, None, ("result_url", RESULTS["result_url"]),
+                     id="S1-the-one-url-result"),
+        pytest.param("succeeded", RESULTS, "result_url", ("result_url", RESULTS["result_url"]),
+                     id="named"),
+        pytest.param("live", RESULTS, None, "has not succeeded", id="S1-live-refused"),
+        pytest.param("escalated", RESULTS, None, "has not succeeded", id="S1-escalated-refused"),
+        pytest.param("succeeded", RESULTS, "checksum", "URL results: result_url",
+                     id="not-a-url-refused"),
+        pytest.param("succeeded", {"a": "https://x/1", "b": "http://y/2"}, None,
+                     "URL results: a, b", id="several-need-a-name"),
+        pytest.param("succeeded", {"a": "file:///etc/passwd", "b": "ftp://x/1"}, None,
+                     "URL results: none", id="only-http-schemes"),
+    ],
+)
+def test_fetch_only_a_validated_url_result_of_a_succeeded_operation(
+        phase: str, results: dict[str, str], wanted: str | None,
+        expect: tuple[str, str] | str) -> None:
+    got = fetch_target(phase, results, wanted)
+    if isinstance(expect, str):
+        assert isinstance(got, str)
+        assert expect in got
+    else:
+        assert got == expect
+
+
+def fetch_intent() -> ActionIntended:
+    return ActionIntended(operation_id="op", at=NOW, action_id="op.fetch.1", kind="fetch",
+                          provider="p", method="GET", url="https://cdn.example/r/1",
+                          timeout_seconds=10, max_bytes=1000, result_name="result_url")
+
+
+@pytest.mark.parametrize(
+    ("status", "truncated", "expect"),
+    [
+        pytest.param(200, False, None, id="2xx-whole-body"),
+        pytest.param(206, False, None, id="any-2xx"),
+        pytest.param(200, True, "larger than the cap of 1000 bytes", id="cut-at-the-cap"),
+        pytest.param(302, False, "HTTP 302", id="redirect-not-followed"),
+        pytest.param(404, False, "HTTP 404", id="missing"),
+        pytest.param(503, False, "HTTP 503", id="server-error-not-retried"),
+    ],
+)
+def test_download_judged_by_status_and_cap(status: int, truncated: bool,
+                                           expect: str | None) -> None:
+    [out] = judge_download(fetch_intent(), status, 1000, truncated, "d" * 64, "op.fetch.1", NOW)
+    if expect is None:
+        assert isinstance(out, ActionSucceeded)
+        assert (out.size, out.sha256, out.stored_as) == (1000, "d" * 64, "op.fetch.1")
+    else:
+        assert isinstance(out, ActionFailed)
+        assert (out.reason, out.detail, out.http_status) == ("fetch_failed", expect, status)
+        assert out.options == ()  # fetching again is a new request, never automatic
+        assert not out.retry_scheduled
