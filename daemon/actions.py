@@ -205,6 +205,7 @@ class ActionRunner:
             headers["Content-Type"] = profile.submit.content_type
             if intent.idempotency_key and profile.contract.idempotent_submit:
                 headers[profile.submit.idempotency_header] = intent.idempotency_key
+        await sup.provider_turn(intent.provider)  # the provider's quota covers every call
         result = await client.call(intent.method, intent.url, seconds=intent.timeout_seconds,
                                    cap=ANSWER_CAP, body=intent.body or None, headers=headers)
         spec = profile.submit_spec
@@ -286,6 +287,7 @@ class ActionRunner:
                     view = view[os.write(fd, view):]
 
             cap = intent.max_bytes or 1
+            await sup.provider_turn(intent.provider)
             result = await client.call("GET", intent.url, seconds=intent.timeout_seconds,
                                        cap=cap, sink=sink, headers={"Accept": "*/*"})
             if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:

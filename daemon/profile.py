@@ -18,8 +18,9 @@ Example (``profiles/acme.toml``)::
     header = "Authorization"
     scheme = "Bearer"
 
-    [quota]                      # shared by every operation of this provider
-    requests_per_second = 10
+    [quota]                      # shared by every request of this provider (GCRA)
+    requests_per_second = 10     # no 1 s window at the provider holds more than this
+    burst = 1                    # default 1; B lets B go at once after a quiet spell
     max_in_flight = 4
 
     [contract]
@@ -36,6 +37,14 @@ Example (``profiles/acme.toml``)::
     failure = ["failed"]
     canceled = ["canceled"]
     expired = ["expired"]
+
+The quota: ``[quota]`` is one budget for every request bide sends to the provider (status
+polls, submits, fetches, cancels), kept by GCRA (the generic cell rate algorithm). With the
+default ``burst = 1`` requests leave at least ``1.02 / requests_per_second`` seconds apart, so
+no window of L seconds at the provider holds more than ``ceil(requests_per_second * L)`` of
+them: "10 per second" means no second carries an 11th. ``burst = B`` lets B go at once after a
+quiet spell (at most ``B - 1`` more in any window), for providers that document bursts. A poll
+the quota holds back is recorded as a ``local_quota`` delay, never sent in a wave.
 """
 
 from __future__ import annotations
@@ -74,7 +83,10 @@ class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Shared by every status request, submit, fetch and cancel of the provider (GCRA)."""
+
     requests_per_second: Annotated[float, Meta(gt=0, le=100_000)] = 10.0
+    burst: Annotated[int, Meta(ge=1, le=100_000)] = 1
     max_in_flight: Annotated[int, Meta(ge=1, le=10_000)] = 8
 
 

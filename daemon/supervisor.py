@@ -117,6 +117,7 @@ class Supervisor:
         self.profiles: dict[str, Profile] = {}
         self.clients: dict[str, StatusClient] = {}
         self.quotas: dict[str, RateQuota] = {}
+        self.pacers: dict[str, RateQuota] = {}  # the same quota, checked as requests leave
         self.in_flight: dict[str, anyio.Semaphore] = {}
         self.prepaid: set[str] = set()
         self.busy: set[str] = set()
@@ -295,7 +296,10 @@ class Supervisor:
             if old is not None and old.digest == profile.digest:
                 continue
             self.profiles[name] = profile
-            self.quotas[name] = RateQuota(profile.quota.requests_per_second)
+            self.quotas[name] = RateQuota(profile.quota.requests_per_second,
+                                          profile.quota.burst)
+            self.pacers[name] = RateQuota(profile.quota.requests_per_second,
+                                          profile.quota.burst)
             self.in_flight[name] = anyio.Semaphore(profile.quota.max_in_flight)
             previous = self.clients.pop(name, None)
             self.clients[name] = StatusClient(profile, self._credentials_dir())
@@ -384,6 +388,7 @@ class Supervisor:
             if self.stopping.is_set():
                 return
             await self.record(events)  # S13: durable before the request leaves
+            await self.provider_turn(op.provider, reserved=True)
             deadline, _ = op.effective_deadline
             time_left = deadline - self.clock()
             # S13: a request needs room to arrive before the deadline, not only to leave.
@@ -404,6 +409,24 @@ class Supervisor:
         # The fact and its decision in one durable batch: one write and fsync, not two.
         after = evolve(self.ops[op.operation_id], fact)
         await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
+
+    async def provider_turn(self, provider: str, *, reserved: bool = False) -> None:
+        """Wait until a request to ``provider`` may leave under its quota.
+
+        A poll took its slot before its intent (``reserved``): only the spacing between
+        requests actually leaving is checked again, absorbing the milliseconds the intent's
+        append took. A submit, fetch or cancel takes its slot here, from the same quota.
+        """
+        quota, pacer = self.quotas.get(provider), self.pacers.get(provider)
+        if quota is None or pacer is None:
+            return
+        if not reserved:
+            wait = quota.reserve()
+            if wait > 0:
+                await anyio.sleep(wait)
+        wait = pacer.reserve()
+        if wait > 0:
+            await anyio.sleep(wait)
 
     async def _quota_allows(self, op: Operation, now: float) -> bool:
         """Take a slot of the provider's rate quota, or record the poll as held back

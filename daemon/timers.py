@@ -74,29 +74,42 @@ class TimerHeap:
                 await self._changed.wait()
 
 
+#: Requests are spaced this much wider than ``1 / rate``: the milliseconds between a request
+#: taking its slot and reaching the provider vary, and 2% keeps that variation from putting
+#: ``rate + 1`` requests into one second at the provider.
+QUOTA_GUARD = 0.02
+
+
 class RateQuota:
-    """A provider's request-rate quota shared by all its operations (a token bucket).
+    """A provider's request quota shared by all its operations: GCRA, the generic cell rate
+    algorithm (a leaky bucket kept as one "theoretical arrival time").
+
+    The promise: with ``burst = 1`` (the default) requests are spaced at least ``interval``
+    apart, so no window of ``L`` seconds holds more than ``ceil(rate * L)`` of them (no second
+    more than ``rate``). With ``burst = B`` up to ``B`` may go at once after a quiet spell, and
+    a window of ``L`` seconds holds at most ``B - 1 + ceil(rate * L)``.
 
     ``reserve`` always takes a slot: now (returns 0) or in the future (returns the seconds until
     it). A caller given a future slot records a ``local_quota`` delay and sends at that time
     without reserving again, so fifty operations due at once are spread out, not sent in waves.
     """
 
-    def __init__(self, rate: float, burst: float | None = None,
+    def __init__(self, rate: float, burst: int = 1,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate
-        self.burst = burst if burst is not None else max(1.0, rate)
-        self._tokens = self.burst
+        self.burst = max(1, burst)
+        self.interval = (1.0 + QUOTA_GUARD) / rate
+        self._tolerance = (self.burst - 1) * self.interval
         self._monotonic = monotonic
-        self._at = monotonic()
+        self._tat = monotonic()  # when the next request would conform with no burst used
 
     def reserve(self) -> float:
         now = self._monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        self._tokens -= 1.0
-        return 0.0 if self._tokens >= 0.0 else -self._tokens / self.rate
+        tat = max(self._tat, now)
+        self._tat = tat + self.interval
+        wait = tat - self._tolerance - now
+        return wait if wait > 1e-9 else 0.0  # float noise in (B - 1) * interval is no wait
 
     def release(self) -> None:
         """Give back a slot that was reserved but not used (the poll was not sent)."""
-        self._tokens = min(self.burst, self._tokens + 1.0)
+        self._tat = max(self._monotonic(), self._tat - self.interval)
