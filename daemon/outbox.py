@@ -11,9 +11,20 @@ from pathlib import Path
 
 from replay.decide import format_time
 from replay.events import EscalationRaised
+from replay.state import Operation
 
 
-def escalation_text(ev: EscalationRaised) -> str:
+def provider_error_text(error: str, truncated: bool, indent: str = "  ") -> str:
+    """The provider's own error, whole as stored, quoted line by line; says where it was cut."""
+    head = (f"{indent}provider error (cut at the contract's error_cap_bytes; the rest is in no "
+            f"record):" if truncated else f"{indent}provider error:")
+    body = [f"{indent}  | {line}" for line in error.splitlines() or [""]]
+    return "\n".join([head, *body])
+
+
+def escalation_text(ev: EscalationRaised, op: Operation | None = None) -> str:
+    """The message a human decides from (S27, S37), with the provider's error when ``op`` (the
+    operation's state as of the escalation) holds one."""
     c = ev.context
     last_http = (
         f"HTTP {c.last_http_status} at {format_time(c.last_http_at)}"
@@ -36,8 +47,10 @@ def escalation_text(ev: EscalationRaised) -> str:
         f"  last HTTP:     {last_http}"
         + (f", provider request id {c.last_provider_request_id}"
            if c.last_provider_request_id else ""),
-        "  options:",
     ]
+    if op is not None and op.provider_error is not None:
+        lines.append(provider_error_text(op.provider_error, op.provider_error_truncated))
+    lines.append("  options:")
     for n, option in enumerate(ev.options, start=1):
         params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
         lines.append(f"    {n}. {option.id}: {option.label}" + (f" [{params}]" if params else ""))
@@ -45,8 +58,9 @@ def escalation_text(ev: EscalationRaised) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_escalation(outbox: Path, ev: EscalationRaised) -> Path:
-    return write_text(outbox, f"{ev.operation_id}.{ev.escalation_id}", escalation_text(ev))
+def write_escalation(outbox: Path, ev: EscalationRaised, op: Operation | None = None) -> Path:
+    return write_text(outbox, f"{ev.operation_id}.{ev.escalation_id}",
+                      escalation_text(ev, op))
 
 
 def write_text(outbox: Path, name: str, text: str) -> Path:

@@ -275,11 +275,12 @@ class Supervisor:
                          failing_for=f"{time.monotonic() - since:.1f}s")
 
     def _announce(self, ev: EscalationRaised) -> None:
-        path = write_escalation(self.config.outbox_dir, ev)
+        op = self.ops.get(ev.operation_id)
+        path = write_escalation(self.config.outbox_dir, ev, op)
         logfmt.warn("escalation raised", op=ev.operation_id, reason=ev.reason,
                     escalation=ev.escalation_id, outbox=path,
                     options=",".join(o.id for o in ev.options))
-        for line in escalation_text(ev).rstrip().splitlines():
+        for line in escalation_text(ev, op).rstrip().splitlines():
             logfmt.info(line.strip(), op=ev.operation_id)
 
     # -- profiles --------------------------------------------------------------------------

@@ -114,6 +114,10 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         last_transport_failure: The last transport failure kind.
         last_transport_failure_at: When it happened.
         stop_reason: Why the wait last stopped, while escalated or closed.
+        provider_error: The provider's own error from a failure stop (S3), as stored: bounded by
+            the contract's ``error_cap_bytes``; the JSON text of the error when it fit.
+        provider_error_truncated: ``provider_error`` was cut at the cap (then it is text, and
+            may no longer parse as JSON).
         escalation: The open escalation, if any.
         escalations_raised: How many escalations were raised.
         decisions_recorded: How many decisions were recorded.
@@ -154,6 +158,8 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_transport_failure: str | None = None
     last_transport_failure_at: float | None = None
     stop_reason: StopReason | None = None
+    provider_error: str | None = None
+    provider_error_truncated: bool = False
     escalation: OpenEscalation | None = None
     escalations_raised: int = 0
     decisions_recorded: int = 0
@@ -409,7 +415,13 @@ def evolve(state: Operation | None, event: Event) -> Operation:
                 last_state=sys.intern(event.state),
             )
         case OperationStopped():
-            return msgspec.structs.replace(s, phase="escalated", stop_reason=event.reason)
+            return msgspec.structs.replace(
+                s,
+                phase="escalated",
+                stop_reason=event.reason,
+                provider_error=event.provider_error,
+                provider_error_truncated=event.provider_error_truncated,
+            )
         case EscalationRaised():
             return msgspec.structs.replace(
                 s,

@@ -196,7 +196,10 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
             case OperationStopped():
                 text = f"stopped: {event.reason} ({event.detail})"
                 if event.provider_error is not None:
-                    text += f", provider error {event.provider_error[:200]!r}"
+                    # Whole, as recorded (bounded by the contract's error_cap_bytes), quoted.
+                    cut = " (cut at the contract's error_cap_bytes)" * (
+                        event.provider_error_truncated)
+                    text += f", provider error{cut} {event.provider_error!r}"
                 extend(event, text)
             case EscalationRaised():
                 options = " | ".join(f"{o.label} [{o.id}]" for o in event.options)

@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     escalated = [a for a in log.actions.values()
                  if a.phase == "escalated" and isinstance(a.outcome, ActionFailed)]
     if args.json:
-        print(json.dumps([msgspec.to_builtins(ev) for ev in open_] + [
+        print(json.dumps([{**msgspec.to_builtins(ev),
+                           "provider_error": log.ops[ev.operation_id].provider_error,
+                           "provider_error_truncated":
+                               log.ops[ev.operation_id].provider_error_truncated}
+                          for ev in open_] + [
             {"action_id": a.action_id, "operation_id": a.operation_id, "kind": a.kind,
              "reason": a.outcome.reason, "detail": a.outcome.detail,
              "options": msgspec.to_builtins(a.outcome.options)}
@@ -51,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     elif not open_ and not escalated:
         print("no open escalations")
     else:
-        texts = [escalation_text(ev) for ev in open_]
+        texts = [escalation_text(ev, log.ops[ev.operation_id]) for ev in open_]
         texts += [action_escalation_text(a, a.outcome) for a in escalated
                   if isinstance(a.outcome, ActionFailed)]
         print("\n".join(texts), end="")

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from daemon.config import add_config_flag, load_config
+from daemon.outbox import provider_error_text
 from daemon.readers import load_log, need_op, open_keyring
 from replay.decide import format_time
 from replay.state import Operation
@@ -39,6 +40,8 @@ def op_summary(op: Operation) -> dict[str, object]:
         "provider_job_id": op.provider_job_id,
         "phase": op.phase,
         "stop_reason": op.stop_reason,
+        "provider_error": op.provider_error,
+        "provider_error_truncated": op.provider_error_truncated,
         "last_state": op.last_state,
         "status_requests_used": op.status_requests_used,
         "max_status_requests": op.max_status_requests,
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({**op_summary(op), "record": msgspec.to_builtins(op)}))
         else:
             print(op_line(op))
+            if op.provider_error is not None:
+                print(provider_error_text(op.provider_error, op.provider_error_truncated))
         return 0
     ops = sorted(log.ops.values(), key=lambda o: o.registered_at)
     if args.json:
