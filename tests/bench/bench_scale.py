@@ -134,7 +134,7 @@ def _profile(root: Path, base_url: str, cap: float, concurrency: int) -> Path:
     path.write_text(
         f'[status]\nurl = "{base_url}/jobs/{{job_id}}"\ntimeout_seconds = 5\n'
         f'max_body_bytes = 65536\n\n[credential]\nfile = "sim.token"\n\n'
-        f"[quota]\nrequests_per_second = 100000\nmax_in_flight = {concurrency}\n\n"
+        f"[quota]\nrequests_per_second = 100000\nburst = 100000\nmax_in_flight = {concurrency}\n\n"
         f'[contract]\nstate_pointer = "/status"\njob_id_pointer = "/id"\n'
         f"backoff_base_seconds = {cap}\nbackoff_cap_seconds = {cap}\n"
         f"rate_limited_delay_seconds = {2 * cap + 1}\nmin_hint_seconds = 0.05\n"

@@ -87,7 +87,7 @@ default_max_transport_failures = 3
 default_max_rate_limited = 3
 """
 # Quota far above what the scenarios need: no poll is held back (no ``local_quota`` delays).
-QUOTA = "[quota]\nrequests_per_second = 1000\nmax_in_flight = 64\n"
+QUOTA = "[quota]\nrequests_per_second = 1000\nburst = 1000\nmax_in_flight = 64\n"
 
 
 @dataclass(frozen=True)
@@ -530,7 +530,7 @@ def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
         "late": "running",
     }
     with workspace(tmp_path, jobs) as ws:
-        one_slot = "[quota]\nrequests_per_second = 1000\nmax_in_flight = 1\n"
+        one_slot = "[quota]\nrequests_per_second = 1000\nburst = 1000\nmax_in_flight = 1\n"
         write_status_profile(ws, "sim", contract=CONTRACT, extra=one_slot, timeout_seconds=3)
         daemon = ws.start_daemon()
         now = time.time()

@@ -75,7 +75,7 @@ default_max_status_requests = 10
 default_max_transport_failures = 3
 default_max_rate_limited = 3
 """
-QUOTA = "[quota]\nrequests_per_second = 1000\nmax_in_flight = 64\n"
+QUOTA = "[quota]\nrequests_per_second = 1000\nburst = 1000\nmax_in_flight = 64\n"
 
 MIX: dict[str, str | list[object]] = {
     "quick": "queued x2, running, succeeded with result",
