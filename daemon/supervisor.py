@@ -74,6 +74,7 @@ from replay.events import (
     EscalationRaised,
     LogEvent,
     OperationRegistered,
+    PollScheduled,
     RegistrationRejected,
     RequestOutcomeUnknown,
     StatusRequestIntended,
@@ -138,6 +139,8 @@ class Supervisor:
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
         self._snapshot_writing = False
         self._snapshot_events = 0  # the ledger's event count at the last snapshot
+        # op id -> (next_poll_at, monotonic end) of the wait last scheduled in this process
+        self._waits: dict[str, tuple[float, float]] = {}
         self._append_failing = (0.0, 0)  # (monotonic start, attempts) while appends fail
         self._append_errors: set[str] = set()  # errors logged in this failing episode
 
@@ -155,17 +158,24 @@ class Supervisor:
         while self._snapshot_barrier is not None:
             await self._snapshot_barrier.wait()
         started = time.monotonic()
+        # A scheduled wait is an interval from the decision (a few microseconds ago): its end
+        # on the monotonic clock, so a wall clock set back later never stretches it.
+        waits = [(e.operation_id, e.next_poll_at, started + max(0.0, e.next_poll_at - e.at))
+                 for e in events if isinstance(e, PollScheduled)]
         self._appending += 1
         try:
             await self._append_durably([encode_event(e) for e in events],
-                                       lambda: self._fold(events))
+                                       lambda: self._fold(events, waits))
         finally:
             self._appending -= 1
             self._snapshot_if_due()
         self.metrics.append_latency.observe(time.monotonic() - started)
 
-    def _fold(self, events: Sequence[LogEvent]) -> None:
+    def _fold(self, events: Sequence[LogEvent],
+              waits: Sequence[tuple[str, float, float]] = ()) -> None:
         """Fold durable events into state (runs even if their appender was cancelled)."""
+        for op_id, next_poll_at, due in waits:
+            self._waits[op_id] = (next_poll_at, due)
         for ev in events:
             op = self.ledger.apply(ev)
             if op is None or isinstance(ev, ActionEvent):
@@ -317,12 +327,45 @@ class Supervisor:
     # -- scheduling ------------------------------------------------------------------------
 
     def schedule(self, op_id: str) -> None:
+        """Arm the operation's one timer: at the end of the wait its last ``PollScheduled``
+        set, measured on the monotonic clock from when it was decided (when that happened in
+        this process), else at ``next_poll_at`` read against the wall clock now; and never
+        later than the deadline, a wall-clock fact."""
         op = self.ops.get(op_id)
         if op is None or op.phase != "live":
             self.timers.cancel(op_id)
+            self._waits.pop(op_id, None)
             return
-        delay = max(0.0, op.next_poll_at - self.clock())
-        self.timers.schedule(op_id, time.monotonic() + delay)
+        now_mono, now_wall = time.monotonic(), self.clock()
+        wait = self._waits.get(op_id)
+        if wait is not None and wait[0] == op.next_poll_at:
+            due = wait[1]
+        else:
+            self._waits.pop(op_id, None)
+            due = now_mono + max(0.0, op.next_poll_at - now_wall)
+        deadline, _ = op.effective_deadline
+        self.timers.schedule(op_id, min(due, now_mono + max(0.0, deadline - now_wall)))
+
+    def _timer_elapsed(self, op: Operation) -> bool:
+        """Whether the wait scheduled for ``op`` in this process has run out (monotonic)."""
+        wait = self._waits.get(op.operation_id)
+        return (wait is not None and wait[0] == op.next_poll_at
+                and time.monotonic() >= wait[1])
+
+    async def _watch_wall_clock(self) -> None:
+        """Re-arm every timer when the wall clock jumps: deadlines are wall-clock times, so one
+        brought nearer by a jump forward must still stop its operation on time."""
+        offset = self.clock() - time.monotonic()
+        while True:
+            await anyio.sleep(1.0)
+            now = self.clock() - time.monotonic()
+            if abs(now - offset) > 1.0:
+                logfmt.warn("the wall clock jumped; deadlines re-read against it",
+                            jump=f"{now - offset:+.1f}s")
+                for op_id, op in self.ops.items():
+                    if op.phase == "live" and op_id not in self.busy:
+                        self.schedule(op_id)
+            offset = now
 
     async def _timer_loop(self) -> None:
         """Start a poll for each due operation, at most ``MAX_POLLS`` at once: under overload
@@ -359,7 +402,8 @@ class Supervisor:
         """S32: decide; acquire the provider's slot; reload and decide again with a fresh clock;
         the quota; the intent made durable; the one request; the fact; decide. The slot (the
         lease of S33) is held only for the intent and the request, never while sleeping."""
-        events = decide(op, WakeUp(), self.clock(), self.draw())
+        events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), self.clock(),
+                        self.draw())
         if not any(isinstance(e, StatusRequestIntended) for e in events):
             await self.record(events)  # nothing, or a stop (deadline, budget) S9/S13/S17
             return
@@ -379,7 +423,7 @@ class Supervisor:
         try:
             op = self.ops[op.operation_id]  # reload: waiting for the slot took time
             now = self.clock()
-            events = decide(op, WakeUp(), now, self.draw())
+            events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), now, self.draw())
             intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
             if intent is None:
                 await self.record(events)  # the deadline passed while waiting for the slot
@@ -683,6 +727,7 @@ class Supervisor:
                         # Before READY=1: a SIGTERM right after it must drain, not kill.
                         await tg.start(self._signals, main_scope)
                         tg.start_soon(self._timer_loop)
+                        tg.start_soon(self._watch_wall_clock)
                         tg.start_soon(self._watch_spool)
                         if cfg.profiles_dir is not None:
                             tg.start_soon(self._watch_profiles)

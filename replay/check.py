@@ -125,7 +125,9 @@ def _check_operation(operation_id: str, indexed: list[tuple[int, Event]]) -> lis
             else:
                 now = event.at
                 draw = 0.0
-                if isinstance(event, StatusRequestIntended | OperationStopped):
+                if isinstance(event, StatusRequestIntended):
+                    observation = WakeUp(timer_elapsed=event.due_by_timer)
+                elif isinstance(event, OperationStopped):
                     observation = WakeUp()
                 elif isinstance(event, PollScheduled) and event.delay_source == "local_quota":
                     until = event.until if event.until is not None else event.next_poll_at

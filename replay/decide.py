@@ -30,8 +30,10 @@ On a wake-up (S32, in exactly this order)
    self-granted extra period).
 3. The next request would exceed the status-request budget: stop ``request_budget_exhausted``
    (S17).
-4. ``now`` is before ``next_poll_at``: nothing (the daemon keeps its timer). One wake-up never
-   sends more than one request: no catch-up bursts (S9).
+4. ``now`` is before ``next_poll_at`` and the daemon's monotonic timer for that wait has not
+   run out (``WakeUp.timer_elapsed``): nothing (the daemon keeps its timer). A wall clock set
+   back never stretches a wait; the intent records ``due_by_timer`` when it decided. One
+   wake-up never sends more than one request: no catch-up bursts (S9).
 5. Otherwise ``StatusRequestIntended`` with the counter already incremented (S13: counted before
    transmitting; the daemon makes it durable before it sends).
 
@@ -342,7 +344,7 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
         raise InvalidInputError("draw must be a number in [0, 1)")
     match observation:
         case WakeUp():
-            return _on_wake_up(op, now)
+            return _on_wake_up(op, now, timer_elapsed=observation.timer_elapsed)
         case QuotaDeferred():
             return _on_quota(op, observation, now)
         case DecisionSubmitted():
@@ -358,7 +360,7 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
     raise InvalidInputError(f"not an observation: {type(observation).__name__}")
 
 
-def _on_wake_up(op: Operation, now: float) -> list[Event]:
+def _on_wake_up(op: Operation, now: float, *, timer_elapsed: bool = False) -> list[Event]:
     # S32 step 1: terminal or escalated (or a request still in flight) -> nothing.
     if op.phase != "live" or op.in_flight is not None:
         return []
@@ -369,8 +371,10 @@ def _on_wake_up(op: Operation, now: float) -> list[Event]:
     # S32 step 3, S17: would the next request exceed the budget?
     if op.status_requests_used + 1 > op.max_status_requests:
         return _budget_stop(op, now, 0)
-    # S32 step 4: not yet due -> nothing.
-    if now < op.next_poll_at:
+    # S32 step 4: not yet due -> nothing. The wait is an interval: when the daemon's monotonic
+    # timer says it has elapsed, a wall clock set back since does not stretch it.
+    early = now < op.next_poll_at
+    if early and not timer_elapsed:
         return []
     # S32 step 5, S13: counted before transmitting; the daemon makes this durable first.
     return [
@@ -380,6 +384,7 @@ def _on_wake_up(op: Operation, now: float) -> list[Event]:
             request_number=op.status_requests_used + 1,
             deadline_at=deadline,
             max_status_requests=op.max_status_requests,
+            due_by_timer=early,
         )
     ]
 

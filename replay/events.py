@@ -356,11 +356,15 @@ class StatusRequestIntended(_Event, tag="status_request_intended", frozen=True, 
         request_number: The status-request counter after the increment (S13).
         deadline_at: The deadline in force (the earlier of operation and business deadline).
         max_status_requests: The budget in force.
+        due_by_timer: Sent because the daemon's monotonic timer for the scheduled wait had
+            elapsed while the wall clock still read before ``next_poll_at`` (it was set back):
+            a wait is an interval, a deadline a wall-clock fact.
     """
 
     request_number: RequestNumber
     deadline_at: float
     max_status_requests: int
+    due_by_timer: bool = False
 
 
 class ResponseClassified(_Event, tag="response_classified", frozen=True, kw_only=True):

@@ -36,8 +36,16 @@ __all__ = [
     "WakeUp",
 ]
 
-class WakeUp(msgspec.Struct, frozen=True, tag="wake_up"):
-    """A timer fired for the operation (or the daemon started): run the S32 checks."""
+class WakeUp(msgspec.Struct, frozen=True, kw_only=True, tag="wake_up"):
+    """A timer fired for the operation (or the daemon started): run the S32 checks.
+
+    Attributes:
+        timer_elapsed: The daemon's monotonic timer for the wait it scheduled has run out.
+            The poll is then due even if the wall clock (set back since) still reads before
+            ``next_poll_at``; the deadline is checked against the wall clock all the same.
+    """
+
+    timer_elapsed: bool = False
 
 
 class QuotaDeferred(msgspec.Struct, frozen=True, kw_only=True, tag="quota_deferred"):

@@ -10,7 +10,9 @@ the test itself keep the real clock.
   the operation with ``deadline_exceeded``; no request goes out after the jump.
 * Forward for an operation whose deadline is far: no burst (timers are monotonic, one wake-up
   sends at most one request).
-* Backward: no burst either; the wall-clock ``next_poll_at`` is simply further away.
+* Backward: no burst either, and no poll delayed by the jump: the wait between two polls is an
+  interval on the monotonic clock (the intent records ``due_by_timer``); only deadlines are
+  wall-clock facts.
 
 (libfaketime breaks ``time.sleep`` -- ``clock_nanosleep`` with ``TIMER_ABSTIME`` fails with
 EINVAL -- but the daemon never calls it: its sleeps are the event loop's ``epoll_wait``.)
@@ -112,13 +114,18 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
             f"burst after a forward jump: {sent} requests")
         assert LONG[1] not in _stops(ws)
 
-        # Backward one hour (from +2h to +1h): never a burst.
+        # Backward one hour (from +2h to +1h): never a burst, and no wait stretched by the
+        # hour either: the wait between two polls is an interval (issue 14).
         long_before = _requests(ws, LONG[0])
         _jump(offset_file, "+1h")
         time.sleep(window)
         sent = _requests(ws, LONG[0]) - long_before
         assert sent <= MAX_PER_WINDOW * window + 1, f"burst after a backward jump: {sent}"
+        assert sent >= window / 1.0 - 1, f"polls stopped after a backward jump: {sent}"
         assert LONG[1] not in _stops(ws)
+        by_timer = [e for _, e in ws.log().events
+                    if isinstance(e, StatusRequestIntended) and e.due_by_timer]
+        assert by_timer, "no intent records that the monotonic timer made it due"
         assert daemon.proc.poll() is None
         assert daemon.stop() == 0
         checked = ws.bide("replay", "--check")

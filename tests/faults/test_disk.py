@@ -103,7 +103,8 @@ def test_disk_full_stops_requests_raises_alarm_and_resumes(tmp_path: Path) -> No
             assert episode.count("level=error") <= 3, episode
             recovered = next(line for line in daemon.output().splitlines()
                              if "appends recovered" in line)
-            assert "attempts=" in recovered and "failing_for=" in recovered, recovered
+            assert "attempts=" in recovered, recovered
+            assert "failing_for=" in recovered, recovered
             until(lambda: "ALARM" not in notify.statuses()[-1], what="STATUS= without alarm")
             assert daemon.stop() == 0
             _assert_log_whole(ws, before)
