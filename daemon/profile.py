@@ -90,6 +90,9 @@ class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_in_flight: Annotated[int, Meta(ge=1, le=10_000)] = 8
 
 
+StatusPathPrefix = Annotated[str, Meta(pattern=r"^/[\x21-\x7e]*$", max_length=512)]
+
+
 class SubmitCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How to submit a job (S22, S29); how the answer names the job is the provider's contract."""
 
@@ -103,6 +106,9 @@ class SubmitCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     status_from: Literal["template", "location", "operation-location"] = "template"
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 3
     max_body_bytes: Annotated[int, Meta(ge=1, le=256 * 1024)] = 64 * 1024
+    #: Where a status resource named by a header may be (S22); default: the status URL's path
+    #: up to ``{job_id}``. Always on the status URL's origin.
+    status_path_prefix: StatusPathPrefix | None = None
 
 
 class FetchCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -158,7 +164,15 @@ class Profile:
                           job_id_pointer=self.submit.job_id_pointer,
                           status_from=self.submit.status_from,
                           idempotent=self.contract.idempotent_submit,
-                          max_attempts=self.submit.max_attempts)
+                          max_attempts=self.submit.max_attempts,
+                          status_path_prefix=self.status_path_prefix)
+
+    @property
+    def status_path_prefix(self) -> str:
+        """The path under which a provider-named status resource may lie (S22)."""
+        if self.submit is not None and self.submit.status_path_prefix is not None:
+            return self.submit.status_path_prefix
+        return urlsplit(self.status.url.split(_PLACEHOLDER, 1)[0]).path or "/"
 
     def cancel_url(self, job_id: str) -> str:
         assert self.cancel is not None

@@ -56,7 +56,8 @@ class SubmitFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["submit"]
     registration: Registration
     body: bytes
-    idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    #: Sent as a header value: visible ASCII only, so it can never break the request.
+    idempotency_key: Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,256}$")] | None = None
     force: bool = False
 
 
@@ -92,6 +93,12 @@ def decode_incoming(data: bytes) -> IncomingFile:
         request = msgspec.json.decode(data, type=cls)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SpoolReject(f"not a valid {kind} request: {exc}") from None
+    if (isinstance(request, RegistrationFile | SubmitFile)
+            and request.registration.status_location is not None):
+        raise SpoolReject(
+            "the registration names a status_location: agents give a provider and a job id, "
+            "never a URL; only the provider's profile decides where bide sends its requests "
+            "and its credential")
     if isinstance(request, RegistrationFile) and request.registration.provider_job_id in DOTS:
         raise SpoolReject(
             f"job id {request.registration.provider_job_id!r} cannot be one segment of a "

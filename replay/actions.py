@@ -40,7 +40,7 @@ Rules:
 from __future__ import annotations
 
 import hashlib
-import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Literal
 from urllib.parse import unquote, urljoin, urlsplit
@@ -50,6 +50,8 @@ import msgspec
 from replay.contract import JsonPointer
 from replay.errors import ReplayOrderError
 from replay.events import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
     ActionDecided,
     ActionEvent,
     ActionFailed,
@@ -64,7 +66,7 @@ from replay.events import (
     TransportKind,
 )
 from replay.observations import DecisionSubmitted
-from replay.signals import resolve_pointer
+from replay.signals import check_provider_url, parse_json, resolve_pointer
 
 __all__ = [
     "NEVER_DELIVERED",
@@ -98,6 +100,9 @@ class SubmitSpec(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         job_id_from: Where the new job's id is: ``location``, ``operation-location`` (the
             last path segment of that header's URL) or ``body`` (``job_id_pointer``).
+        status_path_prefix: A status resource named by a header must be on the status
+            endpoint's origin and under this path (by default the status URL template's path
+            up to ``{job_id}``): bide sends its credential nowhere else (S22).
         job_id_pointer: JSON pointer to the id in the body.
         status_from: Where the status resource is: ``template`` (the profile's status URL
             filled with the id) or the ``location`` / ``operation-location`` header.
@@ -110,6 +115,7 @@ class SubmitSpec(msgspec.Struct, frozen=True, kw_only=True):
     status_from: Literal["template", "location", "operation-location"] = "template"
     idempotent: bool = False
     max_attempts: int = 3
+    status_path_prefix: str = "/"
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,9 +147,13 @@ def fingerprint(method: str, url: str, body: bytes) -> str:
 
 
 def origin(url: str) -> str:
-    """``scheme://host:port`` of a URL (default ports made explicit)."""
-    parts = urlsplit(url)
-    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 0)
+    """``scheme://host:port`` of a URL (default ports made explicit); ``""`` if it does not
+    parse (a bad port or IPv6 literal), which is no one's origin."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 0)
+    except ValueError:
+        return ""
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
@@ -338,29 +348,38 @@ def _job_and_status(intent: ActionIntended, headers: ResponseHeaders,
     if spec.job_id_from == "body":
         if spec.job_id_pointer is None:
             return "the profile reads the job id from the body but names no job_id_pointer"
-        try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return "the answer's body is not JSON, so it names no job id"
+        parsed, document = parse_json(body)  # bounded: never a RecursionError
+        if not parsed:
+            return f"the answer's body names no job id: {document}"
         ok, value = resolve_pointer(document, spec.job_id_pointer)
         if ok and isinstance(value, str | int) and not isinstance(value, bool) and str(value):
             job_id = str(value)
     else:
         header = named[spec.job_id_from]
         if header:
-            segment = urlsplit(urljoin(intent.url, header)).path.rstrip("/").rsplit("/", 1)[-1]
+            try:
+                segment = urlsplit(urljoin(intent.url, header)).path.rstrip("/").rsplit("/", 1)[-1]
+            except ValueError:
+                return f"the {spec.job_id_from} header is not a URL"
             job_id = unquote(segment) or None
     if not job_id:
         return f"accepted, but no job id in the {spec.job_id_from} the profile names (S22)"
+    if len(job_id) > MAX_ID_LENGTH or not re.fullmatch(ID_PATTERN, job_id):
+        return (f"the job id in the {spec.job_id_from} is not a printable id of at most "
+                f"{MAX_ID_LENGTH} characters")
     status_location: str | None = None
     if spec.status_from != "template":
         header = named[spec.status_from]
         if not header:
             return f"accepted, but no {spec.status_from} header naming the status resource"
-        status_location = urljoin(intent.url, header)
-        if origin(status_location) != status_url_origin:
-            return (f"the status resource {origin(status_location)} is not on the provider's "
-                    f"origin {status_url_origin}: bide will not send its credential there")
+        try:
+            status_location = urljoin(intent.url, header)
+        except ValueError:
+            return f"the {spec.status_from} header is not a URL"
+        refused = check_provider_url(status_location, status_url_origin, spec.status_path_prefix)
+        if refused is not None:
+            return (f"the status resource it names is refused: {refused}; bide sends its "
+                    f"credential only to the profile's own status resources (S22)")
     return job_id, status_location
 
 

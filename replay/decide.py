@@ -130,6 +130,7 @@ from replay.observations import (
 from replay.signals import (
     Rejected,
     parse_instant,
+    parse_json,
     parse_ratelimit,
     parse_ratelimit_policy,
     parse_retry_after,
@@ -448,10 +449,9 @@ def _read_body(op: Operation, response: StatusResponseReceived) -> _Reading:
     contract = op.contract
     if response.body_truncated:
         return _Reading(problem="integration_failure", detail="the body exceeded the size cap")
-    try:
-        document: object = msgspec.json.decode(response.body)
-    except msgspec.DecodeError:
-        return _Reading(problem="unparseable_response", detail="the body is not JSON")
+    parsed, document = parse_json(response.body)  # bounded: never a RecursionError
+    if not parsed:
+        return _Reading(problem="unparseable_response", detail=str(document))
     found, state = resolve_pointer(document, contract.state_pointer)
     if not found or not isinstance(state, str) or not state:
         return _Reading(

@@ -13,6 +13,11 @@ reason that ``decide`` records (S8: a rejected hint is recorded, then ignored).
   else ``t / r``; from a policy alone, ``w / q``.
 * Hint times: ISO-8601 with an offset (``2025-04-18T10:24:00Z``) or POSIX seconds.
 * JSON pointers, RFC 6901.
+* Provider bodies as JSON, bounded before they are decoded (:func:`parse_json`): nesting
+  deeper than :data:`MAX_JSON_DEPTH` is refused without recursing into it, so a 4 KB body of
+  2,000 brackets is an unparseable response, never a ``RecursionError``.
+* URLs a provider names (:func:`check_provider_url`): parsed without raising, on the profile's
+  origin, under its path prefix, with no dot segment that normalisation would remove.
 """
 
 from __future__ import annotations
@@ -21,14 +26,19 @@ import math
 import re
 from datetime import UTC, datetime
 from typing import Final, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+import msgspec
 
 from replay.contract import ResultKind
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "Rejected",
+    "check_provider_url",
     "parse_http_date",
     "parse_instant",
+    "parse_json",
     "parse_ratelimit",
     "parse_ratelimit_policy",
     "parse_retry_after",
@@ -174,6 +184,64 @@ def parse_seconds(value: object) -> float | Rejected:
     if not math.isfinite(number):
         return Rejected("not a finite number of seconds")
     return number
+
+
+#: The deepest nesting of a provider's JSON body that is decoded. Status documents are a few
+#: levels deep; thousands of brackets in a small body are an attack on the decoder's stack.
+MAX_JSON_DEPTH: Final = 64
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET: Final = re.compile(rb"[\[\]{}]")
+
+
+def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> tuple[bool, object]:
+    """``(True, document)``, or ``(False, reason)`` for a body that is not JSON or nests
+    deeper than ``max_depth``. Never raises: what a provider sends is data, not a crash.
+
+    The depth is measured before decoding, with the strings blanked out, and only when the
+    body holds more brackets than ``max_depth`` (the common case costs two C-level counts).
+    """
+    if body.count(b"[") + body.count(b"{") > max_depth:
+        depth = deepest = 0
+        for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub(b'""', body)):
+            depth += 1 if bracket.group() in (b"[", b"{") else -1
+            deepest = max(deepest, depth)
+            if deepest > max_depth:
+                return False, f"the JSON nests deeper than {max_depth} levels"
+    try:
+        return True, msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False, "the body is not JSON"
+    except (RecursionError, MemoryError, ValueError):
+        return False, "the body is JSON too deep or too large to decode"
+
+
+def check_provider_url(url: str, origin: str, path_prefix: str) -> str | None:
+    """Why a URL a provider named may not be called with bide's credential, or None if it may.
+
+    It must parse (a bad port, IPv6 literal or host is a reason, not an exception), be on
+    ``origin`` (``scheme://host:port``), have a path under ``path_prefix``, and hold no dot
+    segment, raw or percent-encoded, that URL normalisation would remove (RFC 3986 §5.2.4),
+    nor whitespace, control characters or a backslash.
+    """
+    if any(ord(ch) < 0x21 or ch in '\\\x7f' for ch in url):
+        return "the URL holds whitespace, a control character or a backslash"
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 0)
+        host = (parts.hostname or "").lower()
+    except ValueError as exc:
+        return f"the URL does not parse ({exc})"
+    if not host:
+        return "the URL names no host"
+    found = f"{parts.scheme}://{host}:{port}"
+    if found != origin:
+        return f"{found} is not the provider's origin {origin}"
+    segments = unquote(parts.path).split("/")
+    if any(segment in (".", "..") for segment in segments):
+        return "the URL's path has a dot segment"
+    if not parts.path.startswith(path_prefix):
+        return f"the path {parts.path[:200]!r} is not under the profile's prefix {path_prefix!r}"
+    return None
 
 
 def resolve_pointer(document: object, pointer: str) -> tuple[bool, object]:
