@@ -19,7 +19,7 @@ import anyio
 
 import replay
 from daemon import logfmt
-from eventlog.keys import KeyRing
+from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
 from eventlog.reader import LogReader
 from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
@@ -44,11 +44,12 @@ def model_digest() -> str:
 MODEL = model_digest()
 
 
-def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
+def load_snapshot(path: Path, keyring: KeyRing, signer: Signer) -> Snapshot | None:
     """The state snapshot at ``path``; None (and a warning) when there is none or it is
-    unusable: the log is the truth, and a full replay rebuilds everything it held."""
+    unusable (damaged, or not tagged with ``signer``'s MAC key: rewritten by someone holding
+    only the data key): the log is the truth, and a full replay rebuilds everything it held."""
     try:
-        position, body = read_snapshot(path, keyring)
+        position, body = read_snapshot(path, keyring, signer.mac_key)
         snapshot = Snapshot(position, Ledger.load(body, MODEL))
         del body
         release_freed_heap()
@@ -84,17 +85,19 @@ def release_freed_heap() -> None:
         pass
 
 
-def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:
-    return write_snapshot(path, keyring, position, ledger.dump(MODEL))
+def save_snapshot(path: Path, keyring: KeyRing, signer: Signer, position: LogPosition,
+                  ledger: Ledger) -> int:
+    return write_snapshot(path, keyring, signer.mac_key, position, ledger.dump(MODEL))
 
 
-async def write_snapshot_in_thread(path: Path, keyring: KeyRing, position: LogPosition,
-                                   ledger: Ledger) -> None:
+async def write_snapshot_in_thread(path: Path, keyring: KeyRing, signer: Signer,
+                                   position: LogPosition, ledger: Ledger) -> None:
     """Encode, seal and write ``ledger`` at ``position`` in a worker thread. A failure is
     logged, not raised: the log is unaffected, and the next start replays more of it."""
     started = time.monotonic()
     try:
-        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, position, ledger)
+        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, signer, position,
+                                              ledger)
     except OSError as exc:
         logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
         return
