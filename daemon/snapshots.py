@@ -64,14 +64,31 @@ def load_snapshot(path: Path, keyring: KeyRing, signer: Signer) -> Snapshot | No
 
 def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
     """Fold the log into a ledger: every event, or those after ``start``'s position into its
-    ledger (the caller has checked that the position still names its record)."""
+    ledger (the caller has checked that the position still names its record).
+
+    Events that cannot be read (sealed under a retired data key: crypto-shredded) or folded
+    (later events of an operation whose registration is unreadable) are left out with a
+    warning naming their sequence numbers; every other operation is replayed."""
     if start is None:
         ledger, reader = Ledger(), LogReader(log_dir, keyring)
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
-    ledger.fold(payload for _, payload in reader.payloads())
+    skipped: list[tuple[int, str]] = []
+    ledger.fold(reader.payloads(skipped), skipped)
     release_freed_heap()
+    warn_unreadable(skipped)
     return ledger
+
+
+def warn_unreadable(skipped: list[tuple[int, str]], shown: int = 10) -> None:
+    """One warning line per event left out (the first ``shown``), then a count of the rest."""
+    skipped.sort()
+    for seq, why in skipped[:shown]:
+        logfmt.warn("log event left out: unreadable or unfoldable (its operation is unknown "
+                    "or incomplete)", seq=seq, reason=why)
+    if len(skipped) > shown:
+        logfmt.warn("more log events left out", count=len(skipped) - shown,
+                    last_seq=skipped[-1][0])
 
 
 def release_freed_heap() -> None:

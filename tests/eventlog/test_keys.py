@@ -152,6 +152,15 @@ def test_rotation_keeps_old_records_readable_until_the_key_is_retired(
     shredded = read_all()
     assert all(isinstance(v, str) and old_kid in v for v in shredded[old_kid])
     assert shredded[new_kid] == [b"new %d" % i for i in range(5)]
+    # Reading payloads: raises at the first shredded one, or lists each by seq and reads on.
+    with pytest.raises(UnknownKeyError):
+        list(LogReader(log, ks.keyring()).payloads())
+    unreadable: list[tuple[int, str]] = []
+    read = list(LogReader(log, ks.keyring()).payloads(unreadable))
+    assert [p for _, p in read] == [b"new %d" % i for i in range(5)]
+    assert len(unreadable) == 5
+    assert all(old_kid in why for _, why in unreadable)
+    assert max(seq for seq, _ in unreadable) < min(seq for seq, _ in read)
 
 
 def test_keygen_never_overwrites(ks: KeySet) -> None:
