@@ -9,6 +9,7 @@ key only) accepts seals and notes a head no seal covers.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import anyio
@@ -28,6 +29,8 @@ from tests.eventlog._logtools import (
     verify,
     verify_cli,
 )
+
+PRESEAL = Path(__file__).parent.parent / "vectors" / "eventlog_preseal"
 
 
 async def _open(log: Path, ks: KeySet, segment_bytes: int = 2048) -> list[Recovery]:
@@ -147,3 +150,40 @@ def test_honest_logs_reopen_without_any_cut(tmp_path: Path, ks: KeySet, events: 
     build_log(log, ks, events)
     assert anyio.run(_open, log, ks) == []
     assert anyio.run(_open, log, ks) == []
+
+
+def _preseal(tmp_path: Path) -> tuple[KeySet, Path]:
+    """A copy of the logs a bide before seals wrote, with its keys at their proper modes."""
+    root = tmp_path / "preseal"
+    shutil.copytree(PRESEAL, root)
+    (root / "keys").chmod(0o700)
+    for key in (root / "keys").glob("*.key"):
+        key.chmod(0o600)
+    return KeySet(root / "keys"), root
+
+
+def test_logs_written_before_seals_verify_and_a_clean_one_is_continued(tmp_path: Path
+                                                                        ) -> None:
+    ks, root = _preseal(tmp_path)
+    for name in ("clean", "crashed"):
+        assert verify(root / name, ks).verdict == "intact"
+        assert verify_cli(root / name, ks.verify_pub, "--jobs", "1").status == 0
+    log = root / "clean"
+    assert anyio.run(_open, log, ks) == []  # signed to its end: adopted as it is
+    payloads = [p for _, p in read_payloads(log, ks.keyring())]
+    assert len(payloads) == 13
+    assert payloads[-1] == b"after the open"
+    assert "Seal" in [line.kind for line in read_lines(log)]
+    assert verify(log, ks).verdict == "intact"
+
+
+def test_an_unsigned_tail_left_by_a_bide_before_seals_is_quarantined(tmp_path: Path) -> None:
+    ks, root = _preseal(tmp_path)
+    log = root / "crashed"
+    old = [p for _, p in read_payloads(log, ks.keyring())]
+    assert old == [b"old %d" % i for i in range(7)]
+    recoveries = anyio.run(_open, log, ks)
+    assert [r.reason for r in recoveries] == ["unsealed"]
+    kept = [p for _, p in read_payloads(log, ks.keyring())]
+    assert kept == [*old[:5], b"after the open"]  # signed by the checkpoint after event 5
+    assert verify(log, ks).verdict == "intact"
