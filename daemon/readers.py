@@ -1,6 +1,8 @@
 """What the reader commands share: loading the log into events and state.
 
-Readers never write and never take the writer lock; they need the data keys.
+Readers never write and never take the writer lock; they need the data keys. An event they
+cannot read (its data key retired: crypto-shredded; a damaged or foreign payload) or fold is
+reported with its sequence number on stderr and left out; the other operations read on.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from pathlib import Path
 
 from daemon.config import Config
 from daemon.errors import UsageError
+from daemon.snapshots import warn_unreadable
 from eventlog.keys import KeyRing, keys_directory, load_keyring
 from eventlog.reader import LogReader
 from replay.actions import Action, evolve_action
+from replay.errors import ReplayError
 from replay.events import (
     ActionDecided,
     ActionEvent,
@@ -32,6 +36,7 @@ class LoadedLog:
     head_seq: int
     action_events: list[ActionEvent] = field(default_factory=list)
     actions: dict[str, Action] = field(default_factory=dict)
+    unreadable: list[tuple[int, str]] = field(default_factory=list)  # (seq, why), left out
 
 
 def open_keyring(config: Config) -> KeyRing:
@@ -42,19 +47,32 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
              until_time: float | None = None) -> LoadedLog:
     reader = LogReader(log_dir, keyring)
     log = LoadedLog([], {}, -1)
-    for seq, payload in reader.payloads():
+    for seq, payload in reader.payloads(log.unreadable):
         if until_seq is not None and seq > until_seq:
             break
-        ev = decode_log_event(payload)
+        try:
+            ev = decode_log_event(payload)
+        except ReplayError as exc:
+            log.unreadable.append((seq, str(exc)))
+            continue
         if until_time is not None and ev.at > until_time:
             break
-        if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
-            log.action_events.append(ev)
-            log.actions[ev.action_id] = evolve_action(log.actions.get(ev.action_id), ev)
+        try:
+            if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
+                action = evolve_action(log.actions.get(ev.action_id), ev)
+                log.action_events.append(ev)
+                log.actions[ev.action_id] = action
+                continue
+            op = evolve(log.ops.get(ev.operation_id), ev)
+        except ReplayError as exc:
+            log.unreadable.append((seq, str(exc)))
             continue
         log.events.append((seq, ev))
-        log.ops[ev.operation_id] = evolve(log.ops.get(ev.operation_id), ev)
+        log.ops[ev.operation_id] = op
     log.head_seq = reader.next_seq - 1
+    if until_seq is not None:
+        log.unreadable = [u for u in log.unreadable if u[0] <= until_seq]
+    warn_unreadable(log.unreadable)
     return log
 
 

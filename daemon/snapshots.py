@@ -19,7 +19,7 @@ import anyio
 
 import replay
 from daemon import logfmt
-from eventlog.keys import KeyRing
+from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
 from eventlog.reader import LogReader
 from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
@@ -44,11 +44,12 @@ def model_digest() -> str:
 MODEL = model_digest()
 
 
-def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
+def load_snapshot(path: Path, keyring: KeyRing, signer: Signer) -> Snapshot | None:
     """The state snapshot at ``path``; None (and a warning) when there is none or it is
-    unusable: the log is the truth, and a full replay rebuilds everything it held."""
+    unusable (damaged, or not tagged with ``signer``'s MAC key: rewritten by someone holding
+    only the data key): the log is the truth, and a full replay rebuilds everything it held."""
     try:
-        position, body = read_snapshot(path, keyring)
+        position, body = read_snapshot(path, keyring, signer.mac_key)
         snapshot = Snapshot(position, Ledger.load(body, MODEL))
         del body
         release_freed_heap()
@@ -63,14 +64,31 @@ def load_snapshot(path: Path, keyring: KeyRing) -> Snapshot | None:
 
 def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
     """Fold the log into a ledger: every event, or those after ``start``'s position into its
-    ledger (the caller has checked that the position still names its record)."""
+    ledger (the caller has checked that the position still names its record).
+
+    Events that cannot be read (sealed under a retired data key: crypto-shredded) or folded
+    (later events of an operation whose registration is unreadable) are left out with a
+    warning naming their sequence numbers; every other operation is replayed."""
     if start is None:
         ledger, reader = Ledger(), LogReader(log_dir, keyring)
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
-    ledger.fold(payload for _, payload in reader.payloads())
+    skipped: list[tuple[int, str]] = []
+    ledger.fold(reader.payloads(skipped), skipped)
     release_freed_heap()
+    warn_unreadable(skipped)
     return ledger
+
+
+def warn_unreadable(skipped: list[tuple[int, str]], shown: int = 10) -> None:
+    """One warning line per event left out (the first ``shown``), then a count of the rest."""
+    skipped.sort()
+    for seq, why in skipped[:shown]:
+        logfmt.warn("log event left out: unreadable or unfoldable (its operation is unknown "
+                    "or incomplete)", seq=seq, reason=why)
+    if len(skipped) > shown:
+        logfmt.warn("more log events left out", count=len(skipped) - shown,
+                    last_seq=skipped[-1][0])
 
 
 def release_freed_heap() -> None:
@@ -84,17 +102,19 @@ def release_freed_heap() -> None:
         pass
 
 
-def save_snapshot(path: Path, keyring: KeyRing, position: LogPosition, ledger: Ledger) -> int:
-    return write_snapshot(path, keyring, position, ledger.dump(MODEL))
+def save_snapshot(path: Path, keyring: KeyRing, signer: Signer, position: LogPosition,
+                  ledger: Ledger) -> int:
+    return write_snapshot(path, keyring, signer.mac_key, position, ledger.dump(MODEL))
 
 
-async def write_snapshot_in_thread(path: Path, keyring: KeyRing, position: LogPosition,
-                                   ledger: Ledger) -> None:
+async def write_snapshot_in_thread(path: Path, keyring: KeyRing, signer: Signer,
+                                   position: LogPosition, ledger: Ledger) -> None:
     """Encode, seal and write ``ledger`` at ``position`` in a worker thread. A failure is
     logged, not raised: the log is unaffected, and the next start replays more of it."""
     started = time.monotonic()
     try:
-        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, position, ledger)
+        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, signer, position,
+                                              ledger)
     except OSError as exc:
         logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
         return

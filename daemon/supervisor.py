@@ -218,7 +218,7 @@ class Supervisor:
         async def write() -> None:
             try:
                 await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
-                                               position, copy)
+                                               self.signer, position, copy)
             finally:
                 self._snapshot_writing = False
 
@@ -686,16 +686,17 @@ class Supervisor:
         self.load_profiles()
         started = time.monotonic()
         snapshot = await anyio.to_thread.run_sync(load_snapshot, cfg.snapshot_path,
-                                                  self.keyring)
+                                                  self.keyring, self.signer)
         async with LogWriter(cfg.log_dir, self.keyring, self.signer,
                              segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
                              checkpoint_interval=cfg.log.checkpoint_interval_seconds,
                              resume=snapshot.position if snapshot else None) as log:
             self._log = log
-            if log.recovered is not None:
-                logfmt.warn("torn log tail quarantined", bytes=log.recovered.cut_len,
-                            quarantine=log.recovered.quarantine)
+            for cut in log.recoveries:
+                logfmt.warn("torn log tail quarantined" if cut.reason == "torn" else
+                            "log records no seal covers quarantined (not acted on)",
+                            reason=cut.reason, bytes=cut.cut_len, quarantine=cut.quarantine)
             if snapshot is not None and log.resumed_at != snapshot.position.seq:
                 logfmt.warn("state snapshot does not match the log; replaying the whole log",
                             snapshot=cfg.snapshot_path, snapshot_seq=snapshot.position.seq)
@@ -756,7 +757,8 @@ class Supervisor:
                     await client.aclose()
         if log.position is not None and log.failed is None:
             # The log is closed and nothing changes any more: snapshot what it holds.
-            await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, log.position,
+            await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, self.signer,
+                                           log.position,
                                            self.ledger)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
 

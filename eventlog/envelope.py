@@ -11,7 +11,16 @@ Record kinds:
                 previous segment, so deleting or reordering a whole segment breaks the chain
     event       an encrypted payload: log id, key id, nonce, AEAD ciphertext
     checkpoint  clear text, Ed25519-signed (log id, seq, head hash, time, previous checkpoint hash)
-    recovery    written on open after a torn tail was cut: the cut bytes' length, hash, quarantine
+    recovery    written on open after records were cut (a torn tail, records no caller was told
+                are durable, records no seal authenticates): the cut bytes' length, hash, where
+                they were quarantined, and why
+    seal        ends every write of the writer that does not end with a checkpoint: an
+                HMAC-SHA256 (key derived from the signing key) over (log id, seq, head hash), so
+                records after the last checkpoint are authentic only up to the last seal that
+                verifies. Holding the data key is not enough to append records the writer
+                adopts. Verifiers without the MAC key accept it as a chained record.
+
+A record's line is at most :data:`MAX_LINE_BYTES`; a longer one is not a record (damage).
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ _RECORD_DOMAIN = b"bide.record.v1\n"
 _AAD_DOMAIN = b"bide.aad.v1\n"
 _CHECKPOINT_DOMAIN = b"bide.checkpoint.v1\n"
 _GENESIS_DOMAIN = b"bide.genesis.v2\n"
+_SEAL_DOMAIN = b"bide.seal.v1\n"
+#: The longest record line a writer produces (the largest payload, a profile's 16 MiB
+#: ``max_body_bytes``, grows by a third in base64): anything longer is damage, never read whole.
+MAX_LINE_BYTES = 64 * 1024 * 1024
 _RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
 
 
@@ -90,10 +103,21 @@ class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
     cut_len: int
     cut_sha256: str
     quarantine: str
+    reason: str = ""  # "torn", "unacknowledged", "unsealed"; empty in records before seals
 
 
-Record = Genesis | Segment | EventRecord | Checkpoint | Recovery
-RecordKind = Literal["genesis", "segment", "event", "checkpoint", "recovery"]
+class Seal(msgspec.Struct, frozen=True, tag="seal", tag_field="kind",
+           forbid_unknown_fields=True):
+    """Authenticates every record before it (through ``prev``) to holders of the MAC key."""
+
+    seq: int
+    prev: str
+    log: str
+    mac: str
+
+
+Record = Genesis | Segment | EventRecord | Checkpoint | Recovery | Seal
+RecordKind = Literal["genesis", "segment", "event", "checkpoint", "recovery", "seal"]
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
@@ -147,6 +171,12 @@ def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_ev
         (_GENESIS_DOMAIN, bytes.fromhex(log_id), struct.pack(">Iqq", fmt, t_us, checkpoint_every),
          bytes.fromhex(signer))
     )
+
+
+def seal_message(log_id: str, seq: int, head: str) -> bytes:
+    """The bytes a seal's MAC covers. ``head`` is the hash of record ``seq - 1``."""
+    return b"".join((_SEAL_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq),
+                     bytes.fromhex(head)))
 
 
 def checkpoint_message(

@@ -4,11 +4,19 @@ Files (each one line of base64, so they survive copy-paste and systemd credentia
     data.key          the active data key (32 bytes), 0600
     data-<kid>.key    older data keys kept readable after a rotation; delete one to retire it
                       (its records stay verifiable, their payloads become unreadable)
-    signing.key       the Ed25519 private key (32-byte seed), 0600
+    signing.key       the Ed25519 private key (32-byte seed), 0600; the seal MAC key that
+                      authenticates every write batch and the snapshot is derived from it
     verify.pub        the Ed25519 public key (32 bytes); not a secret: give it to auditors
 
+What each key lets its holder do: ``data.key`` reads and writes payloads (it does not make
+history the daemon accepts); ``signing.key`` makes history: it signs checkpoints and, through
+the derived MAC key, seals the records after the last checkpoint and the state snapshot;
+``verify.pub`` only checks the signatures.
+
 Keys load from a directory, or from ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``).
-Errors name the file and the fix, never key material.
+A secret key file must be 0600 or stricter and owned by the daemon's user or root, in a
+directory no group or other user may write to. Errors name the file and the fix, never key
+material.
 """
 
 from __future__ import annotations
@@ -19,12 +27,15 @@ import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
@@ -83,6 +94,15 @@ class Signer:
     def sign(self, message: bytes) -> bytes:
         return self.private.sign(message)
 
+    @cached_property
+    def mac_key(self) -> bytes:
+        """The seal MAC key (HMAC-SHA256), derived from the signing seed with HKDF: whoever
+        may sign checkpoints may seal batches, and nobody else (not the data key's holders,
+        not the auditors) can. No file of its own to distribute, back up or leak."""
+        seed = self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        return HKDF(hashes.SHA256(), KEY_BYTES, salt=None, info=b"bide.seal-mac.v1"
+                    ).derive(seed)
+
 
 @dataclass(frozen=True)
 class VerifyKey:
@@ -107,7 +127,22 @@ def keys_directory(explicit: Path | None) -> Path:
     )
 
 
+def _check_directory(directory: Path) -> None:
+    """Refuse a keys directory others may write to: they could swap a key file in it."""
+    try:
+        st = directory.stat()
+    except OSError:
+        return  # the key file's own error names what is missing
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise KeyFileError(
+            f"keys directory {directory} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}), so anyone there could replace a key; "
+            f"fix: chmod 700 {directory}"
+        )
+
+
 def _read_secret(path: Path) -> bytes:
+    _check_directory(path.parent)
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -120,6 +155,12 @@ def _read_secret(path: Path) -> bytes:
         raise KeyFileError(
             f"key file {path} is accessible by group or others (mode "
             f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
+        )
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        raise KeyFileError(
+            f"key file {path} is owned by uid {st.st_uid}, not by this process's user "
+            f"(uid {uid}) or root, so that user could replace it; fix: chown {uid} {path}"
         )
     return _decode_key_file(path)
 

@@ -29,7 +29,7 @@ from eventlog.envelope import (
     record_hash,
     record_hashes,
 )
-from eventlog.errors import DamagedLogError, EventLogError
+from eventlog.errors import DamagedLogError, DecryptError, EventLogError, UnknownKeyError
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
 from eventlog.seal import Sealer
@@ -158,12 +158,25 @@ class LogReader:
         aad = associated_data(rec.log, rec.seq, rec.prev, rec.kid)
         return sealer.open(rec.nonce, rec.ct, aad, where=f"record {rec.seq} (data key {rec.kid})")
 
-    def payloads(self) -> Iterator[tuple[int, bytes]]:
-        """(seq, plaintext) of every event appended since the last poll."""
+    def payloads(self, unreadable: list[tuple[int, str]] | None = None
+                 ) -> Iterator[tuple[int, bytes]]:
+        """(seq, plaintext) of every event appended since the last poll.
+
+        An event whose data key is not in the keyring (retired: crypto-shredded) or whose
+        payload fails authentication raises; given ``unreadable``, it is listed there as
+        (seq, why) instead and skipped, and reading goes on. Chain damage always raises.
+        """
         for chunk in self._chunks():
             for stored in chunk:
                 if isinstance(stored.record, EventRecord):
-                    yield stored.seq, self.decrypt(stored)
+                    try:
+                        payload = self.decrypt(stored)
+                    except (UnknownKeyError, DecryptError) as exc:
+                        if unreadable is None:
+                            raise
+                        unreadable.append((stored.seq, str(exc)))
+                        continue
+                    yield stored.seq, payload
 
     async def follow(self, stop: anyio.Event | None = None
                      ) -> AsyncGenerator[StoredRecord, None]:

@@ -1,16 +1,21 @@
 """A state snapshot: an encrypted blob tied to the log position it was taken at.
 
 The log stays the truth; a snapshot only saves re-reading it. Its file holds one clear JSON
-header line (format, the :class:`~eventlog.position.LogPosition`, the data key id, the nonce)
-and then the AES-256-GCM-SIV ciphertext of the body, with the header as associated data: a
-changed position, a swapped body or a snapshot of another log fails authentication, and a
-position that no longer names its record in the log is refused by whoever resumes from it.
+header line (format, the :class:`~eventlog.position.LogPosition`, the data key id, the nonce),
+then the AES-256-GCM-SIV ciphertext of the body, with the header as associated data, and last
+a 32-byte HMAC-SHA256 tag over both under the seal MAC key (derived from the signing key, see
+:mod:`eventlog.mac`). A changed position, a swapped body or a snapshot of another log fails
+authentication, and a position that no longer names its record in the log is refused by
+whoever resumes from it. The tag is what makes the snapshot the writer's own: the data key
+alone can decrypt and re-encrypt a body, but not tag it, so a body rewritten by a holder of
+the data key is refused like a damaged one (format 1 snapshots, untagged, are refused too).
 Written atomically (temporary file, fsync, rename, fsync of the directory), mode 0600.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 from pathlib import Path
 
@@ -19,11 +24,13 @@ import msgspec
 from eventlog.errors import DecryptError, EventLogError, UnknownKeyError
 from eventlog.fsync import fsync_dir
 from eventlog.keys import KeyRing
+from eventlog.mac import TAG_BYTES, tag
 from eventlog.position import LogPosition
 from eventlog.seal import NONCE_BYTES, Sealer
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 2: tagged with the seal MAC key
 _AAD_DOMAIN = b"bide.snapshot.v1\n"
+_TAG_DOMAIN = b"bide.snapshot-tag.v1\n"
 _MAX_HEADER = 4096
 
 
@@ -41,12 +48,15 @@ class _Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _header_decoder = msgspec.json.Decoder(_Header)
 
 
-def write_snapshot(path: Path, keyring: KeyRing, position: LogPosition, body: bytes) -> int:
-    """Seal ``body`` under the active data key, bound to ``position``; returns bytes written."""
+def write_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
+                   body: bytes) -> int:
+    """Seal ``body`` under the active data key, bound to ``position``, and tag the file with
+    ``mac_key`` (:attr:`eventlog.keys.Signer.mac_key`); returns bytes written."""
     kid = keyring.active
     nonce = os.urandom(NONCE_BYTES)
     header = msgspec.json.encode(_Header(SNAPSHOT_FORMAT, position, kid, nonce))
     ct = Sealer(keyring.get(kid)).seal_with(nonce, body, _AAD_DOMAIN + header)
+    mac = _tag(mac_key, header, ct)
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
@@ -55,19 +65,24 @@ def write_snapshot(path: Path, keyring: KeyRing, position: LogPosition, body: by
         with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(header + b"\n")
             f.write(ct)
+            f.write(mac)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-    return len(header) + 1 + len(ct)
+    return len(header) + 1 + len(ct) + len(mac)
 
 
-def read_snapshot(path: Path, keyring: KeyRing) -> tuple[LogPosition, bytes]:
+def _tag(mac_key: bytes, header: bytes, ct: bytes) -> bytes:
+    return tag(mac_key, b"".join((_TAG_DOMAIN, len(header).to_bytes(8, "big"), header, ct)))
+
+
+def read_snapshot(path: Path, keyring: KeyRing, mac_key: bytes) -> tuple[LogPosition, bytes]:
     """The position and plaintext body of the snapshot at ``path``.
 
-    Raises :class:`SnapshotError` naming what is wrong (missing, malformed, unknown key,
-    failed authentication); :class:`FileNotFoundError` when there is none.
+    Raises :class:`SnapshotError` naming what is wrong (missing, malformed, another format,
+    unknown key, failed authentication); :class:`FileNotFoundError` when there is none.
     """
     data = path.read_bytes()
     end = data.find(b"\n", 0, _MAX_HEADER)
@@ -81,13 +96,17 @@ def read_snapshot(path: Path, keyring: KeyRing) -> tuple[LogPosition, bytes]:
     if header.format != SNAPSHOT_FORMAT:
         raise SnapshotError(f"snapshot {path} is format {header.format}, this bide writes "
                             f"{SNAPSHOT_FORMAT}")
+    ct, mac = data[end + 1:-TAG_BYTES], data[-TAG_BYTES:]
+    if len(data) < end + 1 + TAG_BYTES or not hmac.compare_digest(mac, _tag(mac_key, raw, ct)):
+        raise SnapshotError(f"snapshot {path} failed authentication: it was not written by "
+                            f"this signing key's daemon, or it was altered; it will be rebuilt")
     try:
         key = keyring.get(header.kid)
     except UnknownKeyError:
         raise SnapshotError(f"snapshot {path} is sealed with data key {header.kid}, which the "
                             f"keyring does not hold") from None
     try:
-        body = Sealer(key).open_raw(header.nonce, data[end + 1:], _AAD_DOMAIN + raw,
+        body = Sealer(key).open_raw(header.nonce, ct, _AAD_DOMAIN + raw,
                                     where=f"snapshot {path}")
     except DecryptError as exc:
         raise SnapshotError(str(exc)) from None

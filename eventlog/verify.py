@@ -23,7 +23,14 @@ the number of the record that appears again). Classes:
     truncated       the log ends before the given anchor
 A torn tail (an incomplete final line, trailing zero bytes, or an empty newest segment file, at
 the very end of the last segment) is a crash artifact, reported separately: the writer
-quarantines it on next open.
+quarantines it on next open. The verdict does not depend on who holds the writer lock: a
+partial last line under a held lock is re-read for a moment, and only a line that a writer
+completes meanwhile counts as work in progress. A line longer than the longest record
+(:data:`~eventlog.envelope.MAX_LINE_BYTES`) is damage, found reading in bounded chunks.
+
+Seal records (see :mod:`eventlog.envelope`) are chained records to this verifier: their MACs
+need the writer's key. A log whose last record is not a seal, a checkpoint or the genesis is
+noted: records no seal covers, which the writer quarantines on its next open.
 
 Theory of operation (speed): most of a log is intact, so the log is cut into newline-aligned
 units of a few MB, and each unit is first checked by a fast path that does the per-record work
@@ -43,6 +50,7 @@ import gc
 import multiprocessing
 import operator
 import struct
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +64,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from eventlog.envelope import (
     FORMAT_VERSION,
+    MAX_LINE_BYTES,
     RECORD_DECODER,
     ZERO_HASH,
     Checkpoint,
@@ -63,6 +72,7 @@ from eventlog.envelope import (
     Genesis,
     Record,
     Recovery,
+    Seal,
     Segment,
     checkpoint_message,
     decode_record,
@@ -74,6 +84,9 @@ from eventlog.keys import VerifyKey, fingerprint
 from eventlog.lock import holder_pid, writer_alive
 from eventlog.position import LogPosition, mismatch
 from eventlog.segments import Line, list_segments, segment_name, split_lines
+
+_CHUNK_BYTES = 1024 * 1024  # the slow path's read size
+_LIVE_WAIT = 0.5  # seconds a partial last line under a held lock may take to be completed
 
 EXIT_INTACT = 0
 EXIT_DAMAGED = 1
@@ -122,6 +135,10 @@ class Report:
     head_offset: int = 0  # where the head record's line starts in last_segment
     checkpoint_every: int = 0  # the spacing the signed genesis record promises
     unsigned_run: int = 0  # event and recovery records since the last checkpoint
+    #: (segment ordinal, offset) just past the last record authentic without the MAC key:
+    #: the genesis, the last checkpoint, or the position verification resumed from.
+    trusted_end: tuple[int, int] = (1, 0)
+    head_sealed: bool = False  # the head is a seal, a checkpoint or the genesis record
     damage: Damage | None = None
     torn: TornTail | None = None
     resumed_at: int | None = None  # the record verification resumed after, if it did
@@ -223,6 +240,7 @@ def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
     report.last_segment_index = pos.segment
     report.last_segment_good_size, report.head_offset = pos.end, pos.line_start
     report.resumed_at = pos.seq
+    report.trusted_end, report.head_sealed = (pos.segment, pos.end), True
     return pos.segment, pos.end
 
 
@@ -255,6 +273,8 @@ class _Summary:
     lead: int  # signed-policy records (events, recoveries) before the unit's first checkpoint
     max_gap: int  # the most of them between two of the unit's checkpoints
     trail: int | None  # after its last checkpoint (None: the unit has no checkpoint)
+    signed_end: int | None  # offset just past its last checkpoint or genesis record
+    last_sealed: bool  # its last record is a seal, a checkpoint or the genesis record
 
 
 _Unit = tuple[str, int, int, int]  # path, ordinal, start offset, end offset
@@ -349,6 +369,9 @@ def _join(report: Report, units: list[_Unit], summaries: Iterator[_Summary | Non
         if _over(report, run) or _over(report, s.max_gap):
             return ordinal, start  # the slow path names the unsigned run
         report.unsigned_run = run if s.trail is None else s.trail
+        if s.signed_end is not None:
+            report.trusted_end = (ordinal, s.signed_end)
+        report.head_sealed = s.last_sealed
         report.records += s.records
         report.head_seq, report.head_hash = s.last_seq, s.last_hash
         if s.checkpoints:
@@ -375,6 +398,8 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
     """Prove one unit intact on its own, or return None (the slow path will say why)."""
     path_text, ordinal, start, end = unit
     path = Path(path_text)
+    if end - start > UNIT_BYTES + MAX_LINE_BYTES:
+        return None  # an overlong line: the slow path names it, reading in bounded chunks
     with path.open("rb") as f:
         f.seek(start)
         data = f.read(end - start)
@@ -438,6 +463,9 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         trail: int | None = counted[-1] - counted[cps[-1]]
     else:
         lead, max_gap, trail = counted[-1], 0, None
+    signed = [i for i, k in enumerate(kinds) if k is Checkpoint or k is Genesis]
+    signed_end = (start + sum(map(len, lines[:signed[-1] + 1])) + signed[-1] + 1
+                  if signed else None)
     return _Summary(
         records=n, first_seq=first_seq, first_prev=first.prev, log_id=log_id,
         last_seq=last.seq, last_hash=hashes[-1], first_prev_cp=first_prev_cp,
@@ -449,12 +477,15 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         last_offset=end - 1 - len(lines[-1]),
         end=end,
         checkpoint_every=first.checkpoint_every if isinstance(first, Genesis) else 0,
-        lead=lead, max_gap=max_gap, trail=trail,
+        lead=lead, max_gap=max_gap, trail=trail, signed_end=signed_end,
+        last_sealed=isinstance(last, _SEALING),
     )
 
 
 #: The records a writer must cover with a signed checkpoint within ``checkpoint_every``.
 _SIGNED_POLICY = frozenset({EventRecord, Recovery})
+#: Records that end a write of the writer: what comes after them and no seal is unauthenticated.
+_SEALING = (Seal, Checkpoint, Genesis)
 
 
 def _over(report: Report, run: int) -> bool:
@@ -514,10 +545,7 @@ def _slow(
     for ordinal in range(start_ordinal, last_ordinal + 1):
         path = segments[ordinal - 1][1]
         offset = start_offset if ordinal == start_ordinal else 0
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-        if not data and offset == 0:
+        if offset == 0 and path.stat().st_size == 0:
             if pending is not None:
                 raise _Found(_at(pending, report.head_seq + 1, "modified",
                                  "record is cut short before the end of the log"))
@@ -526,7 +554,7 @@ def _slow(
                 continue
             raise _Found(Damage("segment_link", report.head_seq + 1, path.name, 0,
                                 f"segment file {path.name} is empty (its records were removed)"))
-        for line in split_lines(path, ordinal, data, offset):
+        for line in _read_lines(report, path, ordinal, offset):
             expected = report.head_seq + 1
             if pending is not None:
                 # A fragment followed by more data is not at the very end: damage.
@@ -539,11 +567,79 @@ def _slow(
                 raise _Found(_at(line, expected, "modified", "incomplete or zeroed line"))
             _check_line(report, verify_key, line, anchor)
     if pending is not None:
-        if report.writer_live:
+        if report.writer_live and _completed_meanwhile(segments, pending):
             report.notes.append("a writer is appending: its partial last line was not read")
-        else:
-            report.torn = TornTail(pending.segment, pending.offset, len(pending.data),
-                                   report.head_seq + 1)
+            return
+        report.torn = TornTail(pending.segment, pending.offset, len(pending.data),
+                               report.head_seq + 1)
+        if report.writer_live:
+            report.notes.append(
+                f"the writer lock is held (pid {holder_pid(report.log_dir)}), but the partial "
+                f"last line did not change for {_LIVE_WAIT} s: a torn tail, not a write in "
+                f"progress")
+
+
+class _Overlong(Exception):
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def _read_lines(report: Report, path: Path, ordinal: int, offset: int) -> Iterator[Line]:
+    """The lines of ``path`` from ``offset`` (a line start), read in bounded chunks: memory
+    stays about :data:`MAX_LINE_BYTES` however large and hostile the file."""
+    try:
+        yield from _chunked_lines(path, ordinal, offset)
+    except _Overlong as too_long:
+        raise _Found(Damage("modified", report.head_seq + 1, path.name, too_long.offset,
+                            f"a line of more than {MAX_LINE_BYTES} bytes (the longest record "
+                            f"the writer makes) without a newline: not a record")) from None
+
+
+def _chunked_lines(path: Path, ordinal: int, offset: int) -> Iterator[Line]:
+    pending: list[bytes] = []
+    pending_len = 0
+    with path.open("rb") as f:
+        f.seek(offset)
+        while chunk := f.read(_CHUNK_BYTES):
+            if chunk.find(b"\n") < 0:
+                pending.append(chunk)
+                pending_len += len(chunk)
+                if pending_len > MAX_LINE_BYTES:
+                    raise _Overlong(offset)
+                continue
+            if pending:
+                pending.append(chunk)
+                chunk = b"".join(pending)
+                pending, pending_len = [], 0
+            parts = chunk.split(b"\n")
+            tail = parts.pop()
+            for part in parts:
+                if len(part) > MAX_LINE_BYTES:
+                    raise _Overlong(offset)
+                yield Line(path, ordinal, offset, part, True, offset == 0)
+                offset += len(part) + 1
+            if tail:
+                pending, pending_len = [tail], len(tail)
+    if pending:
+        yield Line(path, ordinal, offset, b"".join(pending), False, offset == 0)
+
+
+def _completed_meanwhile(segments: list[tuple[int, Path]], pending: Line) -> bool:
+    """Whether a writer completes the partial last line ``pending`` (or starts another
+    segment) within :data:`_LIVE_WAIT`: a live writer finishes a write in milliseconds, while
+    a torn tail stays as it is whoever holds the lock."""
+    end = pending.offset + len(pending.data)
+    deadline = time.monotonic() + _LIVE_WAIT
+    while True:
+        try:
+            size = pending.segment.stat().st_size
+        except FileNotFoundError:
+            return True  # cut by a writer that opened the log meanwhile
+        if size != end or len(list_segments(pending.segment.parent)) != len(segments):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _check_line(report: Report, verify_key: VerifyKey, line: Line,
@@ -575,6 +671,7 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
                              "such as the checkpoint spacing it promises, were changed)"))
         report.log_id = rec.log
         report.checkpoint_every = rec.checkpoint_every
+        report.trusted_end = (line.ordinal, line.offset + len(line.data) + 1)
     elif expected == 0:
         raise _Found(_at(line, 0, "modified", "the log does not open with a genesis record"))
     else:
@@ -625,6 +722,7 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
         report.last_checkpoint_seq = rec.seq
         report.last_checkpoint_t_us = rec.t_us
         report.unsigned_run = 0
+        report.trusted_end = (line.ordinal, line.offset + len(line.data) + 1)
     elif isinstance(rec, EventRecord | Recovery):
         report.unsigned_run += 1
         if _over(report, report.unsigned_run):
@@ -632,7 +730,7 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
                              f"{report.unsigned_run} records without a signed checkpoint; the "
                              f"signed genesis promises one at least every "
                              f"{report.checkpoint_every} (checkpoints were removed)"))
-    elif not isinstance(rec, Segment | Genesis):  # pragma: no cover
+    elif not isinstance(rec, Segment | Genesis | Seal):  # pragma: no cover
         raise AssertionError(rec)
     h = record_hash(line.data)
     if isinstance(rec, Checkpoint):
@@ -642,6 +740,7 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
                          f"record {rec.seq} hashes to {h}, the anchor says {anchor[1]} "
                          f"(the log was rewritten or rolled back)"))
     report.clean_close = isinstance(rec, Checkpoint) and rec.final
+    report.head_sealed = isinstance(rec, _SEALING)
     report.records += 1
     report.head_seq = rec.seq
     report.head_hash = h
@@ -674,6 +773,12 @@ def _finish(report: Report, segments: list[tuple[int, Path]],
             "the log does not end with a clean-close checkpoint: the writer crashed, or records "
             "after the last checkpoint were cut (check against --anchor SEQ:HASH)"
         )
+    if not report.head_sealed and not report.writer_live and report.head_seq >= 0:
+        report.notes.append(
+            f"the last record ({report.head_seq}) is not followed by a seal or checkpoint: "
+            f"records the writer did not finish writing (a crash between two writes), or "
+            f"appended by someone else; the daemon quarantines records no valid seal covers "
+            f"on its next open")
 
 
 def _at(line_: Line, seq: int | None, kind: str, detail: str) -> Damage:

@@ -7,6 +7,13 @@ Theory of operation:
       appended after it: what came before was verified when that position was taken. A torn tail
       (crash artifact) is copied to ``quarantine/``, cut, and a ``recovery`` record naming the
       cut bytes is appended; any other damage refuses the open (:class:`DamagedLogError`).
+    * Every write ends with a checkpoint or a ``seal`` record: an HMAC, under a key derived
+      from the signing key, over the head it follows. On open, records after the last
+      checkpoint that no valid seal covers are not adopted: they are copied to
+      ``quarantine/``, cut, and named by a ``recovery`` record (``reason="unsealed"``), like a
+      torn tail. A crash between two writes leaves such records (never acknowledged), and so
+      does anyone who appends with the data key alone: the data key reads and encrypts
+      payloads, but only the signing key's holder makes history the writer continues.
     * Appends are group-committed: callers queue payloads, one flusher task frames, encrypts
       and writes everything queued with one ``write`` and one ``fdatasync`` in a worker thread,
       then wakes the callers. ``append`` returns only once its record is durable, and a task's
@@ -37,6 +44,7 @@ from types import TracebackType
 
 import anyio
 import anyio.abc
+import msgspec
 
 from eventlog.envelope import (
     FORMAT_VERSION,
@@ -45,9 +53,11 @@ from eventlog.envelope import (
     EventRecord,
     Genesis,
     Recovery,
+    Seal,
     Segment,
     associated_data,
     checkpoint_message,
+    decode_record,
     encode_record,
     genesis_message,
     record_hash,
@@ -56,10 +66,11 @@ from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.fsync import fsync_dir
 from eventlog.keys import KeyRing, Signer, VerifyKey
 from eventlog.lock import WriterLock
+from eventlog.mac import seal_ok, seal_tag
 from eventlog.position import LogPosition
 from eventlog.seal import Sealer
-from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, segment_name
-from eventlog.verify import verify_log
+from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, list_segments, segment_name
+from eventlog.verify import Report, verify_log
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKPOINT_EVERY = 1000
@@ -106,6 +117,7 @@ class LogWriter:
         self._keyring = keyring
         self._sealer = Sealer(keyring.get(keyring.active))
         self._signer = signer
+        self._mac_key = signer.mac_key
         self._segment_bytes = segment_bytes
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
@@ -116,7 +128,7 @@ class LogWriter:
         self._closing = False
         self._failed: LogIOError | None = None
         self._unacked_from: tuple[int, int, int] | None = None  # (segment, size, head seq)
-        self._cuts: list[tuple[Path, int, bytes, str]] = []  # cut, not yet recorded
+        self._cuts: list[tuple[Path, int, bytes, str, str]] = []  # cut, not yet recorded
         self._acked_seq = -1
         self._fd = -1
         self._tg: anyio.abc.TaskGroup | None = None
@@ -131,7 +143,10 @@ class LogWriter:
         self._segment_index = 0
         self._segment_size = 0
         self._head_len = 0  # the head record's line, newline included
-        self.recovered: Recovery | None = None
+        self.recovered: Recovery | None = None  # the last of ``recoveries``
+        #: Every recovery record this writer appended (cuts of a torn tail, of records a
+        #: failed write left, of records no seal covers), in order.
+        self.recoveries: list[Recovery] = []
         #: The durable head, replaced whole (one store) after every write: safe to read from
         #: the event loop while the flusher thread writes.
         self.position: LogPosition | None = None
@@ -298,9 +313,11 @@ class LogWriter:
         size = self._segment_size
         rotate_at: list[int] = []  # indexes into lines where a new segment starts
         index = self._segment_index
+        sealed = True  # the last line emitted is a checkpoint (or there is none)
 
         def emit(line: bytes) -> str:
-            nonlocal seq, prev, size
+            nonlocal seq, prev, size, sealed
+            sealed = False
             lines.append(line)
             size += len(line) + 1
             seq += 1
@@ -308,7 +325,7 @@ class LogWriter:
             return prev
 
         def emit_checkpoint(final: bool) -> Appended:
-            nonlocal last_cp, since_cp, last_cp_seq
+            nonlocal last_cp, since_cp, last_cp_seq, sealed
             t_us = _now_us()
             cp_seq = seq + 1
             msg = checkpoint_message(self.log_id, cp_seq, prev, t_us, last_cp, final)
@@ -316,6 +333,7 @@ class LogWriter:
                              base64.b64encode(self._signer.sign(msg)).decode("ascii"))
             h = emit(encode_record(rec))
             last_cp, since_cp, last_cp_seq = h, 0, cp_seq
+            sealed = True
             return Appended(cp_seq, h)
 
         for batch in batches:
@@ -340,6 +358,11 @@ class LogWriter:
                 if since_cp >= self._checkpoint_every:
                     emit_checkpoint(final=False)
             batch.results = results
+        if not sealed:
+            # One HMAC per write: the records since the last checkpoint stay the writer's own.
+            log_id = self.log_id
+            emit(encode_record(Seal(seq + 1, prev, log_id,
+                                    seal_tag(self._mac_key, log_id, seq + 1, prev))))
         start_index, start_size = self._segment_index, self._segment_size
         try:
             self._write_lines(lines, rotate_at, index)
@@ -380,29 +403,30 @@ class LogWriter:
             return False
         return True
 
-    def _cut_unacknowledged(self, index: int, size: int) -> None:
+    def _cut_after(self, index: int, size: int, reason: str) -> None:
         """Quarantine and cut every byte after ``size`` in segment ``index`` and every later
-        segment: records a failed batch left behind that no caller was told are durable.
+        segment: records a failed batch left behind that no caller was told are durable
+        (``unacknowledged``), or records no seal authenticates (``unsealed``).
 
         Each cut, last segment first, is kept in ``_cuts`` (segment, offset, cut bytes,
-        quarantine name) for the ``recovery`` records appended once the log is open again.
+        quarantine name, reason) for the ``recovery`` records appended once the log is open.
         """
         for extra in sorted(self.log_dir.glob("seg-*.jsonl"), reverse=True):
             m = SEGMENT_RE.match(extra.name)
             if m and int(m.group(1)) > index:
-                torn, qname = self._quarantine(extra, 0)
+                torn, qname = self._quarantine(extra, 0, reason)
                 extra.unlink()
-                self._cuts.append((extra, 0, torn, qname))
+                self._cuts.append((extra, 0, torn, qname, reason))
         base = self.log_dir / segment_name(index)
         if base.stat().st_size > size:
-            torn, qname = self._quarantine(base, size)
+            torn, qname = self._quarantine(base, size, reason)
             os.truncate(base, size)
             fd = os.open(base, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self._cuts.append((base, size, torn, qname))
+            self._cuts.append((base, size, torn, qname, reason))
         fsync_dir(self.log_dir)
 
     def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
@@ -441,23 +465,22 @@ class LogWriter:
     def _open_sync(self) -> None:
         if self._unacked_from is not None:
             index, size, self._acked_seq = self._unacked_from
-            self._cut_unacknowledged(index, size)
+            self._cut_after(index, size, "unacknowledged")
             self._unacked_from = None
         if not any(p.name.startswith("seg-") for p in self.log_dir.iterdir()):
             self._create()
             self._set_position()
             return
-        verify_key = VerifyKey(self._signer.private.public_key(), self._signer.public_bytes)
-        report = verify_log(self.log_dir, verify_key, writer_live=False,  # the lock is ours
-                            resume=self.position or self._resume)
-        self.resumed_at = report.resumed_at
-        if report.damage is not None:
-            d = report.damage
-            raise DamagedLogError(
-                f"log {self.log_dir} is damaged at record {d.seq} ({d.kind}: {d.detail}; "
-                f"{d.segment} offset {d.offset}); refusing to append. Inspect it with "
-                f"`bide verify {self.log_dir}`; nothing was changed"
-            )
+        report = self._verify()
+        if report.head_seq >= 0:
+            unsealed = self._unsealed_from(report)
+            if unsealed is not None:
+                self._cut_after(*unsealed, "unsealed")
+                report = self._verify()
+                if report.torn is not None or self._unsealed_from(report) is not None:
+                    raise DamagedLogError(  # pragma: no cover - the cut removed them
+                        f"log {self.log_dir}: records no seal covers remain after cutting "
+                        f"them; refusing to append. Inspect it with `bide verify`")
         torn = report.torn
         if report.head_seq < 0:
             # Not even the genesis record was written: keep the bytes, start the log afresh.
@@ -466,7 +489,7 @@ class LogWriter:
             os.unlink(torn.segment)
             fsync_dir(self.log_dir)
             self._create()
-            self._append_recovery(torn.segment, torn.offset, cut, qname)
+            self._append_recovery(torn.segment, torn.offset, cut, qname, "torn")
             self._segment_size = os.fstat(self._fd).st_size
             self._set_position()
             return
@@ -492,9 +515,10 @@ class LogWriter:
             else:
                 os.truncate(torn.segment, torn.offset)
                 os.fsync(self._fd)
-            self._append_recovery(torn.segment, torn.offset, cut, qname)
+            self._append_recovery(torn.segment, torn.offset, cut, qname, "torn")
         if self._cuts:
-            if report.head_seq != self._acked_seq:
+            unacked = any(c[4] == "unacknowledged" for c in self._cuts)
+            if unacked and report.head_seq != self._acked_seq:
                 raise DamagedLogError(
                     f"log {self.log_dir}: after cutting a failed batch the head is record "
                     f"{report.head_seq}, not the last acknowledged record {self._acked_seq}; "
@@ -504,6 +528,54 @@ class LogWriter:
                 del self._cuts[0]
         self._segment_size = os.fstat(self._fd).st_size
         self._set_position()
+
+    def _verify(self) -> Report:
+        """Verify the log (from the resume position, when it still matches) with the signer's
+        own public key; any damage refuses the open."""
+        verify_key = VerifyKey(self._signer.private.public_key(), self._signer.public_bytes)
+        report = verify_log(self.log_dir, verify_key, writer_live=False,  # the lock is ours
+                            resume=self.position or self._resume)
+        self.resumed_at = report.resumed_at
+        if report.damage is not None:
+            d = report.damage
+            raise DamagedLogError(
+                f"log {self.log_dir} is damaged at record {d.seq} ({d.kind}: {d.detail}; "
+                f"{d.segment} offset {d.offset}); refusing to append. Inspect it with "
+                f"`bide verify {self.log_dir}`; nothing was changed"
+            )
+        return report
+
+    def _unsealed_from(self, report: Report) -> tuple[int, int] | None:
+        """Where the records no valid seal or checkpoint covers begin (segment index, offset),
+        or None when the head is covered.
+
+        Reads only from ``report.trusted_end`` (the last checkpoint, the genesis record, or
+        the position an authenticated snapshot or this writer resumed from) to the head: at
+        most one unsigned run. The chain and the checkpoints there are verified already.
+        """
+        ordinal, offset = report.trusted_end
+        last, good_end = report.last_segment_index, report.last_segment_good_size
+        if report.head_sealed and (ordinal, offset) >= (last, good_end):
+            return None
+        covered = (ordinal, offset)
+        segments = list_segments(self.log_dir)
+        for o in range(ordinal, last + 1):
+            path = segments[o - 1][1]
+            start = offset if o == ordinal else 0
+            with path.open("rb") as f:
+                f.seek(start)
+                data = f.read((good_end if o == last else path.stat().st_size) - start)
+            pos = start
+            for line in data.split(b"\n")[:-1]:
+                pos += len(line) + 1
+                try:
+                    rec = decode_record(line)
+                except (msgspec.DecodeError, ValueError):  # pragma: no cover - verified
+                    continue
+                if isinstance(rec, Checkpoint) or (
+                        isinstance(rec, Seal) and seal_ok(self._mac_key, rec)):
+                    covered = (o, pos)
+        return None if covered == (last, good_end) else covered
 
     def _create(self) -> None:
         self.log_id = os.urandom(16).hex()
@@ -540,14 +612,15 @@ class LogWriter:
         self._head_len = len(line) + 1
         self._last_cp_hash, self._last_cp_seq, self._since_cp = self.head_hash, seq, 0
 
-    def _quarantine(self, segment: Path, offset: int) -> tuple[bytes, str]:
-        """Copy the torn bytes from ``offset`` to the end of ``segment`` aside, durably."""
+    def _quarantine(self, segment: Path, offset: int, reason: str = "torn"
+                    ) -> tuple[bytes, str]:
+        """Copy the bytes from ``offset`` to the end of ``segment`` aside, durably."""
         with segment.open("rb") as f:
             f.seek(offset)
             torn = f.read()
         qdir = self.log_dir / QUARANTINE_DIR
         qdir.mkdir(mode=0o700, exist_ok=True)
-        qname = f"{segment.name}.{offset}.{_now_us()}.torn"
+        qname = f"{segment.name}.{offset}.{_now_us()}.{reason}"
         fd = os.open(qdir / qname, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             self._write_fd(fd, torn)
@@ -558,8 +631,10 @@ class LogWriter:
         fsync_dir(self.log_dir)
         return torn, qname
 
-    def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str) -> None:
-        """Record the cut in the chain: the cut bytes' length and hash, and where they went.
+    def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str,
+                         reason: str) -> None:
+        """Record the cut in the chain: the cut bytes' length and hash, where they went, why;
+        sealed at once, so the next open adopts it.
 
         Signs a checkpoint first when the unsigned run is already full: several cuts in one
         open must not stretch it past what the genesis record promised (verify refuses that).
@@ -568,11 +643,15 @@ class LogWriter:
             self._append_checkpoint_now()
         rec = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
                        segment.name, offset, len(torn), hashlib.sha256(torn).hexdigest(),
-                       f"{QUARANTINE_DIR}/{qname}")
+                       f"{QUARANTINE_DIR}/{qname}", reason)
         line = encode_record(rec)
-        self._write_all(line + b"\n")
+        seq, h = self.head_seq + 2, record_hash(line)
+        seal = encode_record(Seal(seq, h, self.log_id, seal_tag(self._mac_key, self.log_id,
+                                                                seq, h)))
+        self._write_all(line + b"\n" + seal + b"\n")
         os.fdatasync(self._fd)
-        self.head_seq, self.head_hash = self.head_seq + 1, record_hash(line)
-        self._head_len = len(line) + 1
+        self.head_seq, self.head_hash = seq, record_hash(seal)
+        self._head_len = len(seal) + 1
         self._since_cp += 1
         self.recovered = rec
+        self.recoveries.append(rec)

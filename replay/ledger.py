@@ -20,7 +20,7 @@ import msgspec
 
 from replay.actions import Action, evolve_action
 from replay.contract import Contract
-from replay.errors import ReplayError
+from replay.errors import NewerSchemaError, ReplayError
 from replay.events import (
     ActionDecided,
     ActionFailed,
@@ -92,12 +92,14 @@ class Ledger:
         self.events = 0
 
     def apply(self, ev: LogEvent) -> Operation | None:
-        """Fold one event in; the operation's new state (None for an action's event)."""
-        self.events += 1
+        """Fold one event in; the operation's new state (None for an action's event).
+        An event that cannot follow the state (:class:`ReplayOrderError`) changes nothing."""
         if isinstance(ev, _ACTION_EVENTS):
             self.actions[ev.action_id] = evolve_action(self.actions.get(ev.action_id), ev)
+            self.events += 1
             return None
         op = evolve(self.ops.get(ev.operation_id), ev)
+        self.events += 1
         if isinstance(ev, OperationRegistered):
             op = self._share_contract(op)
         self.ops[ev.operation_id] = op
@@ -107,13 +109,28 @@ class Ledger:
             self.undecided.pop(ev.operation_id, None)
         return op
 
-    def fold(self, payloads: Iterable[bytes]) -> None:
-        """Decode and apply stored events in order, the garbage collector paused (see
-        :func:`_no_gc`): how a start-up replays the log."""
+    def fold(self, payloads: Iterable[tuple[int, bytes]],
+             skipped: list[tuple[int, str]] | None = None) -> None:
+        """Decode and apply stored events (seq, payload) in order, the garbage collector
+        paused (see :func:`_no_gc`): how a start-up replays the log.
+
+        An event that does not decode (a damaged or foreign payload) or cannot follow its
+        operation's state (a later event of an operation whose registration was
+        crypto-shredded) raises; given ``skipped``, it is listed there as (seq, why) and left
+        out, and the other operations fold on. An event of a newer bide always raises:
+        folding around it would act on a state that bide does not know.
+        """
         apply = self.apply
         with _no_gc():
-            for payload in payloads:
-                apply(decode_log_event(payload))
+            for seq, payload in payloads:
+                try:
+                    apply(decode_log_event(payload))
+                except NewerSchemaError:
+                    raise
+                except ReplayError as exc:
+                    if skipped is None:
+                        raise
+                    skipped.append((seq, str(exc)))
 
     def _share_contract(self, op: Operation) -> Operation:
         """A contract is about 1.4 KB of Python objects; 100,000 operations often have a

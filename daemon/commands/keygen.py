@@ -14,9 +14,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "keygen",
         help="create data.key, signing.key (0600) and verify.pub",
-        description="Create a key set for one log: data.key (AEAD data key) and signing.key "
-        "(Ed25519), both 0600, and verify.pub, the public key auditors verify with. Existing "
-        "keys are never overwritten.",
+        description="Create a key set for one log: data.key (AEAD data key: reads and "
+        "encrypts payloads) and signing.key (Ed25519: signs checkpoints, and keys the MAC that "
+        "seals every write and the snapshot), both 0600 in a 0700 directory, and verify.pub, "
+        "the public key auditors verify with. Existing keys are never overwritten.",
         epilog="examples:\n  bide keygen /etc/bide/keys\n"
         "  bide keygen --rotate /etc/bide/keys   # new data.key; the old one stays readable\n"
         "                                        # as data-<kid>.key until you delete it",

@@ -25,7 +25,12 @@ exit status:
   3  intact except a torn final record (a crash artifact; the daemon recovers it on next open)
 
 damage classes: modified, missing, reordered, duplicated, spliced, bad_signature,
-segment_link, truncated (the log ends before --anchor)
+segment_link, truncated (the log ends before --anchor); a line longer than the longest
+record is "modified"
+
+seal records are chained like any other; their MACs need the daemon's signing key, so
+verify only notes a log whose last record no seal or checkpoint covers (the daemon
+quarantines such records on its next open)
 
 examples:
   bide verify /var/lib/bide/log --verify-key verify.pub

@@ -159,13 +159,14 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
     verify_key = keys.load_verify_key(key_dir / keys.VERIFY_KEY)
     head = verify_log(log_dir, verify_key, writer_live=False).position()
     snapshots = {"head": work / "snapshot-head", "behind": work / "snapshot-behind"}
-    save_snapshot(snapshots["head"], keyring, head, replayed)
+    signer = keys.load_signer(key_dir)
+    save_snapshot(snapshots["head"], keyring, signer, head, replayed)
     older, ledger = _state_at(log_dir, keyring, replayed.events - behind)
-    save_snapshot(snapshots["behind"], keyring, older, ledger)
+    save_snapshot(snapshots["behind"], keyring, signer, older, ledger)
 
     def start(snapshot: Path | None) -> Callable[[], int]:
         def run() -> int:
-            snap = load_snapshot(snapshot, keyring) if snapshot else None
+            snap = load_snapshot(snapshot, keyring, signer) if snapshot else None
             report = verify_log(log_dir, verify_key, writer_live=False,
                                 resume=snap.position if snap else None)
             assert report.damage is None

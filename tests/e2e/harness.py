@@ -279,7 +279,8 @@ def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
     """The snapshot on disk holds exactly what folding the whole log gives; its event count."""
     cfg = load_config(str(ws.config))
     keyring = open_keyring(cfg)
-    snap = load_snapshot(cfg.snapshot_path, keyring)
+    signer = keys.load_signer(keys.keys_directory(cfg.keys_dir))
+    snap = load_snapshot(cfg.snapshot_path, keyring, signer)
     assert snap is not None
     full = replay_log(cfg.log_dir, keyring)
     assert snap.ledger.ops == full.ops

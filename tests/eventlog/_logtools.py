@@ -5,6 +5,7 @@ Nothing here holds a secret beyond the test's own key directory.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -17,7 +18,15 @@ import anyio
 import msgspec
 
 from eventlog import keys
-from eventlog.envelope import Record, decode_record, encode_record, record_hash
+from eventlog.envelope import (
+    EventRecord,
+    Record,
+    associated_data,
+    decode_record,
+    encode_record,
+    record_hash,
+)
+from eventlog.seal import Sealer
 from eventlog.segments import list_segments, segment_name
 from eventlog.verify import Report, verify_log
 from eventlog.writer import Appended, LogWriter
@@ -177,3 +186,35 @@ def verify_cli(log_dir: Path, verify_pub: Path, *extra: str, cwd: Path | None = 
     proc = bide("verify", log_dir, "--verify-key", verify_pub, "--json", *extra, cwd=cwd)
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return CliResult(proc.returncode, report, proc.stdout, proc.stderr)
+
+
+def forge_event(log_dir: Path, keyring: keys.KeyRing, payload: bytes) -> int:
+    """Append ``payload`` as the next event record the way a holder of the data key alone can:
+    correctly numbered, chained to the head and encrypted under the active data key, but
+    not sealed (no signing key). Returns its sequence number."""
+    path = list_segments(log_dir)[-1][1]
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    last = data[:-1].rsplit(b"\n", 1)[-1]
+    head = decode_record(last)
+    seq, prev, kid = head.seq + 1, record_hash(last), keyring.active
+    nonce, ct = Sealer(keyring.get(kid)).seal(payload, associated_data(head.log, seq, prev, kid))
+    with path.open("ab") as f:
+        f.write(encode_record(EventRecord(seq, prev, head.log, kid, nonce, ct)) + b"\n")
+    return seq
+
+
+def reseal_with_data_key(path: Path, keyring: keys.KeyRing, change: Callable[[bytes], bytes]
+                         ) -> None:
+    """What a holder of the data key alone can do: decrypt the body, change it, encrypt it
+    again under the same header, and keep whatever follows the ciphertext (format 2's tag)."""
+    data = path.read_bytes()
+    head, _, rest = data.partition(b"\n")
+    header = msgspec.json.decode(head)
+    trailer = 32 if header["format"] >= 2 else 0
+    ct, tail = rest[:len(rest) - trailer], rest[len(rest) - trailer:]
+    sealer = Sealer(keyring.get(header["kid"]))
+    nonce = base64.b64decode(header["nonce"])
+    body = sealer.open_raw(nonce, ct, b"bide.snapshot.v1\n" + head, where="test")
+    forged = sealer.seal_with(nonce, change(body), b"bide.snapshot.v1\n" + head)
+    path.write_bytes(head + b"\n" + forged + tail)

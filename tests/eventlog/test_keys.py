@@ -152,6 +152,15 @@ def test_rotation_keeps_old_records_readable_until_the_key_is_retired(
     shredded = read_all()
     assert all(isinstance(v, str) and old_kid in v for v in shredded[old_kid])
     assert shredded[new_kid] == [b"new %d" % i for i in range(5)]
+    # Reading payloads: raises at the first shredded one, or lists each by seq and reads on.
+    with pytest.raises(UnknownKeyError):
+        list(LogReader(log, ks.keyring()).payloads())
+    unreadable: list[tuple[int, str]] = []
+    read = list(LogReader(log, ks.keyring()).payloads(unreadable))
+    assert [p for _, p in read] == [b"new %d" % i for i in range(5)]
+    assert len(unreadable) == 5
+    assert all(old_kid in why for _, why in unreadable)
+    assert max(seq for seq, _ in unreadable) < min(seq for seq, _ in read)
 
 
 def test_keygen_never_overwrites(ks: KeySet) -> None:
@@ -160,3 +169,32 @@ def test_keygen_never_overwrites(ks: KeySet) -> None:
     assert proc.returncode == 2
     assert "refusing to overwrite" in proc.stderr
     assert {p.name: p.read_bytes() for p in ks.directory.iterdir()} == before
+
+
+def test_keys_directory_writable_by_others_is_refused(ks: KeySet) -> None:
+    for mode in (0o770, 0o702, 0o777):
+        ks.directory.chmod(mode)
+        for load in (keys.load_keyring, keys.load_signer):
+            with pytest.raises(KeyFileError) as err:
+                load(ks.directory)
+            assert f"keys directory {ks.directory} is writable by group or others" in str(
+                err.value)
+            assert f"chmod 700 {ks.directory}" in str(err.value)
+    ks.directory.chmod(0o750)  # readable by a group is fine: the files are 0600
+    keys.load_keyring(ks.directory)
+    proc = bide("keygen", "--rotate", ks.directory)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_key_file_owned_by_another_user_is_refused(ks: KeySet) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    signing = ks.directory / "signing.key"
+    os.chown(signing, 65534, -1)
+    with pytest.raises(KeyFileError) as err:
+        keys.load_signer(ks.directory)
+    assert f"key file {signing} is owned by uid 65534" in str(err.value)
+    assert f"chown {os.geteuid()} {signing}" in str(err.value)
+    assert not any(s in str(err.value) for s in secrets_of(ks))
+    os.chown(signing, 0, -1)  # root's is fine
+    keys.load_signer(ks.directory)

@@ -100,7 +100,9 @@ async def test_checkpoint_every_n_records_and_final_on_close(tmp_path: Path, ks:
             await w.append(b"%d" % i)
     kinds = [(line.kind, line.record) for line in read_lines(log)]
     cps = [rec for kind, rec in kinds if isinstance(rec, Checkpoint)]
-    assert [cp.seq for cp in cps] == [6, 12, 15]  # after events 5 and 10, then the final one
+    events = [rec.seq for _, rec in kinds if isinstance(rec, EventRecord)]
+    # Right after events 5 and 10 (each write of one event ends with a seal), then the final.
+    assert [cp.seq for cp in cps] == [events[4] + 1, events[9] + 1, kinds[-1][1].seq]
     assert [cp.final for cp in cps] == [False, False, True]
     assert isinstance(kinds[-1][1], Checkpoint)
     report = verify(log, ks)
@@ -302,12 +304,14 @@ async def test_appends_return_their_seq_and_hash(tmp_path: Path, ks: KeySet) -> 
     async with writer(log, ks) as w:
         done = await w.append_many([b"a", b"b"])
         one = await w.append(b"c")
-        assert (w.head_seq, w.head_hash) == (one.seq, one.hash)
+        assert w.head_seq == one.seq + 1  # the write's seal
+    assert [line.kind for line in read_lines(log)][one.seq:] == ["EventRecord", "Seal",
+                                                                  "Checkpoint"]
     stored = {s.seq: s for s in LogReader(log).poll()}
     for a in [*done, one]:
         assert stored[a.seq].hash == a.hash
         assert isinstance(stored[a.seq].record, EventRecord)
-    assert verify_log(log, ks.verify_key()).head_seq == one.seq + 1  # the final checkpoint
+    assert verify_log(log, ks.verify_key()).head_seq == one.seq + 2  # the final checkpoint
 
 
 async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySet) -> None:
@@ -318,8 +322,8 @@ async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySe
             await w.append_many([b"queued, then cancelled"],
                                 on_durable=lambda: folded.append(w.head_seq))
         assert scope.cancelled_caught
-        assert w.head_seq == 1  # the record was written before the cancellation went on
-        assert folded == [1]  # and its caller could still fold it into state
+        assert w.head_seq == 2  # the record (and its seal) was written before the
+        assert folded == [2]  # cancellation went on, and its caller could still fold it
         await w.append(b"next")
     assert list(payloads(log, ks).values()) == [b"queued, then cancelled", b"next"]
 

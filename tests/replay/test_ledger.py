@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.events import ActionIntended, LogEvent, StatusResponseReceived
+from replay.errors import NewerSchemaError, ReplayError
+from replay.events import ActionIntended, LogEvent, StatusResponseReceived, encode_event
 from replay.ledger import Ledger, SnapshotFormatError
 from tests.replay.helpers import T0, Daemon, body, contract, simple_contract
 
@@ -110,3 +111,32 @@ def test_a_bad_undecided_fact_is_a_format_error_not_a_crash() -> None:
     raw[6] = [b"not an event"]
     with pytest.raises(SnapshotFormatError):
         Ledger.load(msgspec.msgpack.encode(raw))
+
+
+def test_fold_leaves_out_what_it_cannot_read_and_names_it() -> None:
+    events = _history()
+    encoded = [(seq, encode_event(ev)) for seq, ev in enumerate(events, start=1)]
+    registration = encoded[0]
+    assert b"operation_registered" in registration[1]
+    damaged = [(seq, b"\x00 not an event" if seq == registration[0] else p)
+               for seq, p in encoded]
+    skipped: list[tuple[int, str]] = []
+    ledger = Ledger()
+    ledger.fold(damaged, skipped)
+    op_ok = [seq for seq, ev in enumerate(events, start=1) if ev.operation_id == "op-ok"
+             and not isinstance(ev, ActionIntended)]
+    # The registration is unreadable; the rest of its operation cannot follow: all named.
+    assert [seq for seq, _ in skipped] == op_ok
+    assert "op-ok" not in ledger.ops
+    others = [ev for ev in events if ev.operation_id != "op-ok" or isinstance(ev,
+                                                                              ActionIntended)]
+    _same(ledger, _fold(others))
+    with pytest.raises(ReplayError):
+        Ledger().fold(damaged)  # without a list to report into, it raises as before
+
+
+def test_fold_never_skips_an_event_of_a_newer_bide() -> None:
+    newer = encode_event(_history()[0]).replace(b'"schema":1', b'"schema":99')
+    assert newer != encode_event(_history()[0])
+    with pytest.raises(NewerSchemaError):
+        Ledger().fold([(1, newer)], [])
