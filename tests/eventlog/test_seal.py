@@ -157,6 +157,9 @@ def _preseal(tmp_path: Path) -> tuple[KeySet, Path]:
     root = tmp_path / "preseal"
     shutil.copytree(PRESEAL, root)
     (root / "keys").chmod(0o700)
+    # Stored as *.testkey: the repository ignores *.key so that no real key is ever committed.
+    for key in (root / "keys").glob("*.testkey"):
+        key.rename(key.with_suffix(".key"))
     for key in (root / "keys").glob("*.key"):
         key.chmod(0o600)
     return KeySet(root / "keys"), root
