@@ -5,8 +5,14 @@ model reads: a :class:`StatusResponseReceived` for any HTTP answer (a status cod
 poller never raises for status) or a :class:`TransportFailed` naming how delivery failed.
 Foreign errors are translated here, at the boundary (STYLE.md §5):
 
-    never delivered:    connect_refused, dns, tls, connect_timeout, pool_timeout
+    never delivered:    connect_refused, dns, tls, connect_timeout, pool_timeout, not_sent
     delivery ambiguous: read_timeout, write_timeout, connection_reset, protocol_error
+
+``not_sent`` is a request refused before it left: a URL that does not parse or is not the
+provider's own, a header value the HTTP layer will not send. Whatever a provider or an agent
+put into a request, it becomes a recorded failure, never an exception out of the poll; and no
+error text that could quote a request header (the credential) is ever recorded. A status code
+outside 100-599 is a protocol error, not a response.
 
 Every request is one counted request: no transport retries, no redirects followed (a 3xx is
 recorded like any status the contract does not explain, so a credential never crosses to
@@ -17,8 +23,10 @@ body is cut, recorded as truncated, never held in memory).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ import httpx
 from daemon.profile import Profile
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
+from replay.signals import check_provider_url
 
 USER_AGENT = "bide/0.1 (+status polling under a contract)"
 HEADER_CAP = 512  # bytes kept of any recorded header value
@@ -51,7 +60,11 @@ class CredentialError(Exception):
 
 
 def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str] | None:
-    """(header, value) for the profile's credential, read now (rotation needs no restart)."""
+    """(header, value) for the profile's credential, read now (rotation needs no restart).
+
+    The file must be readable by its owner only, and hold one line of printable ASCII (it
+    becomes a header value); errors name the file and what is wrong, never its bytes.
+    """
     ref = profile.credential
     if ref is None:
         return None
@@ -62,14 +75,25 @@ def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str]
         )
     path = directory / ref.file
     try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-        raise CredentialError(f"credential file {path} for provider {profile.name}: {reason}"
-                              ) from None
-    if not secret or "\n" in secret or "\r" in secret:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CredentialError(f"credential file {path} for provider {profile.name}: "
+                              f"{exc.strerror}") from None
+    if mode & 0o077:
+        raise CredentialError(
+            f"credential file {path} for provider {profile.name} is open to group or others "
+            f"(mode {mode:04o}); fix: chmod 0600 {path}")
+    secret = raw.strip(b" \t\r\n")
+    if not secret or b"\n" in secret or b"\r" in secret:
         raise CredentialError(f"credential file {path} must hold one non-empty line")
-    value = f"{ref.scheme} {secret}" if ref.scheme else secret
+    bad = next((i for i, byte in enumerate(secret) if not 0x20 <= byte <= 0x7e), None)
+    if bad is not None:
+        raise CredentialError(
+            f"credential file {path} for provider {profile.name} holds a byte that cannot be "
+            f"sent in a header (a control character or non-ASCII, at offset {bad}); write the "
+            f"token as printable ASCII")
+    value = f"{ref.scheme} {secret.decode('ascii')}" if ref.scheme else secret.decode("ascii")
     return ref.header, value
 
 
@@ -170,10 +194,12 @@ class StatusClient:
         closes once the requests still using it are done.
         """
         budget = max(MIN_TIMEOUT, seconds)
+        if not origin(url):
+            return NoAnswer("not_sent", "not sent: the URL does not parse")
         try:
             request_headers = self._request_headers(url, headers)
         except CredentialError as exc:
-            return NoAnswer("connect_refused", f"not sent: {exc}")
+            return NoAnswer("not_sent", f"not sent: {exc}")
         client = self._client
         self._users[client] = self._users.get(client, 0) + 1
         try:
@@ -189,10 +215,20 @@ class StatusClient:
         answer: Answer | None = None
         headed = False
         try:
+            request = client.build_request(method, url, headers=request_headers, content=body,
+                                           timeout=httpx.Timeout(budget))
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol, UnicodeError, ValueError,
+                TypeError) as exc:
+            # Refused before it left. The message may quote a header value: not recorded.
+            return NoAnswer("not_sent", f"not sent: the request could not be built "
+                                        f"({type(exc).__name__})")
+        try:
             with anyio.move_on_after(budget):
-                async with client.stream(method, url, headers=request_headers, content=body,
-                                         timeout=httpx.Timeout(budget)) as resp:
+                async with contextlib.aclosing(await client.send(request, stream=True)) as resp:
                     headed = True
+                    if not 100 <= resp.status_code <= 599:
+                        return NoAnswer("protocol_error", f"status code {resp.status_code} is "
+                                        f"outside 100-599: not an HTTP answer")
                     data, size, truncated = await self._read_capped(resp, cap, sink)
                     kept = _headers(resp, self.profile.status.request_id_header)
                     answer = Answer(resp.status_code, kept,
@@ -207,6 +243,11 @@ class StatusClient:
                                 f"body not complete within {budget:.3g}s (slow response)")
             return NoAnswer("read_timeout",
                             f"no complete response head within {budget:.3g}s (slow response)")
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
+            # The HTTP layer refused to write it (e.g. an illegal header value): never sent.
+            # Its message may quote a header value (the credential): not recorded.
+            return NoAnswer("not_sent", f"not sent: the HTTP layer refused the request "
+                                        f"({type(exc).__name__})")
         except httpx.PoolTimeout:
             if self._client is client:
                 await self.rebuild()
@@ -228,7 +269,7 @@ class StatusClient:
                                 "provider closed the connection without a complete response")
             return NoAnswer("protocol_error", f"malformed HTTP from the provider: {text[:200]}")
         except httpx.HTTPError as exc:
-            return NoAnswer("protocol_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            return NoAnswer("protocol_error", type(exc).__name__)
 
     async def fetch(
         self, *, operation_id: str, url: str, request_number: int, time_left: float,
@@ -236,6 +277,11 @@ class StatusClient:
     ) -> StatusResponseReceived | TransportFailed:
         """The one status request of a poll, as the fact the model reads."""
         status = self.profile.status
+        refused = check_provider_url(url, self.profile.origin, self.profile.status_path_prefix)
+        if refused is not None:  # S22: only the profile's own status resources
+            return TransportFailed(operation_id=operation_id, at=clock(),
+                                   request_number=request_number, kind="not_sent",
+                                   detail=f"not sent: {refused}"[:HEADER_CAP])
         result = await self.call(status.method, url,
                                  seconds=min(status.timeout_seconds, time_left),
                                  cap=status.max_body_bytes)

@@ -80,7 +80,7 @@ from replay.events import (
     StatusRequestIntended,
     StatusResponseReceived,
     TransportFailed,
-    encode_event,
+    encode_checked,
 )
 from replay.ledger import Fact, Ledger
 from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
@@ -164,7 +164,7 @@ class Supervisor:
                  for e in events if isinstance(e, PollScheduled)]
         self._appending += 1
         try:
-            await self._append_durably([encode_event(e) for e in events],
+            await self._append_durably([encode_checked(e) for e in events],
                                        lambda: self._fold(events, waits))
         finally:
             self._appending -= 1

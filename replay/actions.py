@@ -89,7 +89,7 @@ ActionPhase = Literal["in_flight", "succeeded", "failed", "escalated", "closed"]
 
 #: Transport failures where the request certainly never reached the provider.
 NEVER_DELIVERED: frozenset[TransportKind] = frozenset(
-    {"connect_refused", "dns", "tls", "connect_timeout", "pool_timeout"}
+    {"connect_refused", "dns", "tls", "connect_timeout", "pool_timeout", "not_sent"}
 )
 _DETAIL_CAP = 300
 

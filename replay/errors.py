@@ -13,8 +13,10 @@ operation id or the schema version, and never carry a secret, a response body or
      |                           was given (before registration, a second registration, another
      |                           operation's event): the log or the caller is wrong
      +-- InvalidInputError       ``decide``/``register`` were called outside their contract
-                                 (a draw outside [0, 1), a non-finite ``now``, an observation
-                                 for another operation); also a ``ValueError``
+     |                           (a draw outside [0, 1), a non-finite ``now``, an observation
+     |                           for another operation); also a ``ValueError``
+     +-- InvalidEventError       an event about to be appended would not read back as written
+                                 (``encode_checked``): a bug, caught before it poisons the log
 """
 
 from __future__ import annotations
@@ -45,3 +47,7 @@ class ReplayOrderError(ReplayError):
 
 class InvalidInputError(ReplayError, ValueError):
     """A pure function was called with an argument outside its documented contract."""
+
+
+class InvalidEventError(ReplayError):
+    """An event would not read back from the log as written; it is never appended."""

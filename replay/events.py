@@ -28,7 +28,7 @@ import msgspec
 from msgspec import Meta
 
 from replay.contract import Contract
-from replay.errors import EventDecodeError, NewerSchemaError
+from replay.errors import EventDecodeError, InvalidEventError, NewerSchemaError
 
 __all__ = [
     "ACTION_EVENT_TYPES",
@@ -71,6 +71,7 @@ __all__ = [
     "TransportKind",
     "decode_event",
     "decode_log_event",
+    "encode_checked",
     "encode_event",
 ]
 
@@ -124,6 +125,7 @@ TransportKind = Literal[
     "connection_reset",
     "protocol_error",
     "body_too_large",
+    "not_sent",  # refused before it left: an invalid URL or header value (never delivered)
 ]
 
 #: The HTTP outcome of a response (S2), separate from the job outcome.
@@ -794,6 +796,27 @@ def encode_event(event: LogEvent) -> bytes:
         ``{"schema": 1, "event": {...}, "minor": 0}`` as UTF-8 JSON bytes.
     """
     return _encoder.encode(_Envelope(schema=SCHEMA_MAJOR, minor=SCHEMA_MINOR, event=event))
+
+
+def encode_checked(event: LogEvent) -> bytes:
+    """:func:`encode_event`, and proof that the payload reads back as the same event.
+
+    The writer's path uses this: an event that would not decode (a status code of 999, a
+    value outside its constraints, NaN) is a bug caught before it reaches the log, where it
+    would make every reader of every operation fail.
+
+    Raises:
+        InvalidEventError: The event would not read back as written.
+    """
+    data = encode_event(event)
+    try:
+        again = _log_event_decoder.decode(_raw_decoder.decode(data).event)
+    except msgspec.DecodeError as exc:
+        raise InvalidEventError(
+            f"{type(event).__name__} would not read back from the log: {exc}") from None
+    if again != event:
+        raise InvalidEventError(f"{type(event).__name__} would read back changed")
+    return data
 
 
 def decode_event(data: bytes) -> Event:

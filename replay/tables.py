@@ -57,6 +57,7 @@ TRANSPORT_KINDS: Final[dict[TransportKind, TransportClass]] = {
     "tls": "never_delivered",
     "connect_timeout": "never_delivered",
     "pool_timeout": "never_delivered",
+    "not_sent": "never_delivered",
     "read_timeout": "ambiguous",
     "write_timeout": "ambiguous",
     "connection_reset": "ambiguous",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import secrets
 import sys
 import time
@@ -43,7 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--provider", required=True)
     p.add_argument("--body", required=True, metavar="FILE", help="the request body ('-': stdin)")
     p.add_argument("--operation", help="bide's operation id (default: op-<random>)")
-    p.add_argument("--idempotency-key", help="sent in the profile's idempotency header")
+    p.add_argument("--idempotency-key", type=_idempotency_key, metavar="KEY",
+                   help="sent in the profile's idempotency header: 1-256 visible ASCII "
+                        "characters (default: bide makes one when the provider is idempotent)")
     p.add_argument("--deadline", help="wall-clock deadline from now, e.g. 40m")
     p.add_argument("--business-deadline", metavar="TIME", help="ISO-8601 or +DURATION (S28)")
     p.add_argument("--max-requests", type=count_arg(), metavar="N")
@@ -92,3 +95,12 @@ def run(args: argparse.Namespace) -> int:
     spool = Spool(cfg.spool_dir)
     spool.request(spool.incoming, rid, data)
     return report(cfg, spool, rid, op_id, args.wait_seconds, args.json)
+
+
+def _idempotency_key(text: str) -> str:
+    """A key is sent as a header value: visible ASCII only, 1 to 256 characters."""
+    if not re.fullmatch(r"[\x21-\x7e]{1,256}", text):
+        raise argparse.ArgumentTypeError(
+            "must be 1 to 256 visible ASCII characters (letters, digits, punctuation; no "
+            "spaces or accents): it is sent as an HTTP header value")
+    return text

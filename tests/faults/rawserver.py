@@ -99,7 +99,20 @@ def _late(conn: socket.socket, stop: threading.Event) -> None:
     conn.sendall(_head(body) + body)
 
 
+def _status_999(conn: socket.socket, stop: threading.Event) -> None:
+    body = b'{"status": "running"}'
+    conn.sendall(_head(body, status=b"999 Beyond") + body)
+
+
+def _deep(conn: socket.socket, stop: threading.Event) -> None:
+    """4 KB of JSON nested 2,000 levels deep: under any size cap, over a decoder's stack."""
+    body = b"[" * 2000 + b"]" * 2000
+    conn.sendall(_head(body) + body)
+
+
 BEHAVIOURS: dict[str, Callable[[socket.socket, threading.Event], None]] = {
+    "status-999": _status_999,
+    "deep": _deep,
     "slow-head": _slow_head,
     "slow-body": _slow_body,
     "endless": _endless,
@@ -115,6 +128,8 @@ class RawServer:
     """Serves :data:`BEHAVIOURS` on 127.0.0.1 until :meth:`close`."""
 
     seen: list[Seen] = field(default_factory=list)
+    #: Whole answers (head and body, as bytes) by the last path segment, for fuzzing.
+    replies: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -157,6 +172,10 @@ class RawServer:
             path = head.split(b"\r\n", 1)[0].split(b" ")[1].decode("latin-1")
             self.seen.append(Seen(path, head[:HEAD_LIMIT]))
             name = path.rsplit("/", 1)[-1]
+            reply = self.replies.get(name)
+            if reply is not None:
+                conn.sendall(reply)
+                return
             behaviour = BEHAVIOURS.get(name)
             if behaviour is None:
                 body = b'{"error": "no such behaviour"}'
