@@ -106,6 +106,7 @@ def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: P
                         token.unlink()
                     else:
                         token.write_text(secret + "\n")
+                        token.chmod(0o600)  # a credential open to others is refused
                         # Distinct mtimes whatever the file system's timestamp resolution.
                         os.utime(token, ns=(step * 10**9, step * 10**9))
                     out.append(await client.call("GET", f"{sim.base_url}/jobs/j", seconds=2,
@@ -122,7 +123,52 @@ def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: P
     assert isinstance(again, Answer)
     assert again.status == 200
     assert isinstance(missing, NoAnswer)
-    assert missing.kind == "connect_refused"
+    assert missing.kind == "not_sent"  # never left: no credential to send
     assert "not sent" in missing.detail
     assert str(token) in missing.detail
     assert right not in missing.detail
+
+
+def test_urls_that_are_not_the_profiles_are_not_sent_and_never_raise(tmp_path: Path) -> None:
+    """Issue 20: a bad port, a broken IPv6 literal, a TAB, another origin, another path: each
+    a ``not_sent`` failure the model reads, the raw server untouched."""
+    raw = RawServer()
+    try:
+        async def run() -> list[tuple[str, str]]:
+            client = _client(tmp_path, raw)
+            out = []
+            try:
+                for url in (f"http://127.0.0.1:{raw.port + 70000}/jobs/x", "http://[::1/jobs/x",
+                            f"{raw.base_url}/jobs/a\tb", "http://127.0.0.2:1/jobs/x",
+                            f"{raw.base_url}/admin/users", f"{raw.base_url}/jobs/../admin"):
+                    fact = await client.fetch(operation_id="op", url=url, request_number=1,
+                                              time_left=5.0, clock=time.time)
+                    out.append((getattr(fact, "kind", ""), getattr(fact, "detail", "")))
+            finally:
+                await client.aclose()
+            return out
+
+        results = anyio.run(run)
+        assert [kind for kind, _ in results] == ["not_sent"] * 6, results
+        assert raw.seen == []
+    finally:
+        raw.close()
+
+
+def test_a_status_outside_100_to_599_is_a_protocol_error(tmp_path: Path) -> None:
+    raw = RawServer()
+    try:
+        async def run() -> Answer | NoAnswer:
+            client = _client(tmp_path, raw)
+            try:
+                return await client.call("GET", f"{raw.base_url}/jobs/status-999", seconds=2.0,
+                                         cap=4096)
+            finally:
+                await client.aclose()
+
+        result = anyio.run(run)
+    finally:
+        raw.close()
+    assert isinstance(result, NoAnswer)
+    assert result.kind == "protocol_error"
+    assert "999" in result.detail

@@ -14,7 +14,15 @@ from replay import (
     decode_event,
     encode_event,
 )
-from replay.events import EVENT_TYPES, SCHEMA_MAJOR
+from replay.errors import InvalidEventError
+from replay.events import (
+    EVENT_TYPES,
+    SCHEMA_MAJOR,
+    ResponseHeaders,
+    StatusResponseReceived,
+    decode_log_event,
+    encode_checked,
+)
 
 from .helpers import T0, Daemon, body
 
@@ -140,3 +148,15 @@ def test_old_payload_without_new_defaulted_fields_decodes() -> None:
     }
     event = decode_event(json.dumps(payload).encode())
     assert msgspec.structs.asdict(event)["draw"] is None
+
+
+def test_an_event_that_would_not_read_back_is_never_encoded_for_the_log() -> None:
+    """Issue 20: a status code of 999 was appended and then failed every reader."""
+    good = StatusResponseReceived(operation_id="op", at=1.0, request_number=1, status_code=200,
+                                  headers=ResponseHeaders(), body=b"{}")
+    assert decode_log_event(encode_checked(good)) == good
+    bad = msgspec.structs.replace(good, status_code=999)
+    with pytest.raises(InvalidEventError, match="StatusResponseReceived"):
+        encode_checked(bad)
+    with pytest.raises(InvalidEventError):
+        encode_checked(msgspec.structs.replace(good, at=float("nan")))

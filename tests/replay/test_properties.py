@@ -41,7 +41,7 @@ STATES = [
 ]
 TRANSPORT = [
     "connect_refused", "dns", "tls", "connect_timeout", "pool_timeout", "read_timeout",
-    "write_timeout", "connection_reset", "protocol_error", "body_too_large",
+    "write_timeout", "connection_reset", "protocol_error", "body_too_large", "not_sent",
 ]
 
 retry_after = st.one_of(
