@@ -183,7 +183,27 @@ class ActionRunner:
 
     def start(self, action_id: str) -> None:
         assert self.sup.polls is not None
-        self.sup.polls.start_soon(self._run, action_id)
+        self.sup.polls.start_soon(self._guarded, action_id)
+
+    async def _guarded(self, action_id: str) -> None:
+        """The barrier: if bide fails (a bug) while running the action, its outcome is
+        recorded as unknown (the call may have left), which escalates a submit or cancel and
+        fails a fetch; the daemon and every other action go on."""
+        try:
+            self.sup.faults.fire("action", action_id)
+            await self._run(action_id)
+        except Exception as exc:  # one action, not the daemon
+            name = type(exc).__name__
+            logfmt.error("internal error while running an action", action=action_id,
+                         error=name)
+            self.sup.metrics.internal_errors += 1
+            action = self.actions.get(action_id)
+            if action is None or action.phase != "in_flight":
+                return
+            events = judge_unanswered(action.intent, None, f"internal error ({name}) during "
+                                      f"the call; it may have left", None, self.sup.clock())
+            with contextlib.suppress(Exception):
+                await self._outcome(action_id, events)
 
     async def _run(self, action_id: str) -> None:
         sup = self.sup

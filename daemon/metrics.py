@@ -74,6 +74,7 @@ class Metrics:
         self.requests_sent = 0
         self.log_alarm = 0
         self.log_append_retries = 0
+        self.internal_errors = 0
 
     def observe(self, ev: Event, provider: str) -> None:
         if isinstance(ev, ResponseClassified):
@@ -122,6 +123,9 @@ class Metrics:
                 "# TYPE bide_log_flushes_total counter", f"bide_log_flushes_total {log_flushes}",
                 "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
                 "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}",
+                "# HELP bide_internal_errors_total Exceptions contained by the barrier (bugs).",
+                "# TYPE bide_internal_errors_total counter",
+                f"bide_internal_errors_total {self.internal_errors}",
                 "# HELP bide_log_append_retries_total Failed append attempts retried.",
                 "# TYPE bide_log_append_retries_total counter",
                 f"bide_log_append_retries_total {self.log_append_retries}"]

@@ -34,6 +34,7 @@ import pwd
 import random
 import signal
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from daemon import logfmt, systemd
 from daemon.actions import ActionRunner
 from daemon.config import Config
 from daemon.errors import ConfigError
+from daemon.faults import FaultInjection
 from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
@@ -83,7 +85,7 @@ from replay.events import (
     encode_checked,
 )
 from replay.ledger import Fact, Ledger
-from replay.observations import DecisionSubmitted, QuotaDeferred, WakeUp
+from replay.observations import DecisionSubmitted, InternalFault, QuotaDeferred, WakeUp
 from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
@@ -122,6 +124,8 @@ class Supervisor:
         self.in_flight: dict[str, anyio.Semaphore] = {}
         self.prepaid: set[str] = set()
         self.busy: set[str] = set()
+        self.set_aside: set[str] = set()  # failed twice (a bug): not polled again here
+        self.faults = FaultInjection.from_environment()
         self.timers = TimerHeap()
         self.spool = Spool(config.spool_dir)
         self.metrics = Metrics()
@@ -332,7 +336,7 @@ class Supervisor:
         this process), else at ``next_poll_at`` read against the wall clock now; and never
         later than the deadline, a wall-clock fact."""
         op = self.ops.get(op_id)
-        if op is None or op.phase != "live":
+        if op is None or op.phase != "live" or op_id in self.set_aside:
             self.timers.cancel(op_id)
             self._waits.pop(op_id, None)
             return
@@ -390,6 +394,8 @@ class Supervisor:
             self.busy.add(op_id)
             try:
                 await self._poll_once(op)
+            except Exception as exc:  # the barrier: one operation, not all
+                await self.contain(op_id, exc, "polling")
             finally:
                 self.busy.discard(op_id)
                 self.schedule(op_id)
@@ -402,6 +408,7 @@ class Supervisor:
         """S32: decide; acquire the provider's slot; reload and decide again with a fresh clock;
         the quota; the intent made durable; the one request; the fact; decide. The slot (the
         lease of S33) is held only for the intent and the request, never while sleeping."""
+        self.faults.fire("poll", op.operation_id)
         events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), self.clock(),
                         self.draw())
         if not any(isinstance(e, StatusRequestIntended) for e in events):
@@ -433,6 +440,7 @@ class Supervisor:
             if self.stopping.is_set():
                 return
             await self.record(events)  # S13: durable before the request leaves
+            self.faults.fire("request", op.operation_id)
             await self.provider_turn(op.provider, reserved=True)
             deadline, _ = op.effective_deadline
             time_left = deadline - self.clock()
@@ -452,8 +460,31 @@ class Supervisor:
         finally:
             slot.release()
         # The fact and its decision in one durable batch: one write and fsync, not two.
+        self.faults.fire("decide", op.operation_id)
         after = evolve(self.ops[op.operation_id], fact)
         await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
+
+    async def contain(self, op_id: str, exc: Exception, stage: str) -> None:
+        """The barrier: bide failed (a bug) while ``stage`` of ``op_id``. Record the stop
+        ``internal_error`` for that operation alone (it escalates, so no restart retries it),
+        with the exception's class and never its message, which could carry a secret. If even
+        that cannot be recorded, the operation is set aside for the rest of this process."""
+        name = type(exc).__name__
+        logfmt.error("internal error; the operation is stopped, the others go on", op=op_id,
+                     stage=stage, error=name, trace=_frames(exc))
+        self.metrics.internal_errors += 1
+        op = self.ops.get(op_id)
+        if op is None or op_id in self.set_aside:
+            return
+        try:
+            fault = InternalFault(detail=f"{name} while {stage}"[:200])
+            await self.record(decide(op, fault, self.clock(), self.draw()))
+        except Exception as again:  # the second failure: give the op up
+            self.set_aside.add(op_id)
+            self.timers.cancel(op_id)
+            logfmt.error("internal error while recording an internal error; the operation is "
+                         "set aside until the daemon restarts", op=op_id,
+                         error=type(again).__name__)
 
     async def provider_turn(self, provider: str, *, reserved: bool = False) -> None:
         """Wait until a request to ``provider`` may leave under its quota.
@@ -492,10 +523,21 @@ class Supervisor:
     # -- spool -----------------------------------------------------------------------------
 
     async def ingest_all(self) -> None:
-        for path in self.spool.pending(self.spool.incoming):
-            await self.ingest_incoming(path)
-        for path in self.spool.pending(self.spool.decisions):
-            await self.ingest_decision(path)
+        """Ingest every waiting file; one that makes bide itself fail (a bug) is rejected with
+        the exception's class as its reason, and the others go on."""
+        for directory, ingest in ((self.spool.incoming, self.ingest_incoming),
+                                  (self.spool.decisions, self.ingest_decision)):
+            for path in self.spool.pending(directory):
+                try:
+                    self.faults.fire("ingest", path.name)
+                    await ingest(path)
+                except Exception as exc:  # the barrier: one file, not all
+                    logfmt.error("internal error while ingesting a spool file; rejected",
+                                 file=path.name, error=type(exc).__name__,
+                                 trace=_frames(exc))
+                    self.spool.reject(path, spool_request_id(path),
+                                      f"internal error ({type(exc).__name__}) while ingesting; "
+                                      f"the daemon went on without it")
 
     async def ingest_incoming(self, path: Path) -> None:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
@@ -661,7 +703,11 @@ class Supervisor:
         A fact recorded without its decision (a crash between the two appends) is decided now.
         """
         for op_id, fact in (undecided or {}).items():
-            await self.record(decide(self.ops[op_id], fact, self.clock(), self.draw()))
+            try:
+                await self.record(decide(self.ops[op_id], fact, self.clock(), self.draw()))
+            except Exception as exc:  # the barrier: a bug here must not stop every start
+                await self.contain(op_id, exc, "deciding a fact left by a crash")
+                continue
             logfmt.warn("decided a fact left undecided by a crash", op=op_id,
                         request=fact.request_number)
         for op in list(self.ops.values()):
@@ -671,7 +717,11 @@ class Supervisor:
             unknown = RequestOutcomeUnknown(operation_id=op.operation_id, at=now,
                                             request_number=op.in_flight)
             await self.record([unknown])
-            await self.record(decide(self.ops[op.operation_id], unknown, now, self.draw()))
+            try:
+                await self.record(decide(self.ops[op.operation_id], unknown, now, self.draw()))
+            except Exception as exc:  # the barrier
+                await self.contain(op.operation_id, exc, "recovering after a restart")
+                continue
             logfmt.warn("request outcome unknown after restart", op=op.operation_id,
                         request=op.in_flight)
 
@@ -771,6 +821,13 @@ async def _acquire(semaphore: anyio.Semaphore) -> None:
         semaphore.acquire_nowait()
     except anyio.WouldBlock:
         await semaphore.acquire()
+
+
+def _frames(exc: BaseException) -> str:
+    """Where an exception came from, as ``file:line in function`` frames, without its message
+    (which could quote a header, a body or a credential)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-6:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames))
 
 
 def _user_name(uid: int) -> str:

@@ -37,7 +37,13 @@ from replay.events import (
     StatusResponseReceived,
     TransportFailed,
 )
-from replay.observations import DecisionSubmitted, Observation, QuotaDeferred, WakeUp
+from replay.observations import (
+    DecisionSubmitted,
+    InternalFault,
+    Observation,
+    QuotaDeferred,
+    WakeUp,
+)
 from replay.state import Operation, evolve
 
 __all__ = ["Mismatch", "check"]
@@ -127,6 +133,8 @@ def _check_operation(operation_id: str, indexed: list[tuple[int, Event]]) -> lis
                 draw = 0.0
                 if isinstance(event, StatusRequestIntended):
                     observation = WakeUp(timer_elapsed=event.due_by_timer)
+                elif isinstance(event, OperationStopped) and event.reason == "internal_error":
+                    observation = InternalFault(detail=event.detail)
                 elif isinstance(event, OperationStopped):
                     observation = WakeUp()
                 elif isinstance(event, PollScheduled) and event.delay_source == "local_quota":

@@ -122,6 +122,7 @@ from replay.events import (
 from replay.observations import (
     MAX_ID_LENGTH,
     DecisionSubmitted,
+    InternalFault,
     Observation,
     QuotaDeferred,
     Registration,
@@ -346,6 +347,10 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
     match observation:
         case WakeUp():
             return _on_wake_up(op, now, timer_elapsed=observation.timer_elapsed)
+        case InternalFault():
+            if op.phase != "live":
+                return []  # already stopped: the fault changes nothing a human must decide
+            return _stop(op, "internal_error", observation.detail, now, op.status_requests_used)
         case QuotaDeferred():
             return _on_quota(op, observation, now)
         case DecisionSubmitted():

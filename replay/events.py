@@ -111,6 +111,7 @@ StopReason = Literal[
     "expired",  # S3, S29
     "not_found",  # S23
     "authorization_denied",  # S24
+    "internal_error",  # bide itself failed while handling the operation: a bug, contained
 ]
 
 #: How a transport failure happened; see ``replay.tables.TRANSPORT_KINDS`` for what each means.

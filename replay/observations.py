@@ -30,6 +30,7 @@ from replay.events import (
 __all__ = [
     "MAX_ID_LENGTH",
     "DecisionSubmitted",
+    "InternalFault",
     "Observation",
     "QuotaDeferred",
     "Registration",
@@ -74,8 +75,21 @@ class DecisionSubmitted(msgspec.Struct, frozen=True, kw_only=True, tag="decision
     escalation_id: int | None = None
 
 
+class InternalFault(msgspec.Struct, frozen=True, kw_only=True, tag="internal_fault"):
+    """bide itself raised while handling the operation (a bug): the daemon stops the wait
+    with ``internal_error`` instead of dying, and the other operations go on.
+
+    Attributes:
+        detail: What failed, without a message that could carry a secret: the stage and the
+            exception class (``"ValueError while polling"``).
+    """
+
+    detail: str
+
+
 Observation = (
     WakeUp
+    | InternalFault
     | QuotaDeferred
     | DecisionSubmitted
     | StatusResponseReceived

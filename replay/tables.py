@@ -124,6 +124,8 @@ REASON_OPTIONS: Final[dict[StopReason, tuple[OptionKind, ...]]] = {
         "inspect_provider_console",
         "abandon",
     ),
+    # bide failed, not the provider: look at the job, resume once bide is fixed, or let go.
+    "internal_error": ("inspect_provider_console", "extend", "abandon"),
 }
 
 #: Option -> whether choosing it resumes polling (a new authorization, S36). The others close

@@ -16,7 +16,9 @@ from replay import (
     PollScheduled,
     encode_event,
 )
+from replay.decide import decide
 from replay.events import StopReason
+from replay.observations import InternalFault
 from replay.tables import OPTION_EFFECTS, REASON_OPTIONS
 
 from .helpers import T0, Daemon, body, contract, tags
@@ -37,6 +39,10 @@ def _escalate(d: Daemon, reason: StopReason) -> EscalationRaised:
     elif reason == "rate_limited":
         while d.op.phase == "live":
             d.poll_and_respond(status=429)
+    elif reason == "internal_error":
+        d.poll_and_respond()
+        d._append(decide(d.op, InternalFault(detail="ValueError while polling"),
+                         d.op.next_poll_at, 0.0))
     elif reason == "delivery_ambiguous":
         while d.op.phase == "live":
             now = d.op.next_poll_at
