@@ -29,7 +29,7 @@ def test_an_exception_at_any_stage_stops_that_one_thing_and_the_daemon_goes_on(
     jobs: dict[str, str | list[object]] = {
         "j-poll": "running", "j-request": "running", "j-decide": "running",
         "j-healthy": "running, succeeded with result"}
-    scenarios = {"quick": {"steps": "running, succeeded with result"}}
+    scenarios: dict[str, object] = {"quick": {"steps": "running, succeeded with result"}}
     with workspace(tmp_path, jobs, scenarios=scenarios) as ws:
         submit_profile(ws)
         bad_file = new_request_id()
