@@ -58,6 +58,8 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     agents_group: str = ""      # group that may write registrations (spool/incoming)
     approvers_group: str = ""   # group that may write decisions (spool/decisions)
+    allow_root_approval: bool = False  # with approvers_group: may root's files approve?
+    require_escalation_number: bool = True  # a decision names the escalation it answers
 
 
 class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -54,7 +54,8 @@ def escalation_text(ev: EscalationRaised, op: Operation | None = None) -> str:
     for n, option in enumerate(ev.options, start=1):
         params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
         lines.append(f"    {n}. {option.id}: {option.label}" + (f" [{params}]" if params else ""))
-    lines.append(f"  decide with:   bide decide {c.operation_id} OPTION [--note TEXT]")
+    lines.append(f"  decide with:   bide decide {c.operation_id} OPTION --escalation "
+                 f"{ev.escalation_id} [--note TEXT]")
     return "\n".join(lines) + "\n"
 
 

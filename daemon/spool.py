@@ -18,6 +18,7 @@ import contextlib
 import errno
 import grp
 import os
+import pwd
 import secrets
 import stat
 from pathlib import Path
@@ -164,8 +165,16 @@ class Spool:
         self.check_decisions(agents_group)
 
     def check_decisions(self, agents_group: str = "") -> None:
+        """Refuse a decisions directory someone besides the approvers could write to: checked
+        at start and again before every scan (a ``chmod`` after start is seen)."""
         st = self.decisions.stat()
         mode = stat.S_IMODE(st.st_mode)
+        acl = _acl_grants(self.decisions)
+        if acl:
+            raise SpoolPermissionError(
+                f"decisions directory {self.decisions} carries a POSIX ACL ({acl}): users "
+                f"outside the approvers' group may write there. Fix: setfacl -b -k "
+                f"{self.decisions}")
         if mode & 0o002:
             raise SpoolPermissionError(
                 f"decisions directory {self.decisions} is world-writable (mode {mode:04o}): "
@@ -225,8 +234,8 @@ class Spool:
         entries.sort(key=lambda p: (_mtime(p), p.name))
         return entries
 
-    def read(self, path: Path) -> tuple[bytes, int]:
-        """(content, owner uid) of a spool file; refuses links, non-files and large files."""
+    def read(self, path: Path) -> tuple[bytes, os.stat_result]:
+        """(content, status) of a spool file; refuses links, non-files and large files."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -242,7 +251,7 @@ class Spool:
             data = os.read(fd, MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 raise SpoolReject(f"more than {MAX_FILE_BYTES} bytes")
-            return data, st.st_uid
+            return data, st
         finally:
             os.close(fd)
 
@@ -274,6 +283,64 @@ class Spool:
 
 class SpoolPermissionError(Exception):
     """The spool's permissions would let the wrong people write; the daemon refuses to start."""
+
+
+def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,
+                     daemon_uid: int, allow_root: bool) -> str | None:
+    """Why a decision file's owner does not count as an approver (S36), or None if it does.
+
+    The owner is who the kernel says wrote the file. A file with a second hard link, writable
+    by others, or carrying an ACL could have been written by someone else, so it never counts.
+    With ``approvers_group`` set (every real deployment), the owner must be in that group, must
+    not be the daemon's own user, and must not be root unless ``allow_root``; without it (a
+    one-person setup, the demo, the tests) the owner alone is recorded.
+    """
+    if st.st_nlink > 1:
+        return (f"the file has {st.st_nlink} hard links: its owner may not be who wrote it "
+                f"(write decisions with bide decide)")
+    acl = _acl_grants(path)
+    if acl:
+        return f"the file carries a POSIX ACL ({acl}): others may have written it"
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        return "the file is writable by group or others: anyone could have written it"
+    if not approvers_group:
+        return None
+    name = user_name(st.st_uid)
+    if st.st_uid == daemon_uid:
+        return f"the file is owned by the daemon's own user ({name}), who is no approver"
+    if st.st_uid == 0 and not allow_root:
+        return ("the file is owned by root, who is no approver unless [spool] "
+                "allow_root_approval = true")
+    gid = _gid(approvers_group)
+    try:
+        entry = pwd.getpwuid(st.st_uid)
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except KeyError:
+        groups = []
+    if gid not in groups:
+        return (f"the file's owner {name} is not in the approvers' group {approvers_group} "
+                f"(fix: usermod -aG {approvers_group} {name}, if they should approve)")
+    return None
+
+
+def _acl_grants(path: Path) -> str:
+    """The POSIX ACL extended attributes ``path`` carries ('' when none, or not supported)."""
+    found = []
+    for name in ("system.posix_acl_access", "system.posix_acl_default"):
+        try:
+            os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            continue
+        found.append(name.rsplit("_", 1)[-1])
+    return " and ".join(found)
+
+
+def user_name(uid: int) -> str:
+    """The user name of ``uid``, or ``uid:N`` when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid:{uid}"
 
 
 def _gid(group: str) -> int:

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import gc
 import os
-import pwd
 import random
 import signal
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -62,7 +61,9 @@ from daemon.spool import (
     SpoolPermissionError,
     SpoolReject,
     SubmitFile,
+    approval_refusal,
     decode_incoming,
+    user_name,
 )
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
@@ -125,6 +126,7 @@ class Supervisor:
         self.prepaid: set[str] = set()
         self.busy: set[str] = set()
         self.set_aside: set[str] = set()  # failed twice (a bug): not polled again here
+        self._decisions_problem = ""  # why the decisions directory is unsafe, if it is
         self.faults = FaultInjection.from_environment()
         self.timers = TimerHeap()
         self.spool = Spool(config.spool_dir)
@@ -464,6 +466,22 @@ class Supervisor:
         after = evolve(self.ops[op.operation_id], fact)
         await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
 
+    def _decisions_safe(self) -> bool:
+        """Re-check the decisions directory before each scan; log once per change."""
+        try:
+            self.spool.check_decisions(self.config.spool.agents_group)
+            problem = ""
+        except (SpoolPermissionError, OSError) as exc:
+            problem = str(exc)
+        if problem != self._decisions_problem:
+            if problem:
+                logfmt.error("decisions are not read while their directory is unsafe",
+                             error=problem)
+            else:
+                logfmt.info("the decisions directory is safe again; reading decisions")
+            self._decisions_problem = problem
+        return not problem
+
     async def contain(self, op_id: str, exc: Exception, stage: str) -> None:
         """The barrier: bide failed (a bug) while ``stage`` of ``op_id``. Record the stop
         ``internal_error`` for that operation alone (it escalates, so no restart retries it),
@@ -524,9 +542,13 @@ class Supervisor:
 
     async def ingest_all(self) -> None:
         """Ingest every waiting file; one that makes bide itself fail (a bug) is rejected with
-        the exception's class as its reason, and the others go on."""
-        for directory, ingest in ((self.spool.incoming, self.ingest_incoming),
-                                  (self.spool.decisions, self.ingest_decision)):
+        the exception's class as its reason, and the others go on. Decisions wait while their
+        directory is open to anyone but the approvers."""
+        stages: list[tuple[Path, Callable[[Path], Awaitable[None]]]] = [
+            (self.spool.incoming, self.ingest_incoming)]
+        if self._decisions_safe():
+            stages.append((self.spool.decisions, self.ingest_decision))
+        for directory, ingest in stages:
             for path in self.spool.pending(directory):
                 try:
                     self.faults.fire("ingest", path.name)
@@ -543,7 +565,7 @@ class Supervisor:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
         rid = spool_request_id(path)
         try:
-            data, _uid = self.spool.read(path)
+            data, _ = self.spool.read(path)
             if rid is None:
                 raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
             request = decode_incoming(data)
@@ -597,14 +619,20 @@ class Supervisor:
     async def ingest_decision(self, path: Path) -> None:
         rid = spool_request_id(path)
         try:
-            data, uid = self.spool.read(path)
+            data, st = self.spool.read(path)
             if rid is None:
                 raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
+            spool_cfg = self.config.spool
+            refused = approval_refusal(path, st, approvers_group=spool_cfg.approvers_group,
+                                       daemon_uid=os.geteuid(),
+                                       allow_root=spool_cfg.allow_root_approval)
+            if refused is not None:
+                raise SpoolReject(f"not an approval (S36): {refused}")
             try:
                 df = msgspec.json.decode(data, type=DecisionFile)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise SpoolReject(f"not a valid decision: {exc}") from None
-            approver = _user_name(uid)  # the file's owner, not a name the file claims
+            approver = user_name(st.st_uid)  # the file's owner, not a name the file claims
             observation = DecisionSubmitted(option=df.option, approver=approver, note=df.note,
                                             escalation_id=df.escalation_id)
             action = self.runner.actions.get(df.operation_id)
@@ -616,6 +644,11 @@ class Supervisor:
                 op = self.ops.get(df.operation_id)
                 if op is None:
                     raise SpoolReject(f"no operation or action {df.operation_id!r}")
+                if df.escalation_id is None and spool_cfg.require_escalation_number:
+                    raise SpoolReject(
+                        "the decision names no escalation number: answer with bide decide OP "
+                        "OPTION --escalation N (N as bide escalations and the outbox show it), "
+                        "so it cannot land on a later escalation")
                 if df.operation_id in self.busy:
                     return  # a poll is mid-flight; the next scan picks the file up
                 events = decide(op, observation, self.clock(), self.draw())
@@ -828,10 +861,3 @@ def _frames(exc: BaseException) -> str:
     (which could quote a header, a body or a credential)."""
     frames = traceback.extract_tb(exc.__traceback__)[-6:]
     return " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames))
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid:{uid}"

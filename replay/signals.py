@@ -236,8 +236,9 @@ def check_provider_url(url: str, origin: str, path_prefix: str) -> str | None:
     found = f"{parts.scheme}://{host}:{port}"
     if found != origin:
         return f"{found} is not the provider's origin {origin}"
-    segments = unquote(parts.path).split("/")
-    if any(segment in (".", "..") for segment in segments):
+    # A segment that is, or percent-decodes to, "." or ".." is removed by normalisation; an
+    # encoded "/" inside a segment is not a separator (the job id's encoding relies on that).
+    if any(unquote(segment) in (".", "..") for segment in parts.path.split("/")):
         return "the URL's path has a dot segment"
     if not parts.path.startswith(path_prefix):
         return f"the path {parts.path[:200]!r} is not under the profile's prefix {path_prefix!r}"

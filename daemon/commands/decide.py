@@ -16,12 +16,16 @@ from daemon.spool import DecisionFile, Spool, new_request_id
 EPILOG = """\
 examples:
   bide escalations                       # see what is open and which options each offers
-  bide decide nightly-export extend --note "provider status page says 30 min delay"
-  bide decide nightly-export abandon
+  bide decide nightly-export extend --escalation 1 --note "status page says 30 min delay"
+  bide decide nightly-export abandon --escalation 2
 
 The daemon records you, the decision file's owner, as the approver, and accepts only an
-option the open escalation offered. Only members of the approvers' group can write to the
-decisions directory (see the README's permissions section).
+option the open escalation offered. --escalation names the escalation you answer (its
+number is in bide escalations and in the outbox message), so a decision can never land on a
+later one; the daemon refuses a decision without it unless [spool]
+require_escalation_number = false. With [spool] approvers_group set, only its members count
+as approvers: never the daemon's own user, and root only with allow_root_approval; a file
+with a second hard link, an ACL, or writable by others never counts.
 exit status: 0 recorded; 1 rejected (prints why); 2 usage error; 75 queued (daemon not running)
 """
 
@@ -35,7 +39,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("option", metavar="OPTION", help="an option id the escalation offers")
     p.add_argument("--note", default="", help="why (recorded with the decision)")
     p.add_argument("--escalation", type=count_arg(1, 10**9), metavar="N",
-                   help="the escalation number, to be exact")
+                   help="the escalation you answer (required by default; see below)")
     p.add_argument("--wait-seconds", type=seconds_arg(0, 3600, allow_zero=True), default=10.0)
     p.add_argument("--json", action="store_true")
     add_config_flag(p)

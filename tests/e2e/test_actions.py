@@ -161,7 +161,7 @@ def test_cancel_chosen_by_decision_is_its_own_recorded_call(tmp_path: Path) -> N
         [esc] = json.loads(ws.bide("escalations", "--json").stdout)
         assert "cancel_at_provider" in [o["id"] for o in esc["options"]]
         assert ws.sim.requests(kind="cancel") == []  # never implicit
-        assert ws.bide("decide", "c", "cancel_at_provider").returncode == 0
+        assert ws.bide("decide", "c", "cancel_at_provider", "--escalation", "1").returncode == 0
         until(lambda: _actions(ws, ActionSucceeded), what="the cancel's outcome")
         [intent] = _actions(ws, ActionIntended)
         assert intent.kind == "cancel"
@@ -176,7 +176,7 @@ def test_cancel_not_offered_without_a_documented_cancel_call(tmp_path: Path) -> 
         assert ws.bide("wait", "n", "--timeout", "20s").returncode == 3
         [esc] = json.loads(ws.bide("escalations", "--json").stdout)
         assert "cancel_at_provider" not in [o["id"] for o in esc["options"]]
-        refused = ws.bide("decide", "n", "cancel_at_provider")
+        refused = ws.bide("decide", "n", "cancel_at_provider", "--escalation", "1")
         assert refused.returncode == 1
 
 

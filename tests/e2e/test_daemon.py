@@ -76,14 +76,15 @@ def test_escalation_answered_with_decide(tmp_path: Path) -> None:
         assert len(outbox) == 1
         assert "unknown_state" in outbox[0].read_text()
 
-        bogus = ws.bide("decide", "review-me", "resubmit_quietly")
+        bogus = ws.bide("decide", "review-me", "resubmit_quietly", "--escalation", "1")
         assert bogus.returncode == 1
         assert "not offered" in bogus.stdout
         rejected = list((tmp_path / "state" / "spool" / "rejected").glob("*.reason"))
         assert len(rejected) == 1
         assert "not offered" in rejected[0].read_text()
 
-        chosen = ws.bide("decide", "review-me", "abandon", "--note", "needs a human")
+        chosen = ws.bide("decide", "review-me", "abandon", "--note", "needs a human",
+                        "--escalation", "1")
         assert chosen.returncode == 0, chosen.stdout + chosen.stderr
         assert ws.bide("wait", "review-me", "--timeout", "10s").returncode == 4  # closed
         events = [e for _, e in ws.log().events if e.operation_id == "review-me"]
@@ -101,7 +102,7 @@ def test_extend_decision_resumes_with_new_budget_and_counters_kept(tmp_path: Pat
         assert ws.bide("wait", "ext", "--timeout", "30s").returncode == 3
         [esc] = json.loads(ws.bide("escalations", "--json").stdout)
         assert esc["reason"] == "request_budget_exhausted"
-        assert ws.bide("decide", "ext", "extend").returncode == 0
+        assert ws.bide("decide", "ext", "extend", "--escalation", "1").returncode == 0
         assert ws.bide("wait", "ext", "--timeout", "30s").returncode in (0, 3)
         status = json.loads(ws.bide("status", "ext", "--json").stdout)
         assert status["status_requests_used"] > 2  # never reset (S17)

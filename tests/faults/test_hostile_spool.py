@@ -84,11 +84,12 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         # Decisions that must not land.
         for op, option, esc_id, note in (("nobody", "abandon", None, ""),
                                          ("esc", "abandon", 99, ""),
-                                         ("esc", "cancel_at_provider", None, ""),
+                                         ("esc", "cancel_at_provider", 1, ""),
+                                         ("esc", "abandon", None, ""),
                                          ("esc", "abandon", None, "n" * 5000)):
             d = DecisionFile(1, new_request_id(), op, option, note, esc_id)
             _drop(spool.decisions, msgspec.json.encode(d), d.request_id)
-        refused = 12  # the same-job duplicate is not among them: it is idempotent
+        refused = 13  # the same-job duplicate is not among them: it is idempotent
         until(lambda: len(_reasons(spool)) >= rejected_before + refused, timeout=20,
               what=f"{refused} refusals")
         until(lambda: spool.read_receipt(again) is not None, what="the duplicate's receipt")
@@ -98,7 +99,7 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         for expected in ("limit is", "not a regular file", "symbolic link",
                          "not a valid spool file", "not a valid decision",
                          "already in use", "no operation or action 'nobody'",
-                         "escalation 99", "was not offered"):
+                         "escalation 99", "was not offered", "names no escalation number"):
             assert expected in text, f"no reason mentions {expected!r}:\n{text}"
         assert "top-secret-value" not in text, "a refused file's content surfaced in a reason"
         assert secret.read_text() == "top-secret-value-81f3\n"
