@@ -19,7 +19,7 @@ import msgspec
 from daemon import logfmt
 from daemon.http import Answer, NoAnswer
 from daemon.outbox import write_text
-from daemon.spool import FetchFile, Receipt, SpoolReject, SubmitFile
+from daemon.spool import FetchFile, Receipt, SpoolReject, SubmitFile, user_name
 from eventlog.fsync import fsync_dir
 from replay.actions import (
     Action,
@@ -57,7 +57,7 @@ class ActionRunner:
 
     # -- ingest ------------------------------------------------------------------------------
 
-    async def ingest_submit(self, rid: str, sf: SubmitFile) -> None:
+    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int) -> None:
         sup = self.sup
         reg = sf.registration
         profile = sup.profiles.get(reg.provider)
@@ -92,7 +92,8 @@ class ActionRunner:
             provider=profile.name, method=profile.submit.method, url=profile.submit.url,
             request_fingerprint=fp, idempotency_key=key,
             timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
-            registration=template, spool_request=rid)
+            registration=template, spool_request=rid, registered_by=user_name(owner),
+            registered_by_uid=owner)
         await sup.record([intent])
         self.start(action_id)
 
@@ -272,7 +273,9 @@ class ActionRunner:
             return
         reg = msgspec.structs.replace(template, provider_job_id=outcome.provider_job_id,
                                       status_location=outcome.status_location)
-        events = register(reg, profile.contract, sup.clock())
+        events = register(reg, profile.contract, sup.clock(),
+                          registered_by=action.intent.registered_by,
+                          registered_by_uid=action.intent.registered_by_uid)
         rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
         if rejected is not None:
             logfmt.error("accepted job could not be registered", op=reg.operation_id,

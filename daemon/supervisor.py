@@ -28,7 +28,9 @@ sealed and written in a worker thread.
 
 from __future__ import annotations
 
+import collections
 import gc
+import math
 import os
 import random
 import signal
@@ -90,6 +92,8 @@ from replay.observations import DecisionSubmitted, InternalFault, QuotaDeferred,
 from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
+#: Fair shares of a provider's quota are computed over this much of it (seconds).
+FAIR_HORIZON = 1.0
 #: A request is not sent this close to its deadline: it could arrive after it.
 SEND_MARGIN = MIN_TIMEOUT
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
@@ -123,7 +127,11 @@ class Supervisor:
         self.quotas: dict[str, RateQuota] = {}
         self.pacers: dict[str, RateQuota] = {}  # the same quota, checked as requests leave
         self.in_flight: dict[str, anyio.Semaphore] = {}
-        self.prepaid: set[str] = set()
+        self.prepaid: dict[str, str] = {}  # op id -> registrant holding a future slot
+        self._reserved: dict[str, dict[str, int]] = {}  # provider -> registrant -> slots held
+        self._waiting: dict[str, dict[str, collections.deque[str]]] = {}  # turns to come
+        self._queued: set[str] = set()
+        self._dispatched: set[str] = set()
         self.busy: set[str] = set()
         self.set_aside: set[str] = set()  # failed twice (a bug): not polled again here
         self._decisions_problem = ""  # why the decisions directory is unsafe, if it is
@@ -341,6 +349,16 @@ class Supervisor:
         if op is None or op.phase != "live" or op_id in self.set_aside:
             self.timers.cancel(op_id)
             self._waits.pop(op_id, None)
+            if op is not None and op_id in self.prepaid:
+                quota = self.quotas.get(op.provider)
+                if quota is not None:
+                    quota.release()
+                self._unreserve(op_id, op.provider)
+            return
+        if op_id in self._queued:
+            # Waiting for its turn at the quota: only its deadline wakes it meanwhile.
+            deadline, _ = op.effective_deadline
+            self.timers.schedule(op_id, time.monotonic() + max(0.0, deadline - self.clock()))
             return
         now_mono, now_wall = time.monotonic(), self.clock()
         wait = self._waits.get(op_id)
@@ -524,19 +542,78 @@ class Supervisor:
 
     async def _quota_allows(self, op: Operation, now: float) -> bool:
         """Take a slot of the provider's rate quota, or record the poll as held back
-        (``local_quota``; never past the deadline) with its future slot reserved."""
-        if op.operation_id in self.prepaid:
-            self.prepaid.discard(op.operation_id)
+        (``local_quota``; never past the deadline) with its future slot reserved.
+
+        Fair between registrants: future slots are handed out to each registrant only up to
+        its share of the next second's quota (split among the registrants holding or waiting
+        for slots); past it, the poll waits in its registrant's queue, unrecorded, and each
+        slot used or given back wakes the next waiting poll, registrant by registrant in
+        turn. So 200 operations of one agent cannot take every slot ahead of another's 5.
+        """
+        op_id, provider, who = op.operation_id, op.provider, op.registered_by
+        if op_id in self.prepaid:
+            self._unreserve(op_id, provider)
             return True
-        wait = self.quotas[op.provider].reserve()
+        dispatched = op_id in self._dispatched
+        self._dispatched.discard(op_id)
+        held = self._reserved.setdefault(provider, {})
+        if not dispatched and held.get(who, 0) >= self._share(provider, who):
+            self._enqueue(provider, who, op_id)
+            return False
+        wait = self.quotas[provider].reserve()
         if wait <= 0:
+            self._dispatch(provider)
             return True
         await self.record(decide(op, QuotaDeferred(until=now + wait), now, self.draw()))
-        if self.ops[op.operation_id].phase == "live":
-            self.prepaid.add(op.operation_id)
+        if self.ops[op_id].phase == "live":
+            self.prepaid[op_id] = who
+            held[who] = held.get(who, 0) + 1
         else:
-            self.quotas[op.provider].release()
+            self.quotas[provider].release()
         return False
+
+    def _share(self, provider: str, who: str) -> int:
+        """How many future slots one registrant may hold: the next second of the quota, split
+        among the registrants that hold or wait for slots."""
+        waiting = self._waiting.get(provider, {})
+        active = {r for r, n in self._reserved.get(provider, {}).items() if n} | {
+            r for r, q in waiting.items() if q} | {who}
+        rate = self.quotas[provider].rate
+        return max(1, math.ceil(rate * FAIR_HORIZON / len(active)))
+
+    def _enqueue(self, provider: str, who: str, op_id: str) -> None:
+        queues = self._waiting.setdefault(provider, {})
+        queue = queues.setdefault(who, collections.deque())
+        if op_id not in self._queued:
+            queue.append(op_id)
+            self._queued.add(op_id)
+
+    def _unreserve(self, op_id: str, provider: str) -> None:
+        """A reserved slot was used (or given back): count it off and wake the next poll."""
+        who = self.prepaid.pop(op_id, None)
+        held = self._reserved.get(provider, {})
+        if who is not None and held.get(who, 0) > 0:
+            held[who] -= 1
+        self._dispatch(provider)
+
+    def _dispatch(self, provider: str) -> None:
+        """Wake one waiting poll of ``provider``: the next registrant in turn that has one."""
+        queues = self._waiting.get(provider)
+        if not queues:
+            return
+        for who in list(queues):
+            queue = queues.pop(who)
+            while queue:
+                op_id = queue.popleft()
+                self._queued.discard(op_id)
+                op = self.ops.get(op_id)
+                if op is None or op.phase != "live":
+                    continue
+                if queue:
+                    queues[who] = queue  # to the back of the line: the next one's turn
+                self._dispatched.add(op_id)
+                self.timers.schedule(op_id, time.monotonic())
+                return
 
     # -- spool -----------------------------------------------------------------------------
 
@@ -565,14 +642,14 @@ class Supervisor:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
         rid = spool_request_id(path)
         try:
-            data, _ = self.spool.read(path)
+            data, st = self.spool.read(path)
             if rid is None:
                 raise SpoolReject("file name is not REQUEST_ID.json (32 lowercase hex digits)")
             request = decode_incoming(data)
             if request.request_id != rid:
                 raise SpoolReject("request_id does not match the file name")
             if isinstance(request, SubmitFile):
-                await self.runner.ingest_submit(rid, request)
+                await self.runner.ingest_submit(rid, request, st.st_uid)
             elif isinstance(request, FetchFile):
                 await self.runner.ingest_fetch(rid, request)
         except SpoolReject as exc:
@@ -580,11 +657,13 @@ class Supervisor:
             self.spool.reject(path, rid, str(exc))
             return
         if isinstance(request, RegistrationFile):
-            await self.ingest_registration(path, rid, request)
+            await self.ingest_registration(path, rid, request, st.st_uid)
         else:
             self.spool.done(path)  # its receipt follows the action's outcome
 
-    async def ingest_registration(self, path: Path, rid: str, rf: RegistrationFile) -> None:
+    async def ingest_registration(self, path: Path, rid: str, rf: RegistrationFile,
+                                  owner: int) -> None:
+        """Register the job a spool file asks for; the file's owner is who asked."""
         try:
             reg = rf.registration
             existing = self.ops.get(reg.operation_id)
@@ -600,7 +679,8 @@ class Supervisor:
             if profile is None:
                 known = ", ".join(sorted(self.profiles)) or "none loaded"
                 raise SpoolReject(f"no profile for provider {reg.provider!r} (known: {known})")
-            events = register(reg, profile.contract, self.clock())
+            events = register(reg, profile.contract, self.clock(),
+                              registered_by=user_name(owner), registered_by_uid=owner)
             rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
             if rejected is not None:
                 raise SpoolReject(f"{rejected.reason}: {rejected.detail}")

@@ -129,6 +129,11 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
         default_max_rate_limited: Rate-limited-response budget when none is given (S21).
         extend_seconds: What an ``extend`` option offers, in seconds (S27).
         extend_status_requests: What an ``extend`` option offers, in status requests (S27).
+        limit_deadline_seconds: The furthest deadline a registration may ask for, from now:
+            no operation stays live for ever (S10). Defaults must fit under every limit.
+        limit_status_requests: The largest status-request budget a registration may ask for.
+        limit_transport_failures: The largest transport-failure budget it may ask for.
+        limit_rate_limited: The largest rate-limited budget it may ask for.
         cancel_documented: The provider documents a cancel call (S27: only then offered).
         idempotent_submit: Submissions are idempotent by key (S29).
     """
@@ -159,6 +164,10 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     default_max_rate_limited: Annotated[int, Meta(ge=1, le=1_000_000)] = 3
     extend_seconds: Annotated[int, Meta(ge=1, le=int(_YEAR))] = 900
     extend_status_requests: Annotated[int, Meta(ge=1, le=1_000_000)] = 4
+    limit_deadline_seconds: Annotated[float, Meta(gt=0, le=_YEAR)] = 7 * _DAY
+    limit_status_requests: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
+    limit_transport_failures: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    limit_rate_limited: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
     cancel_documented: bool = False
     idempotent_submit: bool = False
 
@@ -170,6 +179,12 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("rate_limited_delay_seconds must be at least 2 * backoff_cap_seconds")
         if self.min_hint_seconds >= self.max_hint_horizon_seconds:
             raise ValueError("min_hint_seconds must be below max_hint_horizon_seconds")
+        for default, limit in (("default_deadline_seconds", "limit_deadline_seconds"),
+                               ("default_max_status_requests", "limit_status_requests"),
+                               ("default_max_transport_failures", "limit_transport_failures"),
+                               ("default_max_rate_limited", "limit_rate_limited")):
+            if getattr(self, default) > getattr(self, limit):
+                raise ValueError(f"{default} must not exceed {limit}")
         names = [field.name for field in self.results]
         if len(set(names)) != len(names):
             raise ValueError("result field names must be unique")

@@ -163,6 +163,7 @@ RegistrationProblem = Literal[
     "business_deadline_not_in_future",
     "budget_not_positive",
     "unknown_expected_state",
+    "over_limit",  # more than the profile lets a registration ask for (S10)
 ]
 
 _MAX_ATTEMPT: Final = 62  # 2**62 * any base is past every cap; keeps the float finite
@@ -214,7 +215,8 @@ def _printable(text: str) -> bool:
     return all(0x20 <= ord(c) != 0x7F for c in text) and text == text.strip()
 
 
-def register(request: Registration, contract: Contract, now: float) -> list[Event]:
+def register(request: Registration, contract: Contract, now: float, *,
+             registered_by: str = "", registered_by_uid: int | None = None) -> list[Event]:
     """Validate a registration and return the operation record (S5, S10, S12, S28).
 
     The daemon checks that the operation id is new in the log; this checks everything else.
@@ -223,6 +225,8 @@ def register(request: Registration, contract: Contract, now: float) -> list[Even
         request: The registration.
         contract: The contract of the provider it names.
         now: The current time (POSIX seconds, UTC).
+        registered_by: Who asked, as the daemon knows it (never from the request itself).
+        registered_by_uid: That user's uid.
 
     Returns:
         ``[OperationRegistered]`` with the contract's defaults filled in, or
@@ -280,6 +284,16 @@ def register(request: Registration, contract: Contract, now: float) -> list[Even
     )
     if any(b is not None and b < 1 for b in budgets):
         return reject("budget_not_positive", "every budget must be at least 1")
+    # S10: every operation ends; the profile bounds what a registration may ask for.
+    for latest, name in ((deadline_at, "deadline"), (business, "business deadline")):
+        if latest is not None and latest - now > contract.limit_deadline_seconds:
+            return reject("over_limit", f"the {name} {latest - now:.6g} s from now exceeds the "
+                          f"profile's limit_deadline_seconds {contract.limit_deadline_seconds:g}")
+    for asked, limit in zip(budgets, ("limit_status_requests", "limit_transport_failures",
+                                      "limit_rate_limited"), strict=True):
+        if asked is not None and asked > getattr(contract, limit):
+            return reject("over_limit", f"a budget of {asked} exceeds the profile's {limit} "
+                          f"{getattr(contract, limit)}")
     expected = request.expected_terminal_state
     if expected is not None and expected not in contract.states.success:
         return reject("unknown_expected_state", "the expected state is not a success state")
@@ -313,6 +327,8 @@ def register(request: Registration, contract: Contract, now: float) -> list[Even
             first_poll_at=min(now + first_after, effective),
             contract=contract,
             contract_digest=contract_digest(contract),
+            registered_by=registered_by,
+            registered_by_uid=registered_by_uid,
         )
     ]
 

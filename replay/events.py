@@ -271,6 +271,9 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
         first_poll_at: When the first poll is due (S7).
         contract: The provider contract in force.
         contract_digest: ``contract_digest(contract)``.
+        registered_by: Who asked for the operation, as the daemon saw it (the spool file's
+            owner, or the API's peer): never a name the request claims. Empty in older logs.
+        registered_by_uid: That user's uid, if known.
     """
 
     provider: str
@@ -289,6 +292,8 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
     first_poll_at: float
     contract: Contract
     contract_digest: str
+    registered_by: str = ""
+    registered_by_uid: int | None = None
 
 
 class RegistrationRejected(_Event, tag="registration_rejected", frozen=True, kw_only=True):
@@ -620,6 +625,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
         max_bytes: The size cap on what comes back (fetch).
         body: The submit body, kept so that a decided retry sends exactly the same request.
         registration: What to register when a submit is accepted (deadline, budgets).
+        registered_by: Who asked for the submit (the spool file's owner), for the operation.
+        registered_by_uid: That user's uid.
         spool_request: The spool request it answers, so its receipt survives a restart.
         result_name: The result field fetched (fetch).
     """
@@ -636,6 +643,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
     max_bytes: int | None = None
     body: bytes = b""
     registration: Registration | None = None
+    registered_by: str = ""
+    registered_by_uid: int | None = None
     spool_request: str | None = None
     result_name: str | None = None
 

@@ -113,6 +113,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         last_provider_request_id: The provider request id that came with it (S25).
         last_transport_failure: The last transport failure kind.
         last_transport_failure_at: When it happened.
+        registered_by: Who asked for the operation (the daemon's word, not the request's).
         stop_reason: Why the wait last stopped, while escalated or closed.
         provider_error: The provider's own error from a failure stop (S3), as stored: bounded by
             the contract's ``error_cap_bytes``; the JSON text of the error when it fit.
@@ -137,6 +138,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     contract: Contract
     contract_digest: str
     registered_at: float
+    registered_by: str = ""
     started_at: float
     deadline_at: float
     business_deadline_at: float | None
@@ -256,6 +258,7 @@ def compact(op: Operation) -> Operation:
         op,
         provider=sys.intern(op.provider),
         account_context=sys.intern(op.account_context),
+        registered_by=sys.intern(op.registered_by),
         expected_terminal_state=_text(op.expected_terminal_state),
         contract=contract,
         contract_digest=digest,
@@ -289,6 +292,7 @@ def _registered(event: OperationRegistered) -> Operation:
         contract=contract,
         contract_digest=digest,
         registered_at=event.at,
+        registered_by=sys.intern(event.registered_by),
         started_at=_same(event.started_at, event.at),
         deadline_at=event.deadline_at,
         business_deadline_at=event.business_deadline_at,

@@ -128,8 +128,9 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
         op = event.operation_id
         match event:
             case OperationRegistered():
+                who = f" for {event.registered_by}" if event.registered_by else ""
                 text = (
-                    f"registered job {event.provider_job_id} at {event.provider}, "
+                    f"registered job {event.provider_job_id} at {event.provider}{who}, "
                     f"deadline {format_time(event.deadline_at)}"
                 )
                 if event.business_deadline_at is not None:

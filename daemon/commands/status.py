@@ -38,6 +38,7 @@ def op_summary(op: Operation) -> dict[str, object]:
         "operation_id": op.operation_id,
         "provider": op.provider,
         "provider_job_id": op.provider_job_id,
+        "registered_by": op.registered_by,
         "phase": op.phase,
         "stop_reason": op.stop_reason,
         "provider_error": op.provider_error,
