@@ -8,6 +8,7 @@ name: nothing from a response body, no job id, no credential.
 from __future__ import annotations
 
 import bisect
+import errno
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from daemon import logfmt
 from replay.events import (
     EscalationRaised,
     Event,
@@ -132,37 +134,79 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+#: Scrapes served at once; more connections are closed at once (a scraper needs one).
+MAX_CONNECTIONS = 16
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
 async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
                         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
                         ) -> None:
-    """Answer ``GET /metrics`` on ``host:port``; anything else is 404. Bounded per connection."""
+    """Answer ``GET /metrics`` on ``host:port``; anything else is 404.
+
+    Bounded so that no client can take the daemon down: at most :data:`MAX_CONNECTIONS`
+    at once (more are closed as they arrive), 5 s to send a request and 5 s to take the
+    answer, and an ``accept`` that fails for want of file descriptors (EMFILE, ENFILE) backs
+    off and tries again instead of ending the listener and, with it, the daemon.
+    """
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    open_connections = 0
 
     async def handle(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            data = b""
-            with anyio.move_on_after(5):
-                while b"\r\n\r\n" not in data and len(data) < 8192:
-                    try:
-                        data += await stream.receive(4096)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
-                        return
-            line = data.split(b"\r\n", 1)[0].split()
-            if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
-                body, status = render().encode(), b"200 OK"
-            else:
-                body, status = b"not found; try /metrics\n", b"404 Not Found"
-            head = b"".join((b"HTTP/1.1 ", status,
-                             b"\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
-                             str(len(body)).encode(), b"\r\nConnection: close\r\n\r\n"))
+        nonlocal open_connections
+        try:
+            async with stream:
+                data = b""
+                with anyio.move_on_after(5):
+                    while b"\r\n\r\n" not in data and len(data) < 8192:
+                        try:
+                            data += await stream.receive(4096)
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            return
+                line = data.split(b"\r\n", 1)[0].split()
+                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+                    body, status = render().encode(), b"200 OK"
+                else:
+                    body, status = b"not found; try /metrics\n", b"404 Not Found"
+                head = b"".join((b"HTTP/1.1 ", status,
+                                 b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                                 b"Content-Length: ", str(len(body)).encode(),
+                                 b"\r\nConnection: close\r\n\r\n"))
+                with anyio.move_on_after(5):
+                    await stream.send(head + body)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return
+        finally:
+            open_connections -= 1
+
+    failing = False
+
+    async def accept(inner: anyio.abc.Listener[anyio.abc.SocketStream],
+                     connections: anyio.abc.TaskGroup) -> None:
+        nonlocal failing, open_connections
+        assert isinstance(inner, anyio.abc.SocketListener)
+        while True:
             try:
-                await stream.send(head + body)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
+                stream = await inner.accept()
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    raise
+                if not failing:
+                    logfmt.warn("metrics: out of file descriptors; not accepting for now",
+                                error=exc.strerror)
+                failing = True
+                await anyio.sleep(0.2)
+                continue
+            if failing:
+                logfmt.info("metrics: accepting connections again")
+                failing = False
+            if open_connections >= MAX_CONNECTIONS:
+                await stream.aclose()
+                continue
+            open_connections += 1
+            connections.start_soon(handle, stream)
 
-    async with listener:
-        bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-        task_status.started(bound)
-        await listener.serve(handle)
-
-
+    async with listener, anyio.create_task_group() as connections:
+        task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
+        for inner in listener.listeners:
+            connections.start_soon(accept, inner, connections)

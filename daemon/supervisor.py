@@ -626,7 +626,13 @@ class Supervisor:
         if self._decisions_safe():
             stages.append((self.spool.decisions, self.ingest_decision))
         for directory, ingest in stages:
-            for path in self.spool.pending(directory):
+            try:
+                waiting = self.spool.pending(directory)
+            except OSError as exc:  # out of descriptors, say: the next scan tries again
+                logfmt.warn("cannot list the spool; trying again at the next scan",
+                            directory=directory, error=exc.strerror)
+                continue
+            for path in waiting:
                 try:
                     self.faults.fire("ingest", path.name)
                     await ingest(path)

@@ -138,7 +138,8 @@ def _profile(root: Path, base_url: str, cap: float, concurrency: int) -> Path:
         f'[contract]\nstate_pointer = "/status"\njob_id_pointer = "/id"\n'
         f"backoff_base_seconds = {cap}\nbackoff_cap_seconds = {cap}\n"
         f"rate_limited_delay_seconds = {2 * cap + 1}\nmin_hint_seconds = 0.05\n"
-        f"default_deadline_seconds = 86400\ndefault_max_status_requests = 1000000\n\n"
+        f"default_deadline_seconds = 86400\ndefault_max_status_requests = 1000000\n"
+        f"limit_status_requests = 1000000\n\n"
         f'[contract.states]\npending = ["queued", "running"]\nsuccess = ["succeeded"]\n')
     return path
 

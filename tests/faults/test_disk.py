@@ -71,7 +71,7 @@ def test_disk_full_stops_requests_raises_alarm_and_resumes(tmp_path: Path) -> No
             daemon = ws.start_daemon({"NOTIFY_SOCKET": str(notify.path)})
             url = metrics_url(daemon)
             for job, op in JOBS.items():
-                assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "100000"
+                assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000"
                                 ).returncode == 0
             ws.sim.wait_for_requests(6, kind="status", timeout=20)
             assert scrape(url)["bide_log_append_failing"] == 0
@@ -124,7 +124,7 @@ def test_read_only_log_directory_stops_requests_and_resumes(tmp_path: Path) -> N
         daemon = ws.start_daemon()
         url = metrics_url(daemon)
         for job, op in JOBS.items():
-            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "100000"
+            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000"
                             ).returncode == 0
         ws.sim.wait_for_requests(6, kind="status", timeout=20)
         with read_only_over(log_dir, log_dir):
