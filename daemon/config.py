@@ -60,6 +60,9 @@ class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     approvers_group: str = ""   # group that may write decisions (spool/decisions)
     allow_root_approval: bool = False  # with approvers_group: may root's files approve?
     require_escalation_number: bool = True  # a decision names the escalation it answers
+    receipt_retention_seconds: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    rejected_max_files: Annotated[int, msgspec.Meta(ge=1)] = 1000  # refused files kept
+    receipt_max_files: Annotated[int, msgspec.Meta(ge=1)] = 10_000  # per receipts directory
 
 
 class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

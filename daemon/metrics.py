@@ -77,6 +77,7 @@ class Metrics:
         self.log_alarm = 0
         self.log_append_retries = 0
         self.internal_errors = 0
+        self.spool_pruned = 0
 
     def observe(self, ev: Event, provider: str) -> None:
         if isinstance(ev, ResponseClassified):
@@ -125,6 +126,9 @@ class Metrics:
                 "# TYPE bide_log_flushes_total counter", f"bide_log_flushes_total {log_flushes}",
                 "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
                 "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}",
+                "# HELP bide_spool_pruned_total Old receipts and refused files removed.",
+                "# TYPE bide_spool_pruned_total counter",
+                f"bide_spool_pruned_total {self.spool_pruned}",
                 "# HELP bide_internal_errors_total Exceptions contained by the barrier (bugs).",
                 "# TYPE bide_internal_errors_total counter",
                 f"bide_internal_errors_total {self.internal_errors}",

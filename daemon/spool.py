@@ -2,8 +2,12 @@
 
     spool/incoming/    registrations dropped by `bide watch` (writable by the agents' group)
     spool/decisions/   decisions dropped by `bide decide` (writable by approvers only)
-    spool/rejected/    files the daemon refused, each with NAME.reason beside it
-    spool/receipts/    REQUEST_ID.json: what became of each file (registered, recorded, rejected)
+    spool/rejected/    files the daemon refused, each with NAME.reason beside it (the newest
+                       [spool] rejected_max_files are kept)
+    spool/receipts/    REQUEST_ID.json: what became of each incoming file; 0640, the agents'
+                       group (the directory is setgid), kept [spool] receipt_retention_seconds
+                       (and at most receipt_max_files of them)
+    spool/decided/     the same for decision files, readable by the approvers' group
 
 Writers drop a file atomically (a dot-file in the same directory, fsync, rename) so the daemon
 never reads half a file. The daemon reads each file with ``O_NOFOLLOW`` and a size cap,
@@ -144,6 +148,19 @@ class Spool:
         self.decisions = root / "decisions"
         self.rejected = root / "rejected"
         self.receipts = root / "receipts"
+        self.decided = root / "decided"
+        self.rejected_since_prune = 0
+
+    def layout(self, agents_group: str = "", approvers_group: str = ""
+               ) -> tuple[tuple[Path, int, str], ...]:
+        """(directory, mode, group) of the spool; group "" is the daemon's own.
+
+        Receipts directories are setgid: a receipt takes the directory's group, so the agents
+        (or approvers) read their receipts without the daemon changing any owner.
+        """
+        return ((self.root, 0o755, ""), (self.incoming, 0o730, agents_group),
+                (self.decisions, 0o730, approvers_group), (self.rejected, 0o750, ""),
+                (self.receipts, 0o2750, agents_group), (self.decided, 0o2750, approvers_group))
 
     def create(self, agents_group: str = "", approvers_group: str = "") -> None:
         """Make the directories with their modes (the umask is ignored), and hand
@@ -151,17 +168,22 @@ class Spool:
 
         Then refuse a decisions directory that anyone but the approvers could write to.
         """
-        layout = ((self.root, 0o755, ""), (self.incoming, 0o730, agents_group),
-                  (self.decisions, 0o730, approvers_group), (self.rejected, 0o750, ""),
-                  (self.receipts, 0o755, ""))
-        for d, mode, group in layout:
-            if not d.exists():
-                d.mkdir(parents=True)
-                os.chmod(d, mode)
-            if group:
-                gid = _gid(group)
-                if d.stat().st_gid != gid:
-                    os.chown(d, -1, gid)
+        for d, mode, group in self.layout(agents_group, approvers_group):
+            try:
+                if not d.exists():
+                    d.mkdir(parents=True)
+                    os.chmod(d, mode)
+                if group and d.stat().st_gid != _gid(group):
+                    os.chown(d, -1, _gid(group))
+                    os.chmod(d, mode)  # a change of group clears the setgid bit
+            except PermissionError:
+                raise SpoolPermissionError(
+                    f"{d} must exist with mode {mode:04o}" + (f" and group {group}" if group
+                                                             else "")
+                    + ", and this process may not set that up (under the shipped unit the "
+                    f"system call filter forbids chown and setgid bits): create it beforehand, "
+                    f"e.g. install -d -m {mode:04o}" + (f" -g {group}" if group else "")
+                    + f" {d} (the shipped unit does so in ExecStartPre=+)") from None
         self.check_decisions(agents_group)
 
     def check_decisions(self, agents_group: str = "") -> None:
@@ -213,13 +235,14 @@ class Spool:
             raise UsageError(f"cannot write to the spool {directory}: {exc.strerror}{hint}"
                              ) from None
 
-    def receipt_path(self, request_id: str) -> Path:
-        return self.receipts / f"{request_id}.json"
+    def receipt_path(self, request_id: str, *, decision: bool = False) -> Path:
+        return (self.decided if decision else self.receipts) / f"{request_id}.json"
 
-    def read_receipt(self, request_id: str) -> Receipt | None:
+    def read_receipt(self, request_id: str, *, decision: bool = False) -> Receipt | None:
         try:
-            return msgspec.json.decode(self.receipt_path(request_id).read_bytes(), type=Receipt)
-        except (FileNotFoundError, msgspec.DecodeError):
+            return msgspec.json.decode(
+                self.receipt_path(request_id, decision=decision).read_bytes(), type=Receipt)
+        except (OSError, msgspec.DecodeError):
             return None
 
     # -- daemon side -----------------------------------------------------------------------
@@ -255,7 +278,8 @@ class Spool:
         finally:
             os.close(fd)
 
-    def reject(self, path: Path, request_id: str | None, reason: str) -> None:
+    def reject(self, path: Path, request_id: str | None, reason: str, *,
+               decision: bool = False) -> None:
         """Move ``path`` to ``rejected/`` with NAME.reason beside it, and write the receipt."""
         self.rejected.mkdir(parents=True, exist_ok=True)
         target = self.rejected / path.name
@@ -265,16 +289,37 @@ class Spool:
             os.rename(path, target)
         reason_path = target.with_name(target.name + ".reason")
         reason_path.write_text(reason + "\n", encoding="utf-8")
+        self.rejected_since_prune += 1
         if request_id is not None:
-            self.write_receipt(Receipt(request_id, "rejected", None, reason))
+            self.write_receipt(Receipt(request_id, "rejected", None, reason), decision=decision)
 
-    def write_receipt(self, receipt: Receipt) -> None:
-        self.receipts.mkdir(parents=True, exist_ok=True)
-        final = self.receipt_path(receipt.request_id)
+    def write_receipt(self, receipt: Receipt, *, decision: bool = False) -> None:
+        final = self.receipt_path(receipt.request_id, decision=decision)
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp")
         tmp.write_bytes(msgspec.json.encode(receipt))
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o640)
         os.rename(tmp, final)
+
+    def prune(self, now: float, *, receipt_retention: float, receipt_max: int,
+              rejected_max: int) -> int:
+        """Remove receipts older than ``receipt_retention`` seconds or past the newest
+        ``receipt_max`` of their directory, and all but the newest ``rejected_max`` refused
+        files (with their reasons). Returns how many were removed."""
+        removed = 0
+        for directory in (self.receipts, self.decided):
+            entries = sorted(_entries(directory), key=lambda e: (e.stat().st_mtime, e.name))
+            for n, entry in enumerate(entries):
+                if (n < len(entries) - receipt_max
+                        or now - entry.stat().st_mtime > receipt_retention):
+                    removed += _unlink(Path(entry.path))
+        refused = sorted((e for e in _entries(self.rejected) if not e.name.endswith(".reason")),
+                         key=lambda e: (e.stat().st_mtime, e.name))
+        for entry in refused[:max(0, len(refused) - rejected_max)]:
+            removed += _unlink(Path(entry.path))
+            removed += _unlink(Path(entry.path + ".reason"))
+        self.rejected_since_prune = 0
+        return removed
 
     def done(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -283,6 +328,22 @@ class Spool:
 
 class SpoolPermissionError(Exception):
     """The spool's permissions would let the wrong people write; the daemon refuses to start."""
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return [e for e in it if e.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _unlink(path: Path) -> int:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return 1
 
 
 def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,

@@ -135,6 +135,7 @@ class Supervisor:
         self.busy: set[str] = set()
         self.set_aside: set[str] = set()  # failed twice (a bug): not polled again here
         self._decisions_problem = ""  # why the decisions directory is unsafe, if it is
+        self._pruned_at = float("-inf")
         self.faults = FaultInjection.from_environment()
         self.timers = TimerHeap()
         self.spool = Spool(config.spool_dir)
@@ -642,7 +643,8 @@ class Supervisor:
                                  trace=_frames(exc))
                     self.spool.reject(path, spool_request_id(path),
                                       f"internal error ({type(exc).__name__}) while ingesting; "
-                                      f"the daemon went on without it")
+                                      f"the daemon went on without it",
+                                      decision=directory == self.spool.decisions)
 
     async def ingest_incoming(self, path: Path) -> None:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
@@ -745,9 +747,9 @@ class Supervisor:
                 await self.runner.after_decision(list(events))
         except SpoolReject as exc:
             logfmt.warn("decision rejected", file=path.name, reason=exc)
-            self.spool.reject(path, rid, str(exc))
+            self.spool.reject(path, rid, str(exc), decision=True)
             return
-        self.spool.write_receipt(Receipt(rid, "recorded", df.operation_id))
+        self.spool.write_receipt(Receipt(rid, "recorded", df.operation_id), decision=True)
         self.spool.done(path)
         logfmt.info("decision recorded", op=df.operation_id, option=df.option, approver=approver)
         self.schedule(df.operation_id)
@@ -760,6 +762,28 @@ class Supervisor:
                                          stop_event=self.stopping, debounce=20, step=10,
                                          rust_timeout=1000, yield_on_timeout=True):
             await self.ingest_all()
+            self.prune_spool()
+
+    def prune_spool(self, *, force: bool = False) -> None:
+        """Keep receipts for ``receipt_retention_seconds`` and the newest ``rejected_max_files``
+        refused files: at start, then at most once a minute, or sooner during a flood."""
+        cfg = self.config.spool
+        due = (force or time.monotonic() - self._pruned_at >= 60.0
+               or self.spool.rejected_since_prune >= max(1, cfg.rejected_max_files // 10))
+        if not due:
+            return
+        self._pruned_at = time.monotonic()
+        try:
+            removed = self.spool.prune(self.clock(),
+                                       receipt_retention=cfg.receipt_retention_seconds,
+                                       receipt_max=cfg.receipt_max_files,
+                                       rejected_max=cfg.rejected_max_files)
+        except OSError as exc:
+            logfmt.warn("cannot prune the spool; trying again later", error=exc.strerror)
+            return
+        if removed:
+            self.metrics.spool_pruned += removed
+            logfmt.info("spool pruned", files=removed)
 
     async def _watch_profiles(self) -> None:
         assert self.config.profiles_dir is not None
@@ -891,6 +915,7 @@ class Supervisor:
                 for op in live:
                     self.schedule(op.operation_id)
                 await self.ingest_all()
+                self.prune_spool(force=True)
                 with anyio.CancelScope() as main_scope:
                     self._main_scope = main_scope
                     async with anyio.create_task_group() as tg:

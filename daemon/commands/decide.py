@@ -57,4 +57,5 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"invalid decision: {exc}") from None
     spool = Spool(cfg.spool_dir)
     spool.request(spool.decisions, rid, data, who="only the approvers' group may decide")
-    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json)
+    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json,
+                  decision=True)

@@ -89,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(cfg: Config, spool: Spool, rid: str, op_id: str, wait_seconds: float,
-           as_json: bool) -> int:
+           as_json: bool, *, decision: bool = False) -> int:
     """Wait (bounded) for the receipt and print it; shared with ``bide decide``."""
     if not writer_alive(cfg.log_dir):
         return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
                       f"queued {op_id}: the daemon is not running; it will take the request "
                       f"when it starts", EXIT_QUEUED)
-    receipt = anyio.run(wait_receipt, spool, rid, wait_seconds)
+    receipt = anyio.run(wait_receipt, spool, rid, wait_seconds, decision)
     if receipt is None:
         return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
                       f"queued {op_id}: no answer from the daemon within {wait_seconds:g}s; "
@@ -111,16 +111,18 @@ def _print(as_json: bool, obj: object, text: str, status: int) -> int:
     return status
 
 
-async def wait_receipt(spool: Spool, rid: str, seconds: float) -> Receipt | None:
+async def wait_receipt(spool: Spool, rid: str, seconds: float, decision: bool = False
+                       ) -> Receipt | None:
     stop = anyio.Event()
     with anyio.move_on_after(seconds):
-        receipt = spool.read_receipt(rid)
+        receipt = spool.read_receipt(rid, decision=decision)
         if receipt is not None:
             return receipt
-        async for _ in watchfiles.awatch(spool.receipts, stop_event=stop, debounce=0, step=5,
+        where = spool.decided if decision else spool.receipts
+        async for _ in watchfiles.awatch(where, stop_event=stop, debounce=0, step=5,
                                          rust_timeout=200, yield_on_timeout=True):
-            receipt = spool.read_receipt(rid)
+            receipt = spool.read_receipt(rid, decision=decision)
             if receipt is not None:
                 stop.set()
                 return receipt
-    return spool.read_receipt(rid)
+    return spool.read_receipt(rid, decision=decision)

@@ -68,8 +68,8 @@ def _place(ws: Workspace, op: str, *, owner: int, escalation: int | None = 1, mo
 
 def _outcome(ws: Workspace, rid: str) -> tuple[str, str]:
     spool = Spool(ws.root / "state" / "spool")
-    until(lambda: spool.read_receipt(rid) is not None, what=f"the receipt of {rid}")
-    receipt = spool.read_receipt(rid)
+    until(lambda: spool.read_receipt(rid, decision=True) is not None, what=f"the receipt of {rid}")
+    receipt = spool.read_receipt(rid, decision=True)
     assert receipt is not None
     return receipt.status, receipt.reason
 
@@ -112,7 +112,7 @@ def test_only_an_approver_s_own_plain_file_naming_the_escalation_counts(
         until(lambda: "decisions are not read" in daemon.output(), what="the unsafe dir seen")
         good = _place(ws, "approved", owner=alice)
         spool = Spool(ws.root / "state" / "spool")
-        assert spool.read_receipt(good) is None
+        assert spool.read_receipt(good, decision=True) is None
         os.chmod(decisions, 0o730)
         assert _outcome(ws, good)[0] == "recorded"
         [decided] = [e for _, e in ws.log().events
