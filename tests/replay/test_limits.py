@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replay import OperationRegistered, RegistrationRejected, register
 
@@ -45,3 +48,32 @@ def test_s10_within_the_limits_is_registered_with_the_registrant() -> None:
 def test_s10_a_profile_whose_defaults_exceed_its_limits_is_invalid() -> None:
     with pytest.raises(ValueError, match="default_deadline_seconds must not exceed"):
         contract(limit_deadline_seconds=60.0, default_deadline_seconds=3600.0)
+
+
+NUMBERS = st.one_of(st.none(), st.floats(), st.integers(-(2**64), 2**64),
+                    st.sampled_from([0.0, -0.0, 1e308, -1e308, float("inf"), float("nan")]))
+
+
+@settings(max_examples=300)
+@given(deadline=NUMBERS, business=NUMBERS, started=NUMBERS, first=NUMBERS,
+       requests=st.one_of(st.none(), st.integers(-(2**40), 2**40)))
+def test_s10_any_number_a_registration_carries_is_refused_or_bounded(
+        deadline: float | None, business: float | None, started: float | None,
+        first: float | None, requests: int | None) -> None:
+    """Issue 14: whatever numbers reach ``register`` (the spool's JSON cannot carry NaN or
+    infinity, but the model must not rely on it), the operation it records ends within the
+    profile's limits, with finite times and budgets, or it is refused with a reason."""
+    reg = msgspec.structs.replace(
+        registration(), deadline_at=deadline, business_deadline_at=business,
+        started_at=started, first_poll_after_seconds=first, max_status_requests=requests)
+    c = contract()
+    [out] = register(reg, c, T0)
+    if isinstance(out, RegistrationRejected):
+        assert out.detail
+        return
+    assert isinstance(out, OperationRegistered)
+    for value in (out.deadline_at, out.started_at, out.first_poll_at):
+        assert math.isfinite(value)
+    assert T0 < out.deadline_at <= T0 + c.limit_deadline_seconds
+    assert out.first_poll_at <= out.deadline_at
+    assert 1 <= out.max_status_requests <= c.limit_status_requests
