@@ -12,14 +12,19 @@ import contextlib
 import hashlib
 import os
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from daemon import logfmt
-from daemon.http import Answer, NoAnswer
+from daemon.faults import FaultInjection
+from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
-from daemon.spool import FetchFile, Receipt, SpoolReject, SubmitFile, user_name
+from daemon.profile import Profile
+from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
 from eventlog.fsync import fsync_dir
 from replay.actions import (
     Action,
@@ -38,29 +43,49 @@ from replay.events import (
     ActionIntended,
     ActionSucceeded,
     DecisionRecorded,
+    LogEvent,
     OperationRegistered,
     RegistrationRejected,
 )
 from replay.observations import DecisionSubmitted
-
-if TYPE_CHECKING:
-    from daemon.supervisor import Supervisor
+from replay.state import Operation
 
 ANSWER_CAP = 64 * 1024  # bytes read of a submit's or cancel's answer
 
 
+@dataclass(frozen=True)
+class ActionPorts:
+    """What running actions takes from the daemon, and nothing more: the runner holds no
+    supervisor, and this module imports none (one direction of dependency)."""
+
+    record: Callable[[Sequence[LogEvent]], Awaitable[None]]  # append durably, then fold
+    clock: Callable[[], float]
+    spawn: Callable[[Callable[[str], Coroutine[Any, Any, None]], str], None]  # a daemon task
+    schedule: Callable[[str], None]  # arm a status operation's timer
+    provider_turn: Callable[[str], Awaitable[None]]  # wait for the provider's quota
+    profile: Callable[[str], Profile | None]
+    client: Callable[[str], StatusClient | None]
+    operation: Callable[[str], Operation | None]
+    operations: Callable[[], Iterable[Operation]]
+    spool: Spool  # receipts
+    state_dir: Path
+    outbox_dir: Path
+    faults: FaultInjection
+    count_internal_error: Callable[[], None]
+
+
 class ActionRunner:
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.sup = supervisor
+    def __init__(self, ports: ActionPorts) -> None:
+        self.ports = ports
         self.actions: dict[str, Action] = {}
-        self.results_dir = supervisor.config.state_dir / "results"
+        self.results_dir = ports.state_dir / "results"
 
     # -- ingest ------------------------------------------------------------------------------
 
     async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int) -> None:
-        sup = self.sup
+        ports = self.ports
         reg = sf.registration
-        profile = sup.profiles.get(reg.provider)
+        profile = ports.profile(reg.provider)
         if profile is None:
             raise SpoolReject(f"no profile for provider {reg.provider!r}")
         if profile.submit is None:
@@ -76,7 +101,7 @@ class ActionRunner:
             if existing.intent.request_fingerprint == fp:
                 return  # ingested before a crash; its receipt follows its outcome
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
-        if reg.operation_id in sup.ops:
+        if ports.operation(reg.operation_id) is not None:
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
         if not sf.force:
             duplicate = self._live_with_fingerprint(fp)
@@ -88,17 +113,17 @@ class ActionRunner:
             key = secrets.token_hex(16)  # S29: recorded before the request leaves
         template = msgspec.structs.replace(reg, request_fingerprint=fp, idempotency_key=key)
         intent = ActionIntended(
-            operation_id=reg.operation_id, at=sup.clock(), action_id=action_id, kind="submit",
+            operation_id=reg.operation_id, at=ports.clock(), action_id=action_id, kind="submit",
             provider=profile.name, method=profile.submit.method, url=profile.submit.url,
             request_fingerprint=fp, idempotency_key=key,
             timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
             registration=template, spool_request=rid, registered_by=user_name(owner),
             registered_by_uid=owner)
-        await sup.record([intent])
+        await ports.record([intent])
         self.start(action_id)
 
     def _live_with_fingerprint(self, fp: str) -> str | None:
-        for op in self.sup.ops.values():
+        for op in self.ports.operations():
             if op.request_fingerprint == fp and op.phase in ("live", "escalated"):
                 return op.operation_id
         for action in self.actions.values():
@@ -108,30 +133,31 @@ class ActionRunner:
         return None
 
     async def ingest_fetch(self, rid: str, ff: FetchFile) -> None:
-        sup = self.sup
-        op = sup.ops.get(ff.operation_id)
+        ports = self.ports
+        op = ports.operation(ff.operation_id)
         if op is None:
             raise SpoolReject(f"no operation {ff.operation_id!r}")
         target = fetch_target(op.phase, op.results, ff.result)
         if isinstance(target, str):
             raise SpoolReject(f"operation {op.operation_id}: {target}")
         name, url = target
-        profile = sup.profiles.get(op.provider)
+        profile = ports.profile(op.provider)
         if profile is None:
             raise SpoolReject(f"no profile for provider {op.provider!r}")
         n = 1 + sum(1 for a in self.actions.values()
                     if a.operation_id == op.operation_id and a.kind == "fetch")
         intent = ActionIntended(
-            operation_id=op.operation_id, at=sup.clock(), action_id=f"{op.operation_id}.fetch.{n}",
-            kind="fetch", provider=op.provider, method="GET", url=url,
+            operation_id=op.operation_id, at=ports.clock(),
+            action_id=f"{op.operation_id}.fetch.{n}", kind="fetch", provider=op.provider,
+            method="GET", url=url,
             timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
             spool_request=rid, result_name=name)
-        await sup.record([intent])
+        await ports.record([intent])
         self.start(intent.action_id)
 
     async def decide(self, action: Action, decision: DecisionSubmitted) -> ActionDecided:
-        events = decide_action(action, decision, self.sup.clock())
-        await self.sup.record(events)
+        events = decide_action(action, decision, self.ports.clock())
+        await self.ports.record(events)
         if any(isinstance(e, ActionIntended) for e in events):
             self.start(action.action_id)
         decided = events[0]
@@ -145,36 +171,38 @@ class ActionRunner:
                 await self.start_cancel(ev.operation_id)
 
     async def start_cancel(self, op_id: str) -> None:
-        sup = self.sup
-        op = sup.ops[op_id]
-        profile = sup.profiles.get(op.provider)
+        ports = self.ports
+        op = ports.operation(op_id)
+        if op is None:
+            return
+        profile = ports.profile(op.provider)
         if profile is None or profile.cancel is None:
             logfmt.error("cancel chosen but the profile documents no cancel call", op=op_id)
             return
         n = 1 + sum(1 for a in self.actions.values()
                     if a.operation_id == op_id and a.kind == "cancel")
         intent = ActionIntended(
-            operation_id=op_id, at=sup.clock(), action_id=f"{op_id}.cancel.{n}", kind="cancel",
+            operation_id=op_id, at=ports.clock(), action_id=f"{op_id}.cancel.{n}", kind="cancel",
             provider=op.provider, method=profile.cancel.method,
             url=profile.cancel_url(op.provider_job_id),
             timeout_seconds=profile.cancel.timeout_seconds)
-        await sup.record([intent])
+        await ports.record([intent])
         self.start(intent.action_id)
 
     # -- restart -----------------------------------------------------------------------------
 
     async def recover(self) -> None:
         """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29)."""
-        sup = self.sup
+        ports = self.ports
         for action in list(self.actions.values()):
             if action.phase != "in_flight":
                 continue
-            profile = sup.profiles.get(action.provider)
+            profile = ports.profile(action.provider)
             spec = profile.submit_spec if profile else None
-            events = judge_unanswered(action.intent, None, "", spec, sup.clock())
+            events = judge_unanswered(action.intent, None, "", spec, ports.clock())
             logfmt.warn("action outcome unknown after restart", action=action.action_id)
             await self._outcome(action.action_id, events)
-        for op in list(sup.ops.values()):
+        for op in list(ports.operations()):
             if op.phase == "closed" and op.follow_up == "cancel_at_provider" and not any(
                     a.operation_id == op.operation_id and a.kind == "cancel"
                     for a in self.actions.values()):
@@ -183,64 +211,63 @@ class ActionRunner:
     # -- running -----------------------------------------------------------------------------
 
     def start(self, action_id: str) -> None:
-        assert self.sup.polls is not None
-        self.sup.polls.start_soon(self._guarded, action_id)
+        self.ports.spawn(self._guarded, action_id)
 
     async def _guarded(self, action_id: str) -> None:
         """The barrier: if bide fails (a bug) while running the action, its outcome is
         recorded as unknown (the call may have left), which escalates a submit or cancel and
         fails a fetch; the daemon and every other action go on."""
         try:
-            self.sup.faults.fire("action", action_id)
+            self.ports.faults.fire("action", action_id)
             await self._run(action_id)
         except Exception as exc:  # one action, not the daemon
             name = type(exc).__name__
             logfmt.error("internal error while running an action", action=action_id,
                          error=name)
-            self.sup.metrics.internal_errors += 1
+            self.ports.count_internal_error()
             action = self.actions.get(action_id)
             if action is None or action.phase != "in_flight":
                 return
             events = judge_unanswered(action.intent, None, f"internal error ({name}) during "
-                                      f"the call; it may have left", None, self.sup.clock())
+                                      f"the call; it may have left", None, self.ports.clock())
             with contextlib.suppress(Exception):
                 await self._outcome(action_id, events)
 
     async def _run(self, action_id: str) -> None:
-        sup = self.sup
+        ports = self.ports
         action = self.actions[action_id]
         intent = action.intent
-        client = sup.clients.get(intent.provider)
-        profile = sup.profiles.get(intent.provider)
+        client = ports.client(intent.provider)
+        profile = ports.profile(intent.provider)
         if client is None or profile is None:
             events = judge_unanswered(intent, "connect_refused",
                                       f"no profile for provider {intent.provider}", None,
-                                      sup.clock())
+                                      ports.clock())
             await self._outcome(action_id, events)
             return
         if intent.kind == "fetch":
-            await self._outcome(action_id, await self._download(intent))
+            await self._outcome(action_id, await self._download(intent, client))
             return
         headers: dict[str, str] = {}
         if intent.kind == "submit" and profile.submit is not None:
             headers["Content-Type"] = profile.submit.content_type
             if intent.idempotency_key and profile.contract.idempotent_submit:
                 headers[profile.submit.idempotency_header] = intent.idempotency_key
-        await sup.provider_turn(intent.provider)  # the provider's quota covers every call
+        await ports.provider_turn(intent.provider)  # the provider's quota covers every call
         result = await client.call(intent.method, intent.url, seconds=intent.timeout_seconds,
                                    cap=ANSWER_CAP, body=intent.body or None, headers=headers)
         spec = profile.submit_spec
         if isinstance(result, NoAnswer):
-            events = judge_unanswered(intent, result.kind, result.detail, spec, sup.clock())
+            events = judge_unanswered(intent, result.kind, result.detail, spec, ports.clock())
         else:
             events = judge_answer(intent, result.status, result.headers,
                                   result.operation_location, result.body, spec, profile.origin,
-                                  sup.clock())
+                                  ports.clock())
         await self._outcome(action_id, events)
 
     async def _outcome(self, action_id: str, events: list[ActionEvent]) -> None:
-        sup = self.sup
-        await sup.record(events)
+        ports = self.ports
+        await ports.record(events)
         action = self.actions[action_id]
         if action.phase == "in_flight":  # an automatic retry was recorded (S29)
             self.start(action_id)
@@ -251,7 +278,7 @@ class ActionRunner:
             if action.kind == "submit":
                 await self._register(action, outcome)
             elif action.kind == "fetch" and rid:
-                sup.spool.write_receipt(Receipt(rid, "fetched", action.operation_id,
+                ports.spool.write_receipt(Receipt(rid, "fetched", action.operation_id,
                                                 action_id=action_id, stored_as=outcome.stored_as,
                                                 sha256=outcome.sha256, size=outcome.size))
             logfmt.info("action succeeded", action=action_id, http=outcome.http_status)
@@ -260,20 +287,20 @@ class ActionRunner:
             self._announce(action, outcome)
             if rid:
                 status = "escalated" if outcome.options else "failed"
-                sup.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
+                ports.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
                                                 f"{outcome.reason}: {outcome.detail}",
                                                 action_id=action_id))
 
     async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
-        sup = self.sup
+        ports = self.ports
         template = action.intent.registration
-        profile = sup.profiles.get(action.provider)
+        profile = ports.profile(action.provider)
         rid = action.intent.spool_request
         if template is None or profile is None or outcome.provider_job_id is None:
             return
         reg = msgspec.structs.replace(template, provider_job_id=outcome.provider_job_id,
                                       status_location=outcome.status_location)
-        events = register(reg, profile.contract, sup.clock(),
+        events = register(reg, profile.contract, ports.clock(),
                           registered_by=action.intent.registered_by,
                           registered_by_uid=action.intent.registered_by_uid)
         rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
@@ -281,22 +308,22 @@ class ActionRunner:
             logfmt.error("accepted job could not be registered", op=reg.operation_id,
                          reason=rejected.reason)
             if rid:
-                sup.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
+                ports.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
                                                 f"{rejected.reason}: {rejected.detail}"))
             return
-        await sup.record(events)
+        await ports.record(events)
         registered = next(e for e in events if isinstance(e, OperationRegistered))
-        sup.schedule(registered.operation_id)
+        ports.schedule(registered.operation_id)
         logfmt.info("submitted and registered", op=registered.operation_id,
                     job=registered.provider_job_id)
         if rid:
-            sup.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
+            ports.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
                                             action_id=action.action_id))
 
-    async def _download(self, intent: ActionIntended) -> list[ActionEvent]:
+    async def _download(self, intent: ActionIntended, client: StatusClient
+                        ) -> list[ActionEvent]:
         """Stream the result to ``results/ACTION.part``, then rename it: never a partial file."""
-        sup = self.sup
-        client = sup.clients[intent.provider]
+        ports = self.ports
         self.results_dir.mkdir(mode=0o750, exist_ok=True)
         final = self.results_dir / _safe(intent.action_id)
         part = final.with_name(final.name + ".part")
@@ -310,14 +337,14 @@ class ActionRunner:
                     view = view[os.write(fd, view):]
 
             cap = intent.max_bytes or 1
-            await sup.provider_turn(intent.provider)
+            await ports.provider_turn(intent.provider)
             result = await client.call("GET", intent.url, seconds=intent.timeout_seconds,
                                        cap=cap, sink=sink, headers={"Accept": "*/*"})
             if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        now = sup.clock()
+        now = ports.clock()
         if isinstance(result, NoAnswer):
             part.unlink(missing_ok=True)
             return judge_unanswered(intent, result.kind, result.detail, None, now)
@@ -338,7 +365,7 @@ class ActionRunner:
                         detail=failed.detail)
             return
         text = action_escalation_text(action, failed)
-        path = write_text(self.sup.config.outbox_dir, f"{action.action_id}.{action.attempts}",
+        path = write_text(self.ports.outbox_dir, f"{action.action_id}.{action.attempts}",
                           text)
         logfmt.warn("action escalated", action=action.action_id, reason=failed.reason,
                     outbox=path, options=",".join(o.id for o in failed.options))

@@ -36,8 +36,9 @@ import random
 import signal
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -45,7 +46,7 @@ import msgspec
 import watchfiles
 
 from daemon import logfmt, systemd
-from daemon.actions import ActionRunner
+from daemon.actions import ActionPorts, ActionRunner
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.faults import FaultInjection
@@ -148,7 +149,13 @@ class Supervisor:
         self.metrics_url: str | None = None
         self._log: LogWriter | None = None
         self.polls: anyio.abc.TaskGroup | None = None
-        self.runner = ActionRunner(self)
+        self.runner = ActionRunner(ActionPorts(
+            record=self.record, clock=lambda: self.clock(), spawn=self._spawn,
+            schedule=self.schedule, provider_turn=self.provider_turn,
+            profile=self.profiles.get, client=self.clients.get,
+            operation=lambda op_id: self.ops.get(op_id), operations=lambda: self.ops.values(),
+            spool=self.spool, state_dir=config.state_dir, outbox_dir=config.outbox_dir,
+            faults=self.faults, count_internal_error=self._count_internal_error))
         self._main_scope: anyio.CancelScope | None = None
         self._appending = 0  # record() calls between queueing and folding their events
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
@@ -484,6 +491,13 @@ class Supervisor:
         self.faults.fire("decide", op.operation_id)
         after = evolve(self.ops[op.operation_id], fact)
         await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
+
+    def _spawn(self, task: Callable[[str], Coroutine[Any, Any, None]], arg: str) -> None:
+        assert self.polls is not None
+        self.polls.start_soon(task, arg)
+
+    def _count_internal_error(self) -> None:
+        self.metrics.internal_errors += 1
 
     def _decisions_safe(self) -> bool:
         """Re-check the decisions directory before each scan; log once per change."""
