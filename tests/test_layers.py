@@ -1,0 +1,56 @@
+"""The three layers keep one direction of dependency, and no module of ``daemon/`` needs
+another that needs it back (issue 13): eventlog <- replay <- daemon, read from the imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def imports(package: str) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at any place in the file)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found |= {n for n in names if n.split(".")[0] in ("daemon", "eventlog", "replay")}
+        graph[module] = found - {module}
+    return graph
+
+
+def test_layers_depend_one_way() -> None:
+    for package, forbidden in (("eventlog", ("replay", "daemon")), ("replay", ("daemon",))):
+        for module, deps in imports(package).items():
+            bad = sorted(d for d in deps if d.split(".")[0] in forbidden)
+            assert not bad, f"{module} imports {bad}: {package} must not depend on them"
+        assert imports(package), f"no modules found in {package}"
+
+
+def test_no_import_cycle_in_daemon() -> None:
+    graph = imports("daemon")
+    modules = set(graph)
+    edges = {m: {d for d in deps if d in modules} for m, deps in graph.items()}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        assert module not in visiting, f"import cycle: {' -> '.join([*visiting, module])}"
+        visiting.append(module)
+        for dep in sorted(edges[module]):
+            visit(dep)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(modules):
+        visit(module)
