@@ -1,0 +1,17 @@
+"""bide's I/O shell: everything with a side effect lives here (the model is in ``replay``).
+
+Modules, one job each:
+
+* ``supervisor`` owns the task group, the timers, the quotas and every status request;
+  ``actions`` runs submit, fetch and cancel through narrow ``ActionPorts``; ``http`` turns one
+  request into one recorded fact; ``spool`` is the file intake; ``snapshots`` the state
+  snapshot; ``timers`` the timer heap and the GCRA quota; ``faults`` a test-only seam.
+* ``config``, ``profile`` and ``inputs`` read and check what people write (config, provider
+  profiles, command-line numbers); ``readers`` loads the log for the offline readers.
+* ``metrics``, ``logfmt``, ``systemd`` and ``outbox`` are how the daemon speaks to operators.
+* ``cli`` and ``commands/`` are the ``bide`` command; ``simulator/`` the scripted provider;
+  ``demo`` runs every scenario end to end.
+
+Rooms for what comes next (see the README's Layout): the local API in ``daemon/api/``, the MCP
+server in ``daemon/mcp.py``.
+"""
