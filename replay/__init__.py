@@ -1,5 +1,8 @@
 """replay: bide's pure polling model (sans-I/O). No clock, no randomness, no I/O.
 
+The rules it enforces are numbered S1-S40 in ``replay/CONTRACT.md`` (what each does, why, what
+it records, and the tests that hold it); the code and the tests cite those numbers.
+
 Public API (everything below is re-exported here):
 
 ``replay.events``

@@ -153,6 +153,7 @@ def test_fetch_of_a_non_succeeded_operation_refused(tmp_path: Path) -> None:
 
 
 def test_cancel_chosen_by_decision_is_its_own_recorded_call(tmp_path: Path) -> None:
+    """S34: cancelling is a separate operation with its own record, never a status call."""
     with workspace(tmp_path, {"long": "running"}) as ws:
         submit_profile(ws, cancel=True)
         ws.start_daemon()

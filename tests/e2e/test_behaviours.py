@@ -525,6 +525,8 @@ def test_budget_exhausted_after_exactly_the_budget(run: Run) -> None:
 
 def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
         tmp_path: Path) -> None:
+    """S33: the provider's slot is held only for the intent and its request; an operation
+    that waited for it decides again, with the clock of when it got it, before sending."""
     jobs: dict[str, str | list[object]] = {
         "hog": [{"delay": 2.0, "state": "running"}, "succeeded with result"],
         "late": "running",

@@ -34,6 +34,7 @@ def test_profile_change_reloads_and_an_invalid_one_keeps_the_last_good(tmp_path:
 
 
 def test_check_profile_names_file_line_and_key(tmp_path: Path) -> None:
+    """S19: a status call with an unsafe method (POST) is refused, naming file, line, key."""
     bad = tmp_path / "acme.toml"
     bad.write_text('[status]\nurl = "https://x.example/{job_id}"\nmethod = "POST"\n\n'
                    '[contract]\nstate_pointer = "/status"\n[contract.states]\n'

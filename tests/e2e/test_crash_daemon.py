@@ -108,6 +108,8 @@ def _kill_moment(rng: random.Random, ws: Workspace, daemon: Daemon) -> str:
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+    """S31: every meaningful event is durable before the next step, so a SIGKILL at any moment
+    loses nothing acknowledged and repeats no request the log does not explain."""
     rng = random.Random(SEED)
     kinds = sorted(MIX)
     plan = {f"op-{n:02d}": rng.choice(kinds) for n in range(OPERATIONS)}

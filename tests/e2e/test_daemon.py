@@ -36,6 +36,7 @@ def assert_intents_precede_requests(ws: Workspace, op: str, job: str) -> None:
 
 
 def test_register_poll_to_success_and_story(tmp_path: Path) -> None:
+    """S35: routine polls inside the approved deadline and budget need no human decision."""
     with workspace(tmp_path, {"exp-1": "queued x2, running, succeeded with result"}) as ws:
         ws.start_daemon()
         watched = ws.watch("exp-1", "nightly", "--deadline", "1m", "--max-requests", "10")
@@ -186,6 +187,7 @@ def test_job_id_cannot_escape_the_status_path(tmp_path: Path) -> None:
 
 
 def test_second_daemon_on_the_same_log_is_refused(tmp_path: Path) -> None:
+    """S30: exactly one owner: the log's lock refuses a second daemon, naming the first."""
     with workspace(tmp_path) as ws:
         first = ws.start_daemon()
         second = ws.bide("run", timeout=20)

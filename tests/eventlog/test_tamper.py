@@ -55,6 +55,7 @@ def middle_event(lines: list[StoredLine], after: int = 20) -> int:
 
 
 def test_intact_log_verifies_through_the_cli(base_logs: BaseLogs) -> None:
+    """S40: verified offline, over the ciphertext, with the public key alone."""
     result = verify_cli(base_logs.log, base_logs.keys.verify_pub)
     assert result.status == 0, result.stdout + result.stderr
     assert result.report["verdict"] == "intact"

@@ -41,6 +41,7 @@ def _rich_log() -> list[Event]:
 
 
 def test_check_finds_nothing_on_a_protocol_log() -> None:
+    """S40: every recorded decision can be re-derived from the log (a disputed one rebuilt)."""
     log = _rich_log()
     assert check(log) == []
     # ... also after the log's encoding round trip.

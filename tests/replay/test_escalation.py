@@ -119,6 +119,7 @@ def test_s29_canceled_expired_failure_never_resubmit() -> None:
 
 
 def test_s27_options_carry_concrete_numbers() -> None:
+    """S37: the request for approval states the proposed extra time and checks, as numbers."""
     d = Daemon.start()
     raised = _escalate(d, "request_budget_exhausted")
     extend = raised.options[0]
