@@ -8,7 +8,6 @@ a MAC keyed from the signing key, which the data key does not give.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import msgspec
@@ -20,17 +19,10 @@ from eventlog.envelope import Recovery
 from eventlog.reader import LogReader, read_payloads
 from replay.events import OperationRegistered, decode_log_event, encode_event
 from replay.ledger import Ledger
-from tests.e2e.harness import Daemon, Workspace, drop_registration, until, workspace
+from tests.e2e.harness import Workspace, drop_registration, until, workspace
+from tests.e2e.test_snapshot import FAST
+from tests.e2e.test_snapshot import _replayed as replayed
 from tests.eventlog._logtools import forge_event, reseal_with_data_key
-
-FAST = ('state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
-        "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n")
-
-
-def _replayed(daemon: Daemon) -> tuple[int, int]:
-    m = re.search(r"msg=replayed events=(\d+) .*from_snapshot=(\d+)", daemon.output())
-    assert m, daemon.output()
-    return int(m.group(1)), int(m.group(2))
 
 
 def _polls(ws: Workspace, job: str) -> int:
@@ -94,7 +86,7 @@ def test_a_snapshot_rewritten_with_the_data_key_is_refused_and_the_log_replayed(
         reseal_with_data_key(cfg.snapshot_path, open_keyring(cfg), drop_op)
         second = ws.start_daemon()
         assert "state snapshot not used; replaying the whole log" in second.output()
-        events, from_snapshot = _replayed(second)
+        events, from_snapshot = replayed(second)
         assert from_snapshot == 0 < events
         polled = _polls(ws, "job-0")
         until(lambda: _polls(ws, "job-0") >= polled + 2, what="op-0 still polled")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -26,25 +25,6 @@ from replay.events import OperationStopped, StatusResponseReceived, TransportFai
 from replay.observations import Registration
 from tests.e2e.harness import DEFAULT_CONTRACT, STATES, Workspace, until, workspace
 from tests.faults.rawserver import RawServer
-
-
-@pytest.fixture
-def raw() -> Iterator[RawServer]:
-    server = RawServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def elsewhere() -> Iterator[RawServer]:
-    """Another origin, which must never be called."""
-    server = RawServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def raw_profile(ws: Workspace, raw: RawServer, credential: str = "sim.token") -> None:

@@ -15,10 +15,7 @@ redirect to another origin); the rest against a raw socket server
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from replay.events import (
     Event,
@@ -35,25 +32,6 @@ from tests.faults.support import rss_kib
 TIMEOUT = 2.0  # [status] timeout_seconds of both profiles
 MAX_BODY = 65536
 RSS_GROWTH_KIB = 64 * 1024  # peak RSS over the RSS at ready; a 1 GiB bomb would blow it
-
-
-@pytest.fixture
-def raw() -> Iterator[RawServer]:
-    server = RawServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def elsewhere() -> Iterator[RawServer]:
-    """Another origin, which must never be called (let alone with the credential)."""
-    server = RawServer()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _raw_profile(ws: Workspace, raw: RawServer) -> None:
