@@ -40,7 +40,7 @@ Example (``profiles/acme.toml``)::
 
 The quota: ``[quota]`` is one budget for every request bide sends to the provider (status
 polls, submits, fetches, cancels), kept by GCRA (the generic cell rate algorithm). With the
-default ``burst = 1`` requests leave at least ``1.02 / requests_per_second`` seconds apart, so
+default ``burst = 1`` requests leave at least ``1.05 / requests_per_second`` seconds apart, so
 no window of L seconds at the provider holds more than ``ceil(requests_per_second * L)`` of
 them: "10 per second" means no second carries an 11th. ``burst = B`` lets B go at once after a
 quiet spell (at most ``B - 1`` more in any window), for providers that document bursts. A poll

@@ -75,9 +75,10 @@ class TimerHeap:
 
 
 #: Requests are spaced this much wider than ``1 / rate``: the milliseconds between a request
-#: taking its slot and reaching the provider vary, and 2% keeps that variation from putting
-#: ``rate + 1`` requests into one second at the provider.
-QUOTA_GUARD = 0.02
+#: taking its slot and reaching the provider vary (an append, a busy event loop), and 5% (50 ms
+#: in every second) keeps that variation from putting ``rate + 1`` requests into one second at
+#: the provider, for 5% of the quota's throughput.
+QUOTA_GUARD = 0.05
 
 
 class RateQuota:
