@@ -48,10 +48,10 @@ def test_crypto_shredding_as_documented(tmp_path: Path) -> None:
         second = ws.start_daemon()
         drop_registration(ws, "op-c", "job-c")  # new records use the new key
         until(lambda: _polls(ws, "job-c") >= 2, what="op-c polled")
-        shredded_before = _polls(ws, "job-a")
 
         # "stop bide, delete the snapshot, delete the key, and start bide again"
         assert second.stop() == 0
+        shredded_before = _polls(ws, "job-a")  # counted once no daemon polls it any more
         cfg = load_config(str(ws.config))
         cfg.snapshot_path.unlink()
         retired[0].unlink()
