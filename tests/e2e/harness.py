@@ -25,7 +25,12 @@ from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, scri
 from daemon.snapshots import load_snapshot, replay_log
 from daemon.spool import RegistrationFile, Spool, new_request_id
 from eventlog import keys
-from replay.events import PollScheduled, ResponseClassified, StatusRequestIntended
+from replay.events import (
+    PollScheduled,
+    ResponseClassified,
+    StatusRequestIntended,
+    TransportFailed,
+)
 from replay.observations import Registration
 
 TOKEN = "e2e-s3cret-token-7f1d"
@@ -231,6 +236,7 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
     Returns the intents, in log order.
     """
     intents: list[StatusRequestIntended] = []
+    unsent: set[int] = set()  # request numbers recorded as never sent
     guidance: list[float] = []  # per intent: the latest time bide had promised not to poll before
     promised = float("-inf")
     for _, ev in log.events:
@@ -244,19 +250,24 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
             intents.append(ev)
             guidance.append(promised)
             promised = float("-inf")
+        elif isinstance(ev, TransportFailed) and ev.detail.startswith("not sent"):
+            unsent.add(ev.request_number)  # recorded as never sent (S13: too near the deadline)
     numbers = [i.request_number for i in intents]
     assert numbers == list(range(1, len(intents) + 1)), f"{op}: intents numbered {numbers}"
     for intent in intents:
         assert intent.request_number <= intent.max_status_requests, (
             f"{op}: intent {intent.request_number} beyond the budget {intent.max_status_requests}")
-    assert len(received) <= len(intents), (
-        f"{op}: the provider received {len(received)} requests, bide intended {len(intents)}")
+    # An intent recorded as never sent (too near its deadline once durable) has no request.
+    sent = [(i, g) for i, g in zip(intents, guidance, strict=True)
+            if i.request_number not in unsent]
+    assert len(received) <= len(sent), (
+        f"{op}: the provider received {len(received)} requests, bide intended {len(sent)}")
     if strict:
-        assert len(received) == len(intents), (
-            f"{op}: {len(intents)} intents but {len(received)} requests arrived (no crash here)")
+        assert len(received) == len(sent), (
+            f"{op}: {len(sent)} intents sent but {len(received)} requests arrived (no crash)")
     last = -1
     for arrival, record in enumerate(received):
-        candidates = [k for k, i in enumerate(intents) if i.at <= record.wall]
+        candidates = [k for k, (i, _) in enumerate(sent) if i.at <= record.wall]
         assert candidates, f"{op}: request {arrival + 1} arrived before any intent was written"
         k = candidates[-1]
         assert k > last, (
@@ -265,12 +276,12 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
         if strict:
             assert k == arrival, f"{op}: request {arrival + 1} arrived as intent {k + 1}"
         last = k
-        intent = intents[k]
+        intent, promised_before = sent[k]
         assert record.wall <= intent.deadline_at, (
             f"{op}: request {intent.request_number} arrived {record.wall - intent.deadline_at:.3f}"
             " s after the deadline")
-        assert record.wall >= guidance[k], (
-            f"{op}: request {intent.request_number} arrived {guidance[k] - record.wall:.3f} s "
+        assert record.wall >= promised_before, (
+            f"{op}: request {intent.request_number} arrived {promised_before - record.wall:.3f} s "
             "before the time bide had scheduled (Retry-After, hint or backoff)")
     return intents
 
