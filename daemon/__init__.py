@@ -15,3 +15,10 @@ Modules, one job each:
 Rooms for what comes next (see the README's Layout): the local API in ``daemon/api/``, the MCP
 server in ``daemon/mcp.py``.
 """
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("bide")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"

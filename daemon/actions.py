@@ -58,7 +58,7 @@ class ActionPorts:
     """What running actions takes from the daemon, and nothing more: the runner holds no
     supervisor, and this module imports none (one direction of dependency)."""
 
-    record: Callable[[Sequence[LogEvent]], Awaitable[None]]  # append durably, then fold
+    record: Callable[[Sequence[LogEvent]], Awaitable[object]]  # append durably, then fold
     clock: Callable[[], float]
     spawn: Callable[[Callable[[str], Coroutine[Any, Any, None]], str], None]  # a daemon task
     schedule: Callable[[str], None]  # arm a status operation's timer

@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "story",
     "escalations",
     "decide",
+    "withdraw",
     "fetch",
     "replay",
     "check-profile",

@@ -25,6 +25,11 @@ Example::
 
     [daemon]
     drain_seconds = 5                     # on SIGTERM, how long requests in flight may finish
+
+    [api]
+    socket = "/run/bide/api.sock"         # default: $RUNTIME_DIRECTORY/api.sock, else state_dir
+    socket_group = "bide-agents"          # who may connect (mode 0660)
+    allow_self_approval = false           # one-person setups: approve your own escalations
 """
 
 from __future__ import annotations
@@ -69,6 +74,25 @@ class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: Annotated[str, msgspec.Meta(pattern=r"^$|^[^\s:]+:\d{1,5}$")] = ""  # "" is off
 
 
+class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The local API (HTTP/1.1 + JSON over a Unix socket); see ``daemon/api``."""
+
+    enabled: bool = True
+    socket: str = ""  # default: $RUNTIME_DIRECTORY/api.sock under systemd, else state_dir
+    socket_mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0660"
+    socket_group: str = "bide-agents"  # "" keeps the daemon's own group
+    agents_group: str | None = None  # default: [spool] agents_group; "" admits everyone
+    approvers_group: str | None = None  # default: [spool] approvers_group; "" admits everyone
+    operators_group: str = ""  # besides root and the daemon's own user
+    allow_self_approval: bool = False  # may an approver answer their own operation's escalation
+    max_live_per_principal: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    registrations_per_second: Annotated[float, msgspec.Meta(gt=0)] = 50.0
+    registrations_burst: Annotated[int, msgspec.Meta(ge=1)] = 100
+    max_wait_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 60.0
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2048
+    closed_stories: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # ended operations' stories kept
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_seconds: Annotated[float, msgspec.Meta(ge=0, le=300)] = 5.0
 
@@ -79,6 +103,7 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
+    api: ApiConfig = msgspec.field(default_factory=ApiConfig)
 
 
 class Config:
@@ -100,6 +125,8 @@ class Config:
         self.spool = raw.spool
         self.metrics = raw.metrics
         self.daemon = raw.daemon
+        self.api = raw.api
+        self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
 
     @property
     def log_dir(self) -> Path:
@@ -117,6 +144,17 @@ class Config:
     @property
     def outbox_dir(self) -> Path:
         return self.state_dir / "outbox"
+
+    @property
+    def socket_path(self) -> Path:
+        """Where the API listens: ``[api] socket``, else ``$RUNTIME_DIRECTORY/api.sock``
+        under systemd, else ``<state_dir>/api.sock``."""
+        if self.api_socket is not None:
+            return self.api_socket
+        runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+        if runtime:
+            return Path(runtime) / "api.sock"
+        return self.state_dir / "api.sock"
 
     @property
     def verify_key_path(self) -> Path:

@@ -19,3 +19,18 @@ class UsageError(DaemonError):
 
 class ConfigError(DaemonError):
     exit_status = 2
+
+
+class Refused(DaemonError):
+    """A request the daemon will not carry out (from the spool or the API), with what an API
+    answer needs: a machine-readable ``code``, an HTTP ``status`` and the ``field`` at fault."""
+
+    exit_status = 1
+
+    def __init__(self, detail: str, *, code: str = "rejected", status: int = 422,
+                 field: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.code = code
+        self.status = status
+        self.field = field

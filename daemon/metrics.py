@@ -78,6 +78,9 @@ class Metrics:
         self.log_append_retries = 0
         self.internal_errors = 0
         self.spool_pruned = 0
+        self.api_rejections: Counter[str] = Counter()  # API refusals by reason
+        self.api_requests = 0
+        self.api_waiters = 0
 
     def observe(self, ev: Event, provider: str) -> None:
         if isinstance(ev, ResponseClassified):
@@ -134,7 +137,16 @@ class Metrics:
                 f"bide_internal_errors_total {self.internal_errors}",
                 "# HELP bide_log_append_retries_total Failed append attempts retried.",
                 "# TYPE bide_log_append_retries_total counter",
-                f"bide_log_append_retries_total {self.log_append_retries}"]
+                f"bide_log_append_retries_total {self.log_append_retries}",
+                "# HELP bide_api_requests_total Local API requests answered.",
+                "# TYPE bide_api_requests_total counter",
+                f"bide_api_requests_total {self.api_requests}",
+                "# HELP bide_api_waiters Local API callers waiting on an operation now.",
+                "# TYPE bide_api_waiters gauge", f"bide_api_waiters {self.api_waiters}",
+                "# HELP bide_api_rejections_total Local API requests refused, by reason.",
+                "# TYPE bide_api_rejections_total counter"]
+        out += [f'bide_api_rejections_total{{reason="{r}"}} {n}'
+                for r, n in sorted(self.api_rejections.items())]
         return "\n".join(out) + "\n"
 
 

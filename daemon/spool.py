@@ -223,7 +223,12 @@ class Spool:
         finally:
             os.close(fd)
         os.rename(tmp, final)
-        fsync_dir(directory)
+        # An agent may write into spool/incoming (0730) but not open it to fsync: the file
+        # itself is durable, its name is the daemon's to make durable, and the daemon takes it
+        # the moment it sees it. Failing here would tell the agent "not registered" about a
+        # file the daemon registers anyway (and its retry would register the job twice).
+        with contextlib.suppress(PermissionError):
+            fsync_dir(directory)
         return final
 
     def request(self, directory: Path, request_id: str, data: bytes, *, who: str = "") -> None:

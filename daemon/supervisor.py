@@ -29,6 +29,7 @@ sealed and written in a worker thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import math
 import os
@@ -48,8 +49,9 @@ import watchfiles
 from daemon import logfmt, systemd
 from daemon.actions import ActionPorts, ActionRunner
 from daemon.config import Config
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, Refused
 from daemon.faults import FaultInjection
+from daemon.history import Histories
 from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
@@ -72,7 +74,7 @@ from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.errors import EventLogError, LogIOError
 from eventlog.keys import KeyRing, Signer
-from eventlog.writer import LogWriter
+from eventlog.writer import Appended, LogWriter
 from replay.decide import decide, register
 from replay.events import (
     ActionEvent,
@@ -89,7 +91,14 @@ from replay.events import (
     encode_checked,
 )
 from replay.ledger import Fact, Ledger
-from replay.observations import DecisionSubmitted, InternalFault, QuotaDeferred, WakeUp
+from replay.observations import (
+    DecisionSubmitted,
+    InternalFault,
+    QuotaDeferred,
+    Registration,
+    WakeUp,
+    Withdrawal,
+)
 from replay.state import Operation, evolve
 
 DRAIN_SECONDS = 5.0
@@ -163,6 +172,9 @@ class Supervisor:
         self._snapshot_events = 0  # the ledger's event count at the last snapshot
         # op id -> (next_poll_at, monotonic end) of the wait last scheduled in this process
         self._waits: dict[str, tuple[float, float]] = {}
+        self.histories = Histories(config.api.closed_stories)
+        self.watchers: dict[str, anyio.Event] = {}  # op id -> set at its next recorded event
+        self.api_socket: str | None = None
         self._append_failing = (0.0, 0)  # (monotonic start, attempts) while appends fail
         self._append_errors: set[str] = set()  # errors logged in this failing episode
 
@@ -173,10 +185,11 @@ class Supervisor:
         assert self._log is not None
         return self._log
 
-    async def record(self, events: Sequence[LogEvent]) -> None:
-        """Append ``events`` durably, then fold them into state; then act on escalations."""
+    async def record(self, events: Sequence[LogEvent]) -> list[Appended]:
+        """Append ``events`` durably, then fold them into state; then act on escalations.
+        Returns where each landed."""
         if not events:
-            return
+            return []
         while self._snapshot_barrier is not None:
             await self._snapshot_barrier.wait()
         started = time.monotonic()
@@ -184,22 +197,35 @@ class Supervisor:
         # on the monotonic clock, so a wall clock set back later never stretches it.
         waits = [(e.operation_id, e.next_poll_at, started + max(0.0, e.next_poll_at - e.at))
                  for e in events if isinstance(e, PollScheduled)]
+        payloads = [encode_checked(e) for e in events]
         self._appending += 1
         try:
-            await self._append_durably([encode_checked(e) for e in events],
-                                       lambda: self._fold(events, waits))
+            landed = await self._append_durably(
+                payloads, lambda: self._fold(events, waits, payloads))
+            for ev, where in zip(events, landed, strict=True):
+                if isinstance(ev, OperationRegistered):
+                    op = self.ops.get(ev.operation_id)
+                    if op is not None and op.registered_seq is None:
+                        self.ops[ev.operation_id] = msgspec.structs.replace(
+                            op, registered_seq=where.seq)
         finally:
             self._appending -= 1
             self._snapshot_if_due()
         self.metrics.append_latency.observe(time.monotonic() - started)
+        return landed
 
     def _fold(self, events: Sequence[LogEvent],
-              waits: Sequence[tuple[str, float, float]] = ()) -> None:
+              waits: Sequence[tuple[str, float, float]] = (),
+              payloads: Sequence[bytes] = ()) -> None:
         """Fold durable events into state (runs even if their appender was cancelled)."""
         for op_id, next_poll_at, due in waits:
             self._waits[op_id] = (next_poll_at, due)
-        for ev in events:
+        for ev, payload in zip(events, payloads, strict=True):
             op = self.ledger.apply(ev)
+            self.histories.add(ev.operation_id, payload, None if op is None else op.phase)
+            watcher = self.watchers.pop(ev.operation_id, None)
+            if watcher is not None:
+                watcher.set()
             if op is None or isinstance(ev, ActionEvent):
                 continue
             self.metrics.observe(ev, op.provider)
@@ -207,6 +233,13 @@ class Supervisor:
                 self._announce(ev)
         self._changed.set()
         self._changed = anyio.Event()
+
+    async def next_event_of(self, op_id: str) -> None:
+        """Wait until the next event of ``op_id`` is durable (a waiter of the API)."""
+        watcher = self.watchers.get(op_id)
+        if watcher is None:
+            watcher = self.watchers[op_id] = anyio.Event()
+        await watcher.wait()
 
     def _snapshot_if_due(self) -> None:
         every = self.config.log.snapshot_every
@@ -252,7 +285,7 @@ class Supervisor:
             await self._changed.wait()
 
     async def _append_durably(self, payloads: list[bytes], on_durable: Callable[[], None]
-                              ) -> None:
+                              ) -> list[Appended]:
         """Append, and while the log cannot take it (disk full, read-only, I/O error), keep
         retrying with backoff: the caller waits, so no request is sent before its intent is
         recorded, and nothing recorded earlier is touched (the writer cut the failed batch).
@@ -264,7 +297,7 @@ class Supervisor:
         delay = 0.05
         while True:
             try:
-                await self.log.append_many(payloads, on_durable=on_durable)
+                landed = await self.log.append_many(payloads, on_durable=on_durable)
             except LogIOError as exc:
                 self._append_failed(exc)
                 await anyio.sleep(delay)
@@ -284,7 +317,7 @@ class Supervisor:
                 self._append_failing = (0.0, 0)
                 self._append_errors.clear()
                 systemd.notify(f"STATUS={self.status_line()}")
-            return
+            return landed
 
     def _append_failed(self, exc: BaseException, *, reopening: bool = False) -> None:
         """Count one failed attempt; log only when the condition starts or a new error shows."""
@@ -426,6 +459,9 @@ class Supervisor:
                 await self.contain(op_id, exc, "polling")
             finally:
                 self.busy.discard(op_id)
+                if self.watchers or self.runner.actions:
+                    self._changed.set()  # a decision waiting for this poll may go on
+                    self._changed = anyio.Event()
                 self.schedule(op_id)
                 if not self.busy:
                     self._idle.set()
@@ -495,6 +531,42 @@ class Supervisor:
     def _spawn(self, task: Callable[[str], Coroutine[Any, Any, None]], arg: str) -> None:
         assert self.polls is not None
         self.polls.start_soon(task, arg)
+
+    def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``task`` in the daemon's task group (it outlives the request that started it)."""
+        assert self.polls is not None
+        self.polls.start_soon(task)
+
+    async def _serve_api(self, *, task_status: anyio.abc.TaskStatus[None]
+                         = anyio.TASK_STATUS_IGNORED) -> None:
+        from daemon.api.listener import open_listener
+        from daemon.api.server import ApiServer, Limits
+        from daemon.api.service import Api
+
+        cfg = self.config.api
+        listener, where, bound = await open_listener(
+            self.config.socket_path, mode=int(cfg.socket_mode, 8), group=cfg.socket_group)
+        api = Api(self)
+
+        async def handle(request: Any) -> Any:
+            self.metrics.api_requests += 1
+            return await api.handle(request)
+
+        def count(reason: str) -> None:
+            self.metrics.api_rejections[reason] += 1
+
+        server = ApiServer(handle, limits=Limits(max_connections=cfg.max_connections),
+                           count=count)
+        self.api_socket = where
+        logfmt.info("api listening", socket=where, inherited=not bound)
+        task_status.started()
+        try:
+            async with listener:
+                await server.serve(listener)
+        finally:
+            if bound:
+                with contextlib.suppress(OSError):
+                    os.unlink(where)
 
     def _count_internal_error(self) -> None:
         self.metrics.internal_errors += 1
@@ -687,36 +759,54 @@ class Supervisor:
                                   owner: int) -> None:
         """Register the job a spool file asks for; the file's owner is who asked."""
         try:
-            reg = rf.registration
-            existing = self.ops.get(reg.operation_id)
-            if existing is not None:
-                if (existing.provider, existing.provider_job_id) == (reg.provider,
-                                                                      reg.provider_job_id):
-                    # Ingest is idempotent: recorded before a crash, file not yet deleted.
-                    self.spool.write_receipt(Receipt(rid, "registered", reg.operation_id))
-                    self.spool.done(path)
-                    return
-                raise SpoolReject(f"operation id {reg.operation_id} is already in use")
-            profile = self.profiles.get(reg.provider)
-            if profile is None:
-                known = ", ".join(sorted(self.profiles)) or "none loaded"
-                raise SpoolReject(f"no profile for provider {reg.provider!r} (known: {known})")
-            events = register(reg, profile.contract, self.clock(),
-                              registered_by=user_name(owner), registered_by_uid=owner)
-            rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
-            if rejected is not None:
-                raise SpoolReject(f"{rejected.reason}: {rejected.detail}")
-            await self.record(events)
-        except SpoolReject as exc:
-            logfmt.warn("spool file rejected", file=path.name, reason=exc)
-            self.spool.reject(path, rid, str(exc))
+            op, _ = await self.register_operation(rf.registration, owner)
+        except Refused as exc:
+            logfmt.warn("spool file rejected", file=path.name, reason=exc.detail)
+            self.spool.reject(path, rid, exc.detail)
             return
-        registered = next(e for e in events if isinstance(e, OperationRegistered))
-        self.spool.write_receipt(Receipt(rid, "registered", registered.operation_id))
+        self.spool.write_receipt(Receipt(rid, "registered", op.operation_id))
         self.spool.done(path)
+
+    async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
+                                 ) -> tuple[Operation, bool]:
+        """Register ``reg`` for the user ``owner`` (from the spool file's owner or the API's
+        peer credentials); returns the operation and whether it is new.
+
+        Idempotent: an operation id already recorded for the same job (from the API: for the
+        same request, by its ``digest``) is that operation, not a second registration."""
+        existing = self.ops.get(reg.operation_id)
+        if existing is not None:
+            same = ((existing.request_digest == digest) if digest else
+                    (existing.provider, existing.provider_job_id) == (reg.provider,
+                                                                      reg.provider_job_id))
+            if same and existing.registered_by_uid in (None, owner):
+                return existing, False  # recorded before a crash, or a client's retry
+            raise Refused(f"operation id {reg.operation_id} is already in use by another "
+                          f"request", code="operation_id_in_use", status=409,
+                          field="operation_id")
+        if f"{reg.operation_id}.submit" in self.runner.actions:
+            raise Refused(f"operation id {reg.operation_id} is already in use by a submit",
+                          code="operation_id_in_use", status=409, field="operation_id")
+        profile = self.profiles.get(reg.provider)
+        if profile is None:
+            known = ", ".join(sorted(self.profiles)) or "none loaded"
+            raise Refused(f"no profile for provider {reg.provider!r} (known: {known})",
+                          code="unknown_provider", field="provider")
+        events = register(reg, profile.contract, self.clock(),
+                          registered_by=user_name(owner), registered_by_uid=owner)
+        rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
+        if rejected is not None:
+            raise Refused(f"{rejected.reason}: {rejected.detail}", code=rejected.reason)
+        if digest:
+            events = [msgspec.structs.replace(e, request_digest=digest)
+                      if isinstance(e, OperationRegistered) else e for e in events]
+        await self.record(events)
+        registered = next(e for e in events if isinstance(e, OperationRegistered))
         logfmt.info("operation registered", op=registered.operation_id,
-                    provider=registered.provider, job=registered.provider_job_id)
+                    provider=registered.provider, job=registered.provider_job_id,
+                    by=registered.registered_by)
         self.schedule(registered.operation_id)
+        return self.ops[registered.operation_id], True
 
     async def ingest_decision(self, path: Path) -> None:
         rid = spool_request_id(path)
@@ -737,36 +827,57 @@ class Supervisor:
             approver = user_name(st.st_uid)  # the file's owner, not a name the file claims
             observation = DecisionSubmitted(option=df.option, approver=approver, note=df.note,
                                             escalation_id=df.escalation_id)
-            action = self.runner.actions.get(df.operation_id)
-            if action is not None:
-                decided = await self.runner.decide(action, observation)
-                if not decided.accepted:
-                    raise SpoolReject(f"decision rejected: {decided.reason}")
-            else:
-                op = self.ops.get(df.operation_id)
-                if op is None:
-                    raise SpoolReject(f"no operation or action {df.operation_id!r}")
-                if df.escalation_id is None and spool_cfg.require_escalation_number:
-                    raise SpoolReject(
-                        "the decision names no escalation number: answer with bide decide OP "
-                        "OPTION --escalation N (N as bide escalations and the outbox show it), "
-                        "so it cannot land on a later escalation")
-                if df.operation_id in self.busy:
-                    return  # a poll is mid-flight; the next scan picks the file up
-                events = decide(op, observation, self.clock(), self.draw())
-                await self.record(events)
-                rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
-                if rejected is not None:
-                    raise SpoolReject(f"decision rejected: {rejected.reason}")
-                await self.runner.after_decision(list(events))
-        except SpoolReject as exc:
+            if df.operation_id in self.busy:
+                return  # a poll is mid-flight; the next scan picks the file up
+            await self.decide_escalation(df.operation_id, observation)
+        except (SpoolReject, Refused) as exc:
             logfmt.warn("decision rejected", file=path.name, reason=exc)
             self.spool.reject(path, rid, str(exc), decision=True)
             return
         self.spool.write_receipt(Receipt(rid, "recorded", df.operation_id), decision=True)
         self.spool.done(path)
         logfmt.info("decision recorded", op=df.operation_id, option=df.option, approver=approver)
-        self.schedule(df.operation_id)
+
+    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted) -> bool:
+        """Record a human's decision on the open escalation of an operation or an action
+        (whoever may decide was checked by the caller); returns whether polling resumes.
+        A poll in flight is let finish first, so the decision meets the state it answers."""
+        action = self.runner.actions.get(op_id)
+        if action is not None:
+            decided = await self.runner.decide(action, observation)
+            if not decided.accepted:
+                raise Refused(f"decision rejected: {decided.reason}", code="decision_rejected",
+                              status=409, field="option")
+            return False
+        if self.ops.get(op_id) is None:
+            raise Refused(f"no operation or action {op_id!r}", code="not_found", status=404)
+        if observation.escalation_id is None and self.config.spool.require_escalation_number:
+            raise Refused(
+                "the decision names no escalation number: answer with bide decide OP "
+                "OPTION --escalation N (N as bide escalations and the outbox show it), "
+                "so it cannot land on a later escalation", code="escalation_number_required",
+                field="escalation_id")
+        await self.wait_until(lambda: op_id not in self.busy)  # bounded by its timeout
+        events = decide(self.ops[op_id], observation, self.clock(), self.draw())
+        await self.record(events)
+        rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
+        if rejected is not None:
+            raise Refused(f"decision rejected: {rejected.reason}", code="decision_rejected",
+                          status=409, field="option")
+        await self.runner.after_decision(list(events))
+        self.schedule(op_id)
+        return self.ops[op_id].phase == "live"
+
+    async def withdraw(self, op_id: str, withdrawal: Withdrawal) -> bool:
+        """Stop waiting on ``op_id`` for its owner (checked by the caller): recorded as
+        ``withdrawn_by_owner``, no provider call. False when it had already ended."""
+        events = decide(self.ops[op_id], withdrawal, self.clock(), self.draw())
+        if not events:
+            return False
+        await self.record(events)
+        self.schedule(op_id)  # cancels its timer and gives back a reserved quota slot
+        logfmt.info("operation withdrawn by its owner", op=op_id, by=withdrawal.by)
+        return True
 
     async def _watch_spool(self) -> None:
         """Ingest on every change, and rescan at least once a second: a file dropped between
@@ -914,6 +1025,7 @@ class Supervisor:
             self.ops, self.runner.actions = self.ledger.ops, self.ledger.actions
             self._snapshot_events = from_events
             undecided = dict(self.ledger.undecided)
+            self.histories.start_seq = log.head_seq  # later events reach the histories live
             # What start-up built lives as long as the daemon: keep the collector from
             # re-scanning 100,000 operations on every full collection (they hold no cycles).
             gc.freeze()
@@ -947,6 +1059,8 @@ class Supervisor:
                             self.metrics_url = f"http://{host}:{bound}/metrics"
                             logfmt.info("metrics listening",
                                         address=f"http://{host}:{bound}/metrics")
+                        if cfg.api.enabled:
+                            await tg.start(self._serve_api)
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)
                         systemd.notify("READY=1", f"STATUS={self.status_line()}")
                         tg.start_soon(self._status_and_watchdog)

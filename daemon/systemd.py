@@ -46,3 +46,24 @@ def watchdog_interval() -> float | None:
         return int(usec) / 2_000_000
     except ValueError:
         return None
+
+
+SD_LISTEN_FDS_START = 3
+
+
+def listen_fds() -> list[int]:
+    """The sockets systemd passed (socket activation, sd_listen_fds(3)): fds 3, 4, ... when
+    ``$LISTEN_PID`` is this process; the variables are removed so no child inherits them."""
+    pid, count = os.environ.get("LISTEN_PID"), os.environ.get("LISTEN_FDS")
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)
+    if pid != str(os.getpid()) or not count:
+        return []
+    try:
+        n = int(count)
+    except ValueError:
+        return []
+    fds = list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + max(0, n)))
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return fds

@@ -49,12 +49,15 @@ def holder_pid(log_dir: Path) -> int | None:
         return None
 
 
-def writer_alive(log_dir: Path) -> bool:
-    """True when some process holds the writer lock right now."""
+def writer_alive(log_dir: Path) -> bool | None:
+    """True when some process holds the writer lock right now; None when this user may not
+    look (the log directory is the daemon's alone)."""
     try:
         fd = os.open(log_dir / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:

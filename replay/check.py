@@ -9,7 +9,8 @@ Each recorded decision group is explained by the observation that caused it:
 * a ``StatusRequestIntended`` or an ``OperationStopped`` that follows no fact: a wake-up, re-run
   with its own ``at``;
 * a ``PollScheduled`` with source ``local_quota``: a quota deferral until its ``until``;
-* a ``DecisionRecorded`` or ``DecisionRejected``: the human decision it records.
+* a ``DecisionRecorded`` or ``DecisionRejected``: the human decision it records;
+* an ``OperationWithdrawn``: the owner's withdrawal it records.
 
 The re-derived events must equal the recorded ones exactly. Each difference is a
 :class:`Mismatch`; a log written by bide gives none. The state always follows the *recorded*
@@ -30,6 +31,7 @@ from replay.events import (
     Event,
     OperationRegistered,
     OperationStopped,
+    OperationWithdrawn,
     PollScheduled,
     RegistrationRejected,
     RequestOutcomeUnknown,
@@ -43,6 +45,7 @@ from replay.observations import (
     Observation,
     QuotaDeferred,
     WakeUp,
+    Withdrawal,
 )
 from replay.state import Operation, evolve
 
@@ -146,7 +149,10 @@ def _check_operation(operation_id: str, indexed: list[tuple[int, Event]]) -> lis
                         approver=event.approver,
                         note=event.note,
                         escalation_id=event.escalation_id,
+                        self_approved=isinstance(event, DecisionRecorded) and event.self_approved,
                     )
+                elif isinstance(event, OperationWithdrawn):
+                    observation = Withdrawal(by=event.by, by_uid=event.by_uid, note=event.note)
                 else:
                     found.append(
                         Mismatch(

@@ -108,6 +108,7 @@ from replay.events import (
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
+    OperationWithdrawn,
     Option,
     OptionKind,
     PollScheduled,
@@ -127,6 +128,7 @@ from replay.observations import (
     QuotaDeferred,
     Registration,
     WakeUp,
+    Withdrawal,
 )
 from replay.signals import (
     Rejected,
@@ -371,6 +373,12 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
             return _on_quota(op, observation, now)
         case DecisionSubmitted():
             return _on_decision(op, observation, now)
+        case Withdrawal():
+            if op.phase not in ("live", "escalated"):
+                return []  # already ended: nothing left to stop
+            return [OperationWithdrawn(operation_id=op.operation_id, at=now, by=observation.by,
+                                       by_uid=observation.by_uid,
+                                       note=_cap(observation.note, 1000))]
         case StatusResponseReceived() | TransportFailed() | RequestOutcomeUnknown():
             if observation.operation_id != op.operation_id:
                 raise InvalidInputError("the observation belongs to another operation")
@@ -1039,6 +1047,7 @@ def _on_decision(op: Operation, decision: DecisionSubmitted, now: float) -> list
         new_max_transport_failures=op.max_transport_failures,
         new_max_rate_limited=op.max_rate_limited,
         follow_up=chosen.id,
+        self_approved=decision.self_approved,
     )
     if not OPTION_EFFECTS[chosen.id]:
         return [base]  # S34: cancel, resubmit, hand-off are separate operations

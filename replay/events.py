@@ -56,6 +56,7 @@ __all__ = [
     "OperationRegistered",
     "OperationStopped",
     "OperationSucceeded",
+    "OperationWithdrawn",
     "Option",
     "OptionKind",
     "PollScheduled",
@@ -274,6 +275,9 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
         registered_by: Who asked for the operation, as the daemon saw it (the spool file's
             owner, or the API's peer): never a name the request claims. Empty in older logs.
         registered_by_uid: That user's uid, if known.
+        request_digest: SHA-256 of the API request that asked for it (empty from the spool
+            and in older logs): a retry with the same operation id and the same request is
+            answered with the same receipt, a different request with a conflict.
     """
 
     provider: str
@@ -294,6 +298,7 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
     contract_digest: str
     registered_by: str = ""
     registered_by_uid: int | None = None
+    request_digest: str = ""
 
 
 class RegistrationRejected(_Event, tag="registration_rejected", frozen=True, kw_only=True):
@@ -505,6 +510,8 @@ class DecisionRecorded(_Event, tag="decision_recorded", frozen=True, kw_only=Tru
         follow_up: What the daemon or a human does next when polling does not resume
             (``cancel_at_provider``, ``retry_same_idempotency_key``,
             ``inspect_provider_console``, ``abandon``): a separate operation (S34).
+        self_approved: The approver registered the operation themselves (allowed only where
+            the config says so: ``[api] allow_self_approval``).
     """
 
     escalation_id: int
@@ -518,6 +525,7 @@ class DecisionRecorded(_Event, tag="decision_recorded", frozen=True, kw_only=Tru
     new_max_transport_failures: int
     new_max_rate_limited: int
     follow_up: OptionKind | None = None
+    self_approved: bool = False
 
 
 class DecisionRejected(_Event, tag="decision_rejected", frozen=True, kw_only=True):
@@ -536,6 +544,21 @@ class DecisionRejected(_Event, tag="decision_rejected", frozen=True, kw_only=Tru
     note: str = ""
     escalation_id: int | None = None
     reason: str
+
+
+
+class OperationWithdrawn(_Event, tag="operation_withdrawn", frozen=True, kw_only=True):
+    """The operation's owner stopped the wait: no provider call is made, none follows.
+
+    Attributes:
+        by: The user name of who withdrew it (the daemon's word: the API's peer).
+        by_uid: That user's uid.
+        note: Their note.
+    """
+
+    by: str
+    by_uid: int | None = None
+    note: str = ""
 
 
 #: The longest operation id, provider job id, fingerprint or account context accepted.
@@ -734,6 +757,7 @@ Event = (
     | EscalationRaised
     | DecisionRecorded
     | DecisionRejected
+    | OperationWithdrawn
 )
 
 #: Every event class, for code that must enumerate them (tests, docs).
@@ -752,6 +776,7 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     EscalationRaised,
     DecisionRecorded,
     DecisionRejected,
+    OperationWithdrawn,
 )
 
 ACTION_EVENT_TYPES: Final[

@@ -124,7 +124,12 @@ class Ledger:
         with _no_gc():
             for seq, payload in payloads:
                 try:
-                    apply(decode_log_event(payload))
+                    ev = decode_log_event(payload)
+                    op = apply(ev)
+                    if isinstance(ev, OperationRegistered) and op is not None:
+                        # Where the registration landed: a receipt names it.
+                        self.ops[ev.operation_id] = msgspec.structs.replace(
+                            op, registered_seq=seq)
                 except NewerSchemaError:
                     raise
                 except ReplayError as exc:

@@ -35,6 +35,7 @@ __all__ = [
     "QuotaDeferred",
     "Registration",
     "WakeUp",
+    "Withdrawal",
 ]
 
 class WakeUp(msgspec.Struct, frozen=True, kw_only=True, tag="wake_up"):
@@ -67,12 +68,15 @@ class DecisionSubmitted(msgspec.Struct, frozen=True, kw_only=True, tag="decision
         approver: The decision file owner's user name (filled by the daemon, never claimed).
         note: Free text from the approver.
         escalation_id: The escalation decided; if given and not the open one, it is rejected.
+        self_approved: The approver registered the operation (the daemon checked that the
+            config allows it); recorded with the decision.
     """
 
     option: str
     approver: str
     note: str = ""
     escalation_id: int | None = None
+    self_approved: bool = False
 
 
 class InternalFault(msgspec.Struct, frozen=True, kw_only=True, tag="internal_fault"):
@@ -87,8 +91,23 @@ class InternalFault(msgspec.Struct, frozen=True, kw_only=True, tag="internal_fau
     detail: str
 
 
+class Withdrawal(msgspec.Struct, frozen=True, kw_only=True, tag="withdrawal"):
+    """The operation's owner asked to stop waiting (the daemon checked who may).
+
+    Attributes:
+        by: The owner's user name, from the kernel (the API's peer credentials).
+        by_uid: Their uid.
+        note: Free text.
+    """
+
+    by: str
+    by_uid: int | None = None
+    note: str = ""
+
+
 Observation = (
     WakeUp
+    | Withdrawal
     | InternalFault
     | QuotaDeferred
     | DecisionSubmitted

@@ -39,6 +39,7 @@ from replay.events import (
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
+    OperationWithdrawn,
     Option,
     PollScheduled,
     RegistrationRejected,
@@ -114,6 +115,10 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         last_transport_failure: The last transport failure kind.
         last_transport_failure_at: When it happened.
         registered_by: Who asked for the operation (the daemon's word, not the request's).
+        registered_by_uid: Their uid, when known: whose operation it is, for the local API.
+        registered_seq: The log sequence number of the registration, when the fold knew it
+            (set by the ledger, not by ``evolve``: a position, not a fact of the event).
+        request_digest: The registering API request's digest (idempotent retries).
         stop_reason: Why the wait last stopped, while escalated or closed.
         provider_error: The provider's own error from a failure stop (S3), as stored: bounded by
             the contract's ``error_cap_bytes``; the JSON text of the error when it fit.
@@ -139,6 +144,9 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     contract_digest: str
     registered_at: float
     registered_by: str = ""
+    registered_by_uid: int | None = None
+    registered_seq: int | None = None
+    request_digest: str = ""
     started_at: float
     deadline_at: float
     business_deadline_at: float | None
@@ -159,7 +167,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_provider_request_id: str | None = None
     last_transport_failure: str | None = None
     last_transport_failure_at: float | None = None
-    stop_reason: StopReason | None = None
+    stop_reason: StopReason | Literal["withdrawn_by_owner"] | None = None
     provider_error: str | None = None
     provider_error_truncated: bool = False
     escalation: OpenEscalation | None = None
@@ -293,6 +301,8 @@ def _registered(event: OperationRegistered) -> Operation:
         contract_digest=digest,
         registered_at=event.at,
         registered_by=sys.intern(event.registered_by),
+        registered_by_uid=event.registered_by_uid,
+        request_digest=event.request_digest,
         started_at=_same(event.started_at, event.at),
         deadline_at=event.deadline_at,
         business_deadline_at=event.business_deadline_at,
@@ -452,6 +462,10 @@ def evolve(state: Operation | None, event: Event) -> Operation:
                 max_status_requests=event.new_max_status_requests,
                 max_transport_failures=event.new_max_transport_failures,
                 max_rate_limited=event.new_max_rate_limited,
+            )
+        case OperationWithdrawn():
+            return msgspec.structs.replace(
+                s, phase="closed", escalation=None, stop_reason="withdrawn_by_owner"
             )
         case DecisionRejected() | HintRejected() | RegistrationRejected():
             return s

@@ -34,6 +34,7 @@ from replay.events import (
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
+    OperationWithdrawn,
     PollScheduled,
     RegistrationRejected,
     RequestOutcomeUnknown,
@@ -207,6 +208,8 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                 extend(event, f"escalated (#{event.escalation_id}), options: {options}")
             case DecisionRecorded():
                 note = f" ({event.note[:200]})" if event.note else ""
+                if event.self_approved:
+                    note += " (self-approved: the approver registered the operation)"
                 if event.resumes:
                     text = (
                         f"decision by {event.approver}: {event.option_id}{note}; new deadline "
@@ -225,6 +228,11 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     event,
                     f"decision by {event.approver} rejected: {event.reason}",
                 )
+                open_line[op].group_at = event.at
+            case OperationWithdrawn():
+                note = f" ({event.note[:200]})" if event.note else ""
+                start(event, f"withdrawn by its owner {event.by}{note}: bide stops waiting, "
+                             "no provider call")
                 open_line[op].group_at = event.at
     return lines
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
+from daemon.api.schema import DecisionRequest
+from daemon.commands.apicall import ApiCallError, ApiClient, connect, print_result
 from daemon.commands.watch import report
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
@@ -19,8 +22,10 @@ examples:
   bide decide nightly-export extend --escalation 1 --note "status page says 30 min delay"
   bide decide nightly-export abandon --escalation 2
 
-The daemon records you, the decision file's owner, as the approver, and accepts only an
-option the open escalation offered. --escalation names the escalation you answer (its
+The daemon records you as the approver: the user its local API socket reports (SO_PEERCRED),
+or, while it is not running, the decision file's owner. It accepts only an option the open
+escalation offered, and never from the operation's own registrant unless [api]
+allow_self_approval = true. --escalation names the escalation you answer (its
 number is in bide escalations and in the outbox message), so a decision can never land on a
 later one; the daemon refuses a decision without it unless [spool]
 require_escalation_number = false. With [spool] approvers_group set, only its members count
@@ -48,6 +53,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    client = connect(cfg)
+    if client is not None:
+        with client:
+            return _through_api(client, args)
     rid = new_request_id()
     try:
         data = msgspec.json.encode(DecisionFile(1, rid, args.operation, args.option, args.note,
@@ -59,3 +68,27 @@ def run(args: argparse.Namespace) -> int:
     spool.request(spool.decisions, rid, data, who="only the approvers' group may decide")
     return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json,
                   decision=True)
+
+
+def _through_api(client: ApiClient, args: argparse.Namespace) -> int:
+    try:
+        request = DecisionRequest(option=args.option, escalation_id=args.escalation,
+                                  note=args.note)
+        msgspec.json.decode(msgspec.json.encode(request), type=DecisionRequest)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid decision: {exc}") from None
+    try:
+        answer = client.call("POST", f"/v1/operations/{quote(args.operation, safe='')}/decision",
+                             body=request)
+    except ApiCallError as exc:
+        if exc.status == 404:
+            raise UsageError(f"no operation {args.operation!r} with an escalation you may "
+                             f"see") from None
+        if exc.status in (403, 409, 422):
+            return print_result(args.json, {"status": "rejected", "error": exc.error,
+                                            "reason": exc.detail},
+                                f"rejected: {exc.detail}", 1)
+        raise
+    return print_result(args.json, {"status": "recorded", **answer},
+                        f"recorded: {answer['option']} by {answer['approver']}"
+                        + ("; polling resumes" if answer["resumes"] else ""), 0)

@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 
 from daemon.actions import action_escalation_text
-from daemon.config import add_config_flag, load_config
+from daemon.commands.apicall import require
+from daemon.config import Config, add_config_flag, load_config
 from daemon.outbox import escalation_text
 from daemon.readers import load_log, open_keyring
 from replay.events import ActionFailed, EscalationRaised
@@ -18,16 +19,44 @@ from replay.events import ActionFailed, EscalationRaised
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("escalations", help="open escalations awaiting a decision (read-only)",
                        description="List every escalation awaiting a human decision, with its "
-                       "reason, context and numbered options.",
+                       "reason, context and numbered options: your own (agents), or everyone's "
+                       "(approvers, operators). --offline reads the log with its data key.",
                        epilog="examples:\n  bide escalations\n  bide escalations --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--offline", action="store_true",
+                   help="read the log directly with its data key (operators, forensics); "
+                        "without it the running daemon answers, and no key is needed")
     add_config_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if args.offline:
+        return run_offline(cfg, args)
+    with require(cfg, "escalations") as client:
+        listed = client.call("GET", "/v1/escalations")["escalations"]
+    if args.json:
+        print(json.dumps(listed))
+    elif not listed:
+        print("no open escalations")
+    else:
+        print("\n".join(_text(e) for e in listed), end="")
+    return 0
+
+
+def _text(escalation: dict[str, Any]) -> str:
+    if escalation.get("text"):
+        return str(escalation["text"])
+    lines = [f"bide escalation {escalation['operation_id']} #{escalation['escalation_id']}: "
+             f"{escalation['reason']}", "  options:"]
+    lines += [f"    {o['number']}. {o['id']}: {o['label']}" for o in escalation["options"]]
+    lines.append(f"  decide with: {escalation['decide_command']}")
+    return "\n".join(lines) + "\n"
+
+
+def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     log = load_log(cfg.log_dir, open_keyring(cfg))
     raised: dict[tuple[str, int], EscalationRaised] = {}
     for _, event in log.events:

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     target = Path(args.to)
     if not target.parent.is_dir():
         raise UsageError(f"--to {target}: directory {target.parent} does not exist")
-    if not writer_alive(cfg.log_dir):
+    if writer_alive(cfg.log_dir) is False:
         print("the daemon is not running; fetch needs it (it holds the credentials)")
         return EXIT_QUEUED
     rid = new_request_id()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
-from daemon.config import add_config_flag, load_config
+from daemon.commands.apicall import ApiCallError, require, view_line
+from daemon.config import Config, add_config_flag, load_config
+from daemon.errors import UsageError
 from daemon.outbox import provider_error_text
 from daemon.readers import load_log, need_op, open_keyring
 from replay.decide import format_time
@@ -16,18 +19,32 @@ from replay.state import Operation
 
 EPILOG = """\
 examples:
-  bide status                      # one line per operation
+  bide status                      # one line per operation of yours
+  bide status --all                # everyone's (approvers and operators)
   bide status nightly-export --json
+  bide status nightly-export --offline --config /etc/bide/bide.toml   # from the log, with keys
+
+The running daemon answers from memory through its local API (no key needed; agents see
+their own operations). --offline replays the log with its data key instead.
+exit status: 0 shown; 2 no such operation (or not yours), or usage error;
+69 the daemon is not running (use --offline)
 """
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("status", help="show operations' state (read-only)",
                        description="Show the state of one operation, or a line per operation, "
-                       "derived by replaying the log. Never writes.",
+                       "as the running daemon knows it (or, --offline, by replaying the log). "
+                       "Never writes.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("operation", nargs="?", metavar="OP")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--all", action="store_true",
+                   help="everyone's operations (approvers and operators)")
+    p.add_argument("--phase", choices=("live", "succeeded", "escalated", "closed"))
+    p.add_argument("--offline", action="store_true",
+                   help="read the log directly with its data key (operators, forensics); "
+                        "without it the running daemon answers, and no key is needed")
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -65,6 +82,45 @@ def op_line(op: Operation) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if args.offline:
+        return run_offline(cfg, args)
+    with require(cfg, "status") as client:
+        if args.operation:
+            try:
+                view = client.call("GET", f"/v1/operations/{quote(args.operation, safe='')}")
+            except ApiCallError as exc:
+                if exc.status == 404:
+                    raise UsageError(f"no operation {args.operation!r} (or not yours)"
+                                     ) from None
+                raise
+            if args.json:
+                print(json.dumps(view))
+            else:
+                print(view_line(view))
+                if view.get("provider_error") is not None:
+                    print(provider_error_text(view["provider_error"],
+                                              bool(view.get("provider_error_truncated"))))
+            return 0
+        views: list[dict[str, Any]] = []
+        params = {"limit": "500", **({"all": "true"} if args.all else {}),
+                  **({"phase": args.phase} if args.phase else {})}
+        while True:
+            page = client.call("GET", "/v1/operations", params=params)
+            views += page["operations"]
+            if not page.get("next_cursor"):
+                break
+            params["cursor"] = page["next_cursor"]
+    if args.json:
+        print(json.dumps(views))
+    else:
+        for view in views:
+            print(view_line(view))
+        if not views:
+            print("no operations yet")
+    return 0
+
+
+def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     log = load_log(cfg.log_dir, open_keyring(cfg))
     if args.operation:
         op = need_op(log, args.operation)
@@ -75,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
             if op.provider_error is not None:
                 print(provider_error_text(op.provider_error, op.provider_error_truncated))
         return 0
-    ops = sorted(log.ops.values(), key=lambda o: o.registered_at)
+    ops = sorted((op for op in log.ops.values() if args.phase in (None, op.phase)),
+                 key=lambda o: o.registered_at)
     if args.json:
         print(json.dumps([op_summary(op) for op in ops]))
     else:

@@ -9,10 +9,13 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
-from daemon.commands.watch import report
+from daemon.api.schema import SubmitRequest
+from daemon.commands.apicall import ApiCallError, ApiClient, connect, print_result
+from daemon.commands.watch import EXIT_QUEUED, report
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg, parse_duration, parse_time, seconds_arg
@@ -75,26 +78,74 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     op_id = args.operation or f"op-{secrets.token_hex(6)}"
     body = _read_body(args.body)
+    deadline = parse_duration(args.deadline, "--deadline") if args.deadline else None
+    business = (parse_time(args.business_deadline, "--business-deadline", now)
+                if args.business_deadline else None)
+    client = connect(cfg)
+    if client is not None:
+        try:
+            request = SubmitRequest(
+                provider=args.provider, body=body, operation_id=op_id,
+                idempotency_key=args.idempotency_key, force=args.force,
+                deadline_seconds=deadline, business_deadline_at=business,
+                max_status_requests=args.max_requests,
+                max_transport_failures=args.max_transport_failures,
+                max_rate_limited=args.max_rate_limited, account=args.account,
+                expected_state=args.expected_state)
+            msgspec.json.decode(msgspec.json.encode(request), type=SubmitRequest)
+        except msgspec.ValidationError as exc:
+            raise UsageError(f"invalid submit: {exc}") from None
+        with client:
+            return _through_api(client, request, args.wait_seconds, args.json)
     rid = new_request_id()
     try:
         reg = Registration(
             operation_id=op_id, provider=args.provider, provider_job_id="(from the answer)",
             account_context=args.account, expected_terminal_state=args.expected_state,
-            deadline_at=now + parse_duration(args.deadline, "--deadline") if args.deadline
-            else None,
-            business_deadline_at=parse_time(args.business_deadline, "--business-deadline", now)
-            if args.business_deadline else None,
+            deadline_at=now + deadline if deadline else None, business_deadline_at=business,
             max_status_requests=args.max_requests,
             max_transport_failures=args.max_transport_failures,
             max_rate_limited=args.max_rate_limited)
-        request = SubmitFile(1, rid, "submit", reg, body, args.idempotency_key, args.force)
-        data = msgspec.json.encode(request)
+        spooled = SubmitFile(1, rid, "submit", reg, body, args.idempotency_key, args.force)
+        data = msgspec.json.encode(spooled)
         msgspec.json.decode(data, type=SubmitFile)
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid submit: {exc}") from None
     spool = Spool(cfg.spool_dir)
     spool.request(spool.incoming, rid, data)
     return report(cfg, spool, rid, op_id, args.wait_seconds, args.json)
+
+
+def _through_api(client: ApiClient, request: SubmitRequest, wait_seconds: float,
+                 as_json: bool) -> int:
+    """Submit, then wait (bounded) for the provider's answer: registered, or why not."""
+    try:
+        receipt = client.call("POST", "/v1/submissions", body=request)
+    except ApiCallError as exc:
+        if exc.status in (409, 422, 429):
+            return print_result(as_json, {"status": "rejected", "error": exc.error,
+                                          "reason": exc.detail}, f"rejected: {exc.detail}", 1)
+        raise
+    op_id = receipt["operation_id"]
+    deadline = time.monotonic() + wait_seconds
+    view: dict[str, Any] = {"phase": receipt["status"]}
+    while view["phase"] == "submitting" and time.monotonic() < deadline:
+        wait = max(0.0, min(60.0, deadline - time.monotonic()))
+        view = client.call("GET", f"/v1/operations/{quote(op_id, safe='')}",
+                           params={"wait": f"{wait:.3f}", "until": "registered"},
+                           timeout=wait + 30.0)
+    if view["phase"] == "submitting":
+        return print_result(as_json, {"status": "queued", "operation_id": op_id},
+                            f"queued {op_id}: the provider has not answered within "
+                            f"{wait_seconds:g}s; the daemon goes on (bide wait {op_id})",
+                            EXIT_QUEUED)
+    if view["phase"] in ("escalated", "closed") and not view.get("provider_job_id"):
+        reason = view.get("stop_reason") or view["phase"]
+        return print_result(as_json, {"status": view["phase"], "operation_id": op_id,
+                                      "reason": reason, "operation": view},
+                            f"{view['phase']}: {reason} (see bide escalations)", 1)
+    return print_result(as_json, {"status": "registered", "operation_id": op_id,
+                                  "operation": view}, op_id, 0)
 
 
 def _idempotency_key(text: str) -> str:

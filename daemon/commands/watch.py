@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import time
 from typing import Any
@@ -12,6 +11,8 @@ import anyio
 import msgspec
 import watchfiles
 
+from daemon.api.schema import WatchRequest
+from daemon.commands.apicall import ApiCallError, ApiClient, connect, print_result
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg, parse_duration, parse_time, seconds_arg
@@ -27,6 +28,10 @@ examples:
   bide watch --provider acme --job exp_123 --operation nightly-export --json
 
 Flags left out default from the provider's profile (deadline, budgets).
+With the daemon running, the registration goes through its local API socket and is
+answered once it is durable; running it again with the same --operation registers nothing
+new (the same receipt). Otherwise it is dropped into the spool for the daemon to take when
+it starts.
 exit status: 0 registered (prints the operation id); 1 rejected (prints the reason);
 2 usage error; 75 queued: the daemon is not running, it registers the job when it starts.
 """
@@ -36,8 +41,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "watch", help="register a job already submitted to a provider",
         description="Register a job that was already submitted, so the daemon waits on it under "
-        "its provider's contract. Writes a registration into the spool and waits (bounded) for "
-        "the daemon to record or reject it.",
+        "its provider's contract: through the daemon's local API when it runs (answered once "
+        "durable), else through the spool.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--provider", required=True, help="provider name (its profile's file stem)")
     p.add_argument("--job", required=True, help="the provider's job id")
@@ -64,15 +69,30 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     now = time.time()
     op_id = args.operation or f"op-{secrets.token_hex(6)}"
+    deadline = parse_duration(args.deadline, "--deadline") if args.deadline else None
+    business = (parse_time(args.business_deadline, "--business-deadline", now)
+                if args.business_deadline else None)
+    try:
+        request = WatchRequest(
+            provider=args.provider, job_id=args.job, operation_id=op_id,
+            deadline_seconds=deadline, business_deadline_at=business,
+            max_status_requests=args.max_requests,
+            max_transport_failures=args.max_transport_failures,
+            max_rate_limited=args.max_rate_limited, fingerprint=args.fingerprint,
+            account=args.account, expected_state=args.expected_state)
+        msgspec.json.decode(msgspec.json.encode(request), type=WatchRequest)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid registration: {exc}") from None
+    client = connect(cfg)
+    if client is not None:
+        with client:
+            return _through_api(client, request, args.json)
     try:
         reg = Registration(
             operation_id=op_id, provider=args.provider, provider_job_id=args.job,
             account_context=args.account, request_fingerprint=args.fingerprint,
             expected_terminal_state=args.expected_state, started_at=None,
-            deadline_at=now + parse_duration(args.deadline, "--deadline") if args.deadline
-            else None,
-            business_deadline_at=parse_time(args.business_deadline, "--business-deadline", now)
-            if args.business_deadline else None,
+            deadline_at=now + deadline if deadline else None, business_deadline_at=business,
             max_status_requests=args.max_requests,
             max_transport_failures=args.max_transport_failures,
             max_rate_limited=args.max_rate_limited,
@@ -88,27 +108,35 @@ def run(args: argparse.Namespace) -> int:
     return report(cfg, spool, rid, op_id, args.wait_seconds, args.json)
 
 
+def _through_api(client: ApiClient, request: WatchRequest, as_json: bool) -> int:
+    try:
+        receipt = client.call("POST", "/v1/operations", body=request)
+    except ApiCallError as exc:
+        if exc.status in (409, 422, 429):
+            return print_result(as_json, {"status": "rejected", "error": exc.error,
+                                          "reason": exc.detail, "field": exc.field},
+                                f"rejected: {exc.detail}", 1)
+        raise
+    return print_result(as_json, receipt, receipt["operation_id"], 0)
+
+
 def report(cfg: Config, spool: Spool, rid: str, op_id: str, wait_seconds: float,
            as_json: bool, *, decision: bool = False) -> int:
     """Wait (bounded) for the receipt and print it; shared with ``bide decide``."""
-    if not writer_alive(cfg.log_dir):
-        return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
+    alive = writer_alive(cfg.log_dir)
+    if alive is False:
+        return print_result(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
                       f"queued {op_id}: the daemon is not running; it will take the request "
                       f"when it starts", EXIT_QUEUED)
     receipt = anyio.run(wait_receipt, spool, rid, wait_seconds, decision)
     if receipt is None:
-        return _print(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
+        return print_result(as_json, {"status": "queued", "operation_id": op_id, "request_id": rid},
                       f"queued {op_id}: no answer from the daemon within {wait_seconds:g}s; "
                       f"it will take the request", EXIT_QUEUED)
     if receipt.status in ("rejected", "escalated", "failed"):
-        return _print(as_json, msgspec.to_builtins(receipt),
+        return print_result(as_json, msgspec.to_builtins(receipt),
                       f"{receipt.status}: {receipt.reason}", 1)
-    return _print(as_json, msgspec.to_builtins(receipt), receipt.operation_id or op_id, 0)
-
-
-def _print(as_json: bool, obj: object, text: str, status: int) -> int:
-    print(json.dumps(obj) if as_json else text)
-    return status
+    return print_result(as_json, msgspec.to_builtins(receipt), receipt.operation_id or op_id, 0)
 
 
 async def wait_receipt(spool: Spool, rid: str, seconds: float, decision: bool = False

@@ -160,7 +160,10 @@ class Workspace:
 def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
               server: dict[str, object] | None = None,
               config_extra: str = "",
-              scenarios: dict[str, object] | None = None) -> Iterator[Workspace]:
+              scenarios: dict[str, object] | None = None,
+              api: str = "allow_self_approval = true\n") -> Iterator[Workspace]:
+    """A workspace; ``api`` is the body of the config's ``[api]`` table (by default the one
+    person running the tests may answer their own escalations)."""
     script = script_from_dict({"server": server or {}, "scenarios": scenarios or {},
                                "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
     (tmp / "profiles").mkdir()
@@ -172,7 +175,7 @@ def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
     (tmp / "bide.toml").write_text(
         '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
         'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 50\n'
-        "checkpoint_interval_seconds = 5\n" + config_extra
+        "checkpoint_interval_seconds = 5\n" + config_extra + "\n[api]\n" + api
     )
     with run_in_thread(script, token=TOKEN) as sim:
         ws = Workspace(tmp, sim)

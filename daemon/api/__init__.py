@@ -1,0 +1,8 @@
+"""The daemon's local API: HTTP/1.1 + JSON over a Unix socket (see the README's "Local API").
+
+* ``schema`` defines every request and answer; ``openapi`` the document built from them;
+* ``peer`` says who is connected (SO_PEERCRED) and which roles the config's groups give them;
+* ``server`` is the bounded HTTP/1.1 loop (h11); ``listener`` the socket (systemd's or ours);
+* ``service`` the endpoints, answered from the supervisor's memory;
+* ``client`` what the CLI (and ``bide mcp``) use to call it.
+"""

@@ -1,0 +1,208 @@
+"""Every request and response of the local API, as msgspec structs.
+
+The structs are the contract: the server decodes bodies into them (unknown fields refused),
+encodes answers from them, and :mod:`daemon.api.openapi` builds the OpenAPI document from
+them. Times are POSIX seconds (UTC); durations are seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from replay.events import ID_PATTERN, MAX_ID_LENGTH
+
+Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN,
+                                 description="printable, 1-256 characters")]
+Text = Annotated[str, Meta(max_length=MAX_ID_LENGTH)]
+Note = Annotated[str, Meta(max_length=1000)]
+Budget = Annotated[int, Meta(ge=1, le=1_000_000)]
+Seconds = Annotated[float, Meta(gt=0, le=366 * 86400.0)]
+Timestamp = Annotated[float, Meta(ge=0, le=32503680000.0)]  # before the year 3000
+IdempotencyKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,256}$")]
+
+#: Where an operation is; ``submitting`` while bide's submit call for it has not answered.
+ApiPhase = Literal["submitting", "live", "succeeded", "escalated", "closed"]
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class WatchRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Register a job already submitted to a provider (``bide watch``).
+
+    ``operation_id`` makes a retry safe: the same id with the same request answers the same
+    receipt; with a different request, 409. Without it the daemon names the operation.
+    """
+
+    provider: Identifier
+    job_id: Identifier
+    operation_id: Identifier | None = None
+    deadline_seconds: Seconds | None = None
+    business_deadline_at: Timestamp | None = None
+    started_at: Timestamp | None = None
+    max_status_requests: Budget | None = None
+    max_transport_failures: Budget | None = None
+    max_rate_limited: Budget | None = None
+    fingerprint: Text = ""
+    account: Text = ""
+    expected_state: Identifier | None = None
+
+
+class SubmitRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Let bide make the submit call (``bide submit``), then wait on the job it starts."""
+
+    provider: Identifier
+    body: Annotated[bytes, Meta(max_length=48 * 1024, description="base64 in JSON")]
+    operation_id: Identifier | None = None
+    idempotency_key: IdempotencyKey | None = None
+    force: bool = False
+    deadline_seconds: Seconds | None = None
+    business_deadline_at: Timestamp | None = None
+    max_status_requests: Budget | None = None
+    max_transport_failures: Budget | None = None
+    max_rate_limited: Budget | None = None
+    account: Text = ""
+    expected_state: Identifier | None = None
+
+
+class DecisionRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Answer an open escalation with one of its options."""
+
+    option: Annotated[str, Meta(min_length=1, max_length=64)]
+    escalation_id: Annotated[int, Meta(ge=1, le=10**9)] | None = None
+    note: Note = ""
+
+
+class WithdrawRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Stop waiting on one of your operations (no provider call is made)."""
+
+    note: Note = ""
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """A registration or submit, durable in the log."""
+
+    operation_id: str
+    status: Literal["registered", "submitting"]
+    sequence: int | None = msgspec.field(default=None)
+    created: bool = True
+
+
+class OptionView(msgspec.Struct, frozen=True, kw_only=True):
+    number: int
+    id: str
+    label: str
+    params: dict[str, int] = {}
+
+
+class EscalationView(msgspec.Struct, frozen=True, kw_only=True):
+    operation_id: str
+    escalation_id: int
+    reason: str
+    raised_at: float
+    options: list[OptionView]
+    registered_by: str
+    detail: str = ""
+    provider_error: str | None = None
+    text: str = ""
+    decide_command: str = ""
+
+
+class OperationView(msgspec.Struct, frozen=True, kw_only=True):
+    """One operation as a script reads it; ``done`` once it succeeded, escalated or closed.
+
+    While it runs, ``next_news_at`` is when the daemon next expects to learn something (its
+    next poll), and ``retry_after_seconds`` how long a caller should let pass before asking
+    again: never an invitation to ask again at once."""
+
+    operation_id: str
+    provider: str
+    provider_job_id: str
+    registered_by: str
+    phase: ApiPhase
+    done: bool
+    stop_reason: str | None = None
+    provider_error: str | None = None
+    provider_error_truncated: bool = False
+    last_state: str | None = None
+    status_requests_used: int = 0
+    max_status_requests: int = 0
+    transport_failures_used: int = 0
+    rate_limited_used: int = 0
+    registered_at: float = 0.0
+    deadline_at: float | None = None
+    next_news_at: float | None = None
+    retry_after_seconds: float | None = None
+    results: dict[str, str] = {}
+    escalation: EscalationView | None = None
+    sequence: int | None = None
+
+
+class OperationPage(msgspec.Struct, frozen=True, kw_only=True):
+    operations: list[OperationView]
+    next_cursor: str | None = None
+
+
+class StoryLine(msgspec.Struct, frozen=True, kw_only=True):
+    at: float
+    time: str
+    text: str
+    events: list[str] = []
+
+
+class Story(msgspec.Struct, frozen=True, kw_only=True):
+    operation_id: str
+    lines: list[StoryLine]
+    text: str
+
+
+class EscalationList(msgspec.Struct, frozen=True, kw_only=True):
+    escalations: list[EscalationView]
+
+
+class DecisionAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    operation_id: str
+    escalation_id: int
+    option: str
+    approver: str
+    resumes: bool
+    self_approved: bool = False
+
+
+class WithdrawAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    operation_id: str
+    phase: ApiPhase
+    withdrawn: bool
+
+
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is asking, from the kernel (SO_PEERCRED), never from the request."""
+
+    name: str
+    uid: int
+    gid: int
+    pid: int
+    roles: list[Literal["agent", "approver", "operator"]]
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    status: Literal["ok", "log_failing"]
+    version: str
+    log_head_sequence: int
+    log_head_hash: str
+    live: int
+    escalated: int
+    you: Principal
+
+
+class ApiError(msgspec.Struct, frozen=True, kw_only=True):
+    """Every error answer: a machine-readable ``error``, a ``detail`` for people, and the
+    ``field`` the error is about, where there is one."""
+
+    error: str
+    detail: str
+    field: str | None = None

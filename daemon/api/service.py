@@ -1,0 +1,578 @@
+"""The local API's endpoints: who may do what, answered from the daemon's memory.
+
+Every answer comes from the supervisor's live state (operations, actions, the in-memory
+histories of :mod:`daemon.history`), never from a fold of the log. Every write goes through
+the same supervisor methods the spool uses, and is answered only once its event is durable.
+
+Who may do what (roles from :mod:`daemon.api.peer`): an agent registers, submits, reads,
+waits on and withdraws its own operations, and another principal's operation answers 404 as a
+missing one does; approvers and operators read every operation; approvers answer
+escalations, never of an operation they registered unless ``[api] allow_self_approval``;
+a principal in no role gets 403 naming the groups that would admit it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import msgspec
+
+from daemon import __version__, logfmt
+from daemon.actions import action_escalation_text
+from daemon.api.openapi import openapi_document
+from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
+from daemon.api.schema import (
+    ApiPhase,
+    DecisionAnswer,
+    DecisionRequest,
+    EscalationList,
+    EscalationView,
+    Health,
+    OperationPage,
+    OperationView,
+    OptionView,
+    Principal,
+    Receipt,
+    Story,
+    StoryLine,
+    SubmitRequest,
+    WatchRequest,
+    WithdrawAnswer,
+    WithdrawRequest,
+)
+from daemon.api.server import Request, Response, error
+from daemon.errors import Refused, UsageError
+from daemon.inputs import parse_duration
+from daemon.outbox import escalation_text
+from daemon.spool import SpoolReject, SubmitFile, new_request_id
+from daemon.timers import RateQuota
+from replay.actions import Action, action_story
+from replay.events import ActionEvent, ActionFailed, EscalationRaised, Option
+from replay.observations import DecisionSubmitted, Registration, Withdrawal
+from replay.state import Operation
+from replay.story import story_json
+
+if TYPE_CHECKING:
+    from daemon.supervisor import Supervisor
+
+T = TypeVar("T")
+_OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision)?$")
+_PAGE_LIMIT = 500
+
+
+@dataclass
+class Caller:
+    peer: Peer
+    name: str
+    roles: list[Role]
+
+    def principal(self) -> Principal:
+        return Principal(name=self.name, uid=self.peer.uid, gid=self.peer.gid,
+                         pid=self.peer.pid, roles=list(self.roles))
+
+
+class Api:
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.sup = supervisor
+        cfg = supervisor.config
+        self.cfg = cfg.api
+        self.groups = RoleGroups(
+            agents=cfg.api.agents_group if cfg.api.agents_group is not None
+            else cfg.spool.agents_group,
+            approvers=cfg.api.approvers_group if cfg.api.approvers_group is not None
+            else cfg.spool.approvers_group,
+            operators=cfg.api.operators_group)
+        self.daemon_uid = os.geteuid()
+        self._registrations: dict[int, RateQuota] = {}
+        self._loading: anyio.Event | None = None
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response:
+        caller = self._caller(request.peer)
+        path, method = request.path, request.method
+        if path == "/v1/openapi.json" and method == "GET":
+            return Response(200, openapi_document())
+        if not caller.roles:
+            self.sup.metrics.api_rejections["no_role"] += 1
+            wanted = "; ".join(f"{role}: {self.groups.describe(role)}"
+                               for role in ("agent", "approver", "operator"))
+            return error(403, "no_role", f"user {caller.name} has no role here; the groups "
+                                         f"that admit one: {wanted}")
+        try:
+            return await self._route(caller, request, method, path)
+        except Refused as exc:
+            self.sup.metrics.api_rejections[exc.code] += 1
+            headers = ([("Retry-After", str(exc.retry_after))]
+                       if isinstance(exc, _Throttled) else [])
+            return error(exc.status, exc.code, exc.detail, exc.field, headers)
+
+    async def _route(self, caller: Caller, request: Request, method: str, path: str
+                     ) -> Response:
+        if path == "/v1/health":
+            return self._only(method, "GET") or _json(200, self._health(caller))
+        if path == "/v1/operations":
+            if method == "POST":
+                return await self._watch(caller, request)
+            return self._only(method, "GET") or _json(200, self._list(caller, request.query))
+        if path == "/v1/submissions":
+            return self._only(method, "POST") or await self._submit(caller, request)
+        if path == "/v1/escalations":
+            return self._only(method, "GET") or _json(200, self._escalations(caller))
+        m = _OP_PATH.match(path)
+        if m is None:
+            raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
+                          status=404, field="path")
+        op_id, sub = m.group(1), m.group(2)
+        if sub is None:
+            return self._only(method, "GET") or _json(200, await self._get(caller, op_id,
+                                                                            request.query))
+        if sub == "/story":
+            return self._only(method, "GET") or await self._story(caller, op_id, request.query)
+        if sub == "/withdrawal":
+            return self._only(method, "POST") or await self._withdraw(caller, op_id, request)
+        return self._only(method, "POST") or await self._decide(caller, op_id, request)
+
+    @staticmethod
+    def _only(method: str, allowed: str) -> Response | None:
+        if method == allowed:
+            return None
+        return error(405, "method_not_allowed", f"use {allowed} here", headers=[
+            ("Allow", allowed)])
+
+    def _caller(self, peer: Peer) -> Caller:
+        roles = roles_of(peer, self.groups, daemon_uid=self.daemon_uid)
+        if (peer.uid == 0 and "approver" not in roles and self.groups.approvers
+                and self.sup.config.spool.allow_root_approval):
+            roles.append("approver")
+        return Caller(peer=peer, name=user_name(peer.uid), roles=roles)
+
+    # -- who sees what -----------------------------------------------------------------------
+
+    def _reads_all(self, caller: Caller) -> bool:
+        return "operator" in caller.roles or "approver" in caller.roles
+
+    def _need(self, caller: Caller, role: Role, doing: str) -> None:
+        if role in caller.roles or (role == "agent" and "operator" in caller.roles):
+            return
+        raise Refused(f"user {caller.name} may not {doing}: that takes the {role} role "
+                      f"({self.groups.describe(role)})", code="forbidden", status=403)
+
+    def _visible_op(self, caller: Caller, op_id: str) -> Operation | Action:
+        """The operation (or the submit that will start it) if the caller may see it; else
+        404, exactly as for one that does not exist."""
+        op = self.sup.ops.get(op_id)
+        found: Operation | Action | None = op
+        owner = op.registered_by_uid if op is not None else None
+        if op is None:
+            action = self.sup.runner.actions.get(f"{op_id}.submit")
+            if action is not None:
+                found, owner = action, action.intent.registered_by_uid
+        if found is None or not (self._reads_all(caller) or owner == caller.peer.uid):
+            raise Refused(f"no operation {op_id!r}", code="not_found", status=404)
+        return found
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _throttle(self, caller: Caller) -> None:
+        quota = self._registrations.get(caller.peer.uid)
+        if quota is None:
+            quota = self._registrations[caller.peer.uid] = RateQuota(
+                self.cfg.registrations_per_second, self.cfg.registrations_burst)
+        wait = quota.reserve()
+        if wait > 0:
+            quota.release()
+            raise _Throttled(f"user {caller.name} registers faster than [api] "
+                             f"registrations_per_second = {self.cfg.registrations_per_second:g};"
+                             f" try again in {wait:.2f}s", math.ceil(wait))
+        live = sum(1 for op in self.sup.ops.values()
+                   if op.registered_by_uid == caller.peer.uid and op.phase == "live")
+        if live >= self.cfg.max_live_per_principal:
+            raise _Throttled(f"user {caller.name} has {live} live operations, the limit "
+                             f"([api] max_live_per_principal); wait for some to end", 30)
+
+    async def _watch(self, caller: Caller, request: Request) -> Response:
+        self._need(caller, "agent", "register operations")
+        body = _decode(request.body, WatchRequest)
+        now = self.sup.clock()
+        op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
+        digest = _digest(body, op_id)
+        existing = self.sup.ops.get(op_id)
+        if existing is None:
+            self._throttle(caller)
+        reg = _convert(dict(
+            operation_id=op_id, provider=body.provider, provider_job_id=body.job_id,
+            account_context=body.account, request_fingerprint=body.fingerprint,
+            expected_terminal_state=body.expected_state, started_at=body.started_at,
+            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
+            business_deadline_at=body.business_deadline_at,
+            max_status_requests=body.max_status_requests,
+            max_transport_failures=body.max_transport_failures,
+            max_rate_limited=body.max_rate_limited), Registration)
+        op, created = await self.sup.register_operation(reg, caller.peer.uid, digest=digest)
+        receipt = Receipt(operation_id=op.operation_id, status="registered",
+                          sequence=op.registered_seq, created=created)
+        return _json(201 if created else 200, receipt)
+
+    async def _submit(self, caller: Caller, request: Request) -> Response:
+        self._need(caller, "agent", "submit jobs")
+        body = _decode(request.body, SubmitRequest)
+        op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
+        action_id = f"{op_id}.submit"
+        existing = self.sup.runner.actions.get(action_id)
+        if existing is None and self.sup.ops.get(op_id) is None:
+            self._throttle(caller)
+        now = self.sup.clock()
+        reg = _convert(dict(
+            operation_id=op_id, provider=body.provider, provider_job_id="(submitting)",
+            account_context=body.account, expected_terminal_state=body.expected_state,
+            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
+            business_deadline_at=body.business_deadline_at,
+            max_status_requests=body.max_status_requests,
+            max_transport_failures=body.max_transport_failures,
+            max_rate_limited=body.max_rate_limited), Registration)
+        sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
+                        body=body.body, idempotency_key=body.idempotency_key, force=body.force)
+        if existing is not None and existing.intent.registered_by_uid != caller.peer.uid:
+            raise Refused(f"operation id {op_id} is already in use", code="operation_id_in_use",
+                          status=409, field="operation_id")
+        try:
+            await self.sup.runner.ingest_submit(sf.request_id, sf, caller.peer.uid)
+        except SpoolReject as exc:
+            code = "operation_id_in_use" if "already in use" in str(exc) else "rejected"
+            raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
+                          ) from None
+        action = self.sup.runner.actions.get(action_id)
+        op = self.sup.ops.get(op_id)
+        return _json(202 if existing is None else 200, Receipt(
+            operation_id=op_id, status="registered" if op is not None else "submitting",
+            sequence=op.registered_seq if op is not None else None,
+            created=existing is None and action is not None))
+
+    async def _withdraw(self, caller: Caller, op_id: str, request: Request) -> Response:
+        body = _decode(request.body, WithdrawRequest)
+        found = self._visible_op(caller, op_id)
+        owner = (found.registered_by_uid if isinstance(found, Operation)
+                 else found.intent.registered_by_uid)
+        if owner != caller.peer.uid:
+            raise Refused(f"operation {op_id} is {_owner_name(found)}'s; only its owner may "
+                          f"withdraw it", code="forbidden", status=403)
+        if not isinstance(found, Operation):
+            raise Refused(f"operation {op_id} is still being submitted; withdraw it once the "
+                          f"provider has answered", code="submitting", status=409)
+        withdrawn = await self.sup.withdraw(op_id, Withdrawal(
+            by=caller.name, by_uid=caller.peer.uid, note=body.note))
+        return _json(200, WithdrawAnswer(operation_id=op_id, phase=self.sup.ops[op_id].phase,
+                                         withdrawn=withdrawn))
+
+    async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
+        body = _decode(request.body, DecisionRequest)
+        found = self._visible_op(caller, op_id)
+        if "approver" not in caller.roles:
+            raise Refused(f"user {caller.name} may not answer escalations: that takes the "
+                          f"approver role ({self.groups.describe('approver')})",
+                          code="forbidden", status=403)
+        owner = (found.registered_by_uid if isinstance(found, Operation)
+                 else found.intent.registered_by_uid)
+        self_approved = owner == caller.peer.uid
+        if self_approved and not self.cfg.allow_self_approval:
+            raise Refused(f"operation {op_id} was registered by {caller.name}; an approver may "
+                          f"not answer their own operation's escalation ([api] "
+                          f"allow_self_approval = true allows it, for one-person setups)",
+                          code="self_approval", status=403)
+        target = op_id if isinstance(found, Operation) else found.action_id
+        observation = DecisionSubmitted(option=body.option, approver=caller.name,
+                                        note=body.note, escalation_id=body.escalation_id,
+                                        self_approved=self_approved)
+        escalation = found.escalation if isinstance(found, Operation) else None
+        resumes = await self.sup.decide_escalation(target, observation)
+        return _json(200, DecisionAnswer(
+            operation_id=op_id,
+            escalation_id=escalation.escalation_id if escalation is not None else 1,
+            option=body.option, approver=caller.name, resumes=resumes,
+            self_approved=self_approved))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _health(self, caller: Caller) -> Health:
+        position = self.sup.log.position if self.sup._log is not None else None
+        live = sum(1 for op in self.sup.ops.values() if op.phase == "live")
+        escalated = sum(1 for op in self.sup.ops.values() if op.phase == "escalated")
+        return Health(status="log_failing" if self.sup.metrics.log_alarm else "ok",
+                      version=__version__,
+                      log_head_sequence=position.seq if position is not None else -1,
+                      log_head_hash=position.hash if position is not None else "",
+                      live=live, escalated=escalated, you=caller.principal())
+
+    async def _get(self, caller: Caller, op_id: str, query: dict[str, str]) -> OperationView:
+        found = self._visible_op(caller, op_id)
+        if "wait" not in query:
+            return self._view(found)
+        try:
+            seconds = parse_duration(query["wait"], "wait", allow_zero=True,
+                                     maximum=86400.0)
+        except UsageError as exc:
+            raise Refused(str(exc), code="invalid_wait", status=400, field="wait") from None
+        seconds = min(seconds, self.cfg.max_wait_seconds)
+        until = query.get("until", "done")
+        if until not in ("done", "registered"):
+            raise Refused("until must be done (the default) or registered", code="invalid_until",
+                          status=400, field="until")
+
+        def reached(view: OperationView) -> bool:
+            return view.done or (until == "registered" and view.phase != "submitting")
+
+        self.sup.metrics.api_waiters += 1
+        try:
+            with anyio.move_on_after(seconds):
+                while not reached(self._view(found)):
+                    await self.sup.next_event_of(op_id)
+                    found = self._current(op_id) or found
+        finally:
+            self.sup.metrics.api_waiters -= 1
+        return self._view(self._current(op_id) or found)
+
+    def _current(self, op_id: str) -> Operation | Action | None:
+        op = self.sup.ops.get(op_id)
+        if op is not None:
+            return op
+        return self.sup.runner.actions.get(f"{op_id}.submit")
+
+    def _list(self, caller: Caller, query: dict[str, str]) -> OperationPage:
+        phase = query.get("phase")
+        if phase is not None and phase not in ("live", "succeeded", "escalated", "closed"):
+            raise Refused(f"phase {phase!r} is not one of live, succeeded, escalated, closed",
+                          code="invalid_phase", status=400, field="phase")
+        try:
+            limit = int(query.get("limit", "100"))
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= _PAGE_LIMIT:
+            raise Refused(f"limit must be a whole number from 1 to {_PAGE_LIMIT}",
+                          code="invalid_limit", status=400, field="limit")
+        after = query.get("cursor", "")
+        everyone = self._reads_all(caller) and query.get("all") in ("1", "true")
+        mine = [op for op in self.sup.ops.values()
+                if (everyone or op.registered_by_uid == caller.peer.uid)
+                and (phase is None or op.phase == phase)]
+        mine.sort(key=lambda op: (op.registered_at, op.operation_id))
+        if after:
+            key = _cursor_key(after)
+            mine = [op for op in mine if (op.registered_at, op.operation_id) > key]
+        page = mine[:limit]
+        cursor = (_cursor(page[-1]) if len(mine) > limit else None)
+        return OperationPage(operations=[self._view(op) for op in page], next_cursor=cursor)
+
+    def _escalations(self, caller: Caller) -> EscalationList:
+        everyone = self._reads_all(caller)
+        out: list[EscalationView] = []
+        for op in self.sup.ops.values():
+            if op.phase == "escalated" and op.escalation is not None and (
+                    everyone or op.registered_by_uid == caller.peer.uid):
+                out.append(self._escalation(op))
+        for action in self.sup.runner.actions.values():
+            if action.phase == "escalated" and isinstance(action.outcome, ActionFailed) and (
+                    everyone or action.intent.registered_by_uid == caller.peer.uid):
+                out.append(self._action_escalation(action, action.outcome))
+        out.sort(key=lambda e: e.raised_at)
+        return EscalationList(escalations=out)
+
+    async def _story(self, caller: Caller, op_id: str, query: dict[str, str]) -> Response:
+        found = self._visible_op(caller, op_id)
+        histories = self.sup.histories
+        registered_seq = found.registered_seq if isinstance(found, Operation) else None
+        if not histories.complete(op_id, registered_seq) and not histories.loaded:
+            await self._load_earlier()
+        events = histories.events(op_id)
+        if events is None:
+            raise Refused(f"the story of {op_id} ended too long ago to be kept in memory ([api]"
+                          f" closed_stories); read it offline: bide story {op_id} --offline",
+                          code="story_not_kept", status=410)
+        lines = sorted(
+            [*story_json([e for e in events if not isinstance(e, ActionEvent)]),
+             *action_story([e for e in events if isinstance(e, ActionEvent)])],
+            key=lambda line: float(line["at"]))  # type: ignore[arg-type]
+        story = Story(operation_id=op_id, lines=[StoryLine(
+            at=float(line["at"]), time=str(line["time"]), text=str(line["text"]),  # type: ignore[arg-type]
+            events=list(line.get("events", []))) for line in lines],  # type: ignore[call-overload]
+            text="".join(f"{line['time']} {line['text']}\n" for line in lines))
+        if query.get("format") == "text":
+            return Response(200, story.text.encode(), content_type="text/plain; charset=utf-8")
+        return _json(200, story)
+
+    async def _load_earlier(self) -> None:
+        """Load the events recorded before this start, once (see daemon.history): callers
+        wait for it up to 20 s, then are told when to come back."""
+        if self._loading is None:
+            self._loading = anyio.Event()
+            self.sup.spawn_task(self._read_earlier)
+        with anyio.move_on_after(20.0):
+            await self._loading.wait()
+        if not self.sup.histories.loaded:
+            raise _Throttled("the daemon is loading the stories recorded before it started; "
+                             "ask again shortly", 5, status=503, code="loading")
+
+    async def _read_earlier(self) -> None:
+        sup = self.sup
+        closed = sorted((op for op in sup.ops.values() if op.phase in ("succeeded", "closed")),
+                        key=lambda op: op.registered_at)[-sup.histories.closed_limit:]
+        kept = {op.operation_id for op in sup.ops.values()
+                if op.phase in ("live", "escalated")} | {op.operation_id for op in closed}
+        kept |= {a.operation_id for a in sup.runner.actions.values()}
+        started = time.monotonic()
+        earlier = await anyio.to_thread.run_sync(
+            sup.histories.read_earlier, sup.config.log_dir, sup.keyring, kept.__contains__)
+        sup.histories.merge(earlier)
+        assert self._loading is not None
+        self._loading.set()
+        logfmt.info("stories recorded before the start loaded", operations=len(earlier),
+                    seconds=f"{time.monotonic() - started:.2f}")
+
+    # -- views -------------------------------------------------------------------------------
+
+    def _view(self, found: Operation | Action) -> OperationView:
+        if isinstance(found, Action):
+            return self._submit_view(found)
+        op = found
+        now = self.sup.clock()
+        live = op.phase == "live"
+        next_news = op.next_poll_at if live else None
+        return OperationView(
+            operation_id=op.operation_id, provider=op.provider,
+            provider_job_id=op.provider_job_id, registered_by=op.registered_by,
+            phase=op.phase, done=not live, stop_reason=op.stop_reason,
+            provider_error=op.provider_error,
+            provider_error_truncated=op.provider_error_truncated, last_state=op.last_state,
+            status_requests_used=op.status_requests_used,
+            max_status_requests=op.max_status_requests,
+            transport_failures_used=op.transport_failures_used,
+            rate_limited_used=op.rate_limited_used, registered_at=op.registered_at,
+            deadline_at=op.effective_deadline[0], next_news_at=next_news,
+            retry_after_seconds=(min(60.0, max(1.0, round(next_news - now, 3)))
+                                 if next_news is not None else None),
+            results=dict(op.results),
+            escalation=self._escalation(op) if op.escalation is not None else None,
+            sequence=op.registered_seq)
+
+    def _submit_view(self, action: Action) -> OperationView:
+        escalated = action.phase == "escalated" and isinstance(action.outcome, ActionFailed)
+        phase: ApiPhase = ("escalated" if escalated
+                           else "submitting" if action.phase == "in_flight" else "closed")
+        reg = action.intent.registration
+        return OperationView(
+            operation_id=action.operation_id, provider=action.provider, provider_job_id="",
+            registered_by=action.intent.registered_by, phase=phase,
+            done=phase != "submitting",
+            stop_reason=(action.outcome.reason if isinstance(action.outcome, ActionFailed)
+                         else None),
+            registered_at=action.intent.at,
+            deadline_at=reg.deadline_at if reg is not None else None,
+            retry_after_seconds=1.0 if phase == "submitting" else None,
+            escalation=(self._action_escalation(action, action.outcome)
+                        if escalated and isinstance(action.outcome, ActionFailed) else None))
+
+    def _escalation(self, op: Operation) -> EscalationView:
+        esc = op.escalation
+        assert esc is not None
+        raised = self._raised(op.operation_id, esc.escalation_id)
+        text = escalation_text(raised, op) if raised is not None else ""
+        detail = raised.context.detail if raised is not None else ""
+        return EscalationView(
+            operation_id=op.operation_id, escalation_id=esc.escalation_id, reason=esc.reason,
+            raised_at=esc.raised_at, options=_options(esc.options),
+            registered_by=op.registered_by, detail=detail, provider_error=op.provider_error,
+            text=text, decide_command=f"bide decide {op.operation_id} OPTION --escalation "
+                                      f"{esc.escalation_id}")
+
+    def _raised(self, op_id: str, number: int) -> EscalationRaised | None:
+        events = self.sup.histories.events(op_id) or []
+        return next((e for e in reversed(events) if isinstance(e, EscalationRaised)
+                     and e.escalation_id == number), None)
+
+    def _action_escalation(self, action: Action, failed: ActionFailed) -> EscalationView:
+        return EscalationView(
+            operation_id=action.operation_id, escalation_id=1, reason=failed.reason,
+            raised_at=failed.at, options=_options(failed.options),
+            registered_by=action.intent.registered_by, detail=failed.detail,
+            text=action_escalation_text(action, failed),
+            decide_command=f"bide decide {action.operation_id} OPTION")
+
+
+class _Throttled(Refused):
+    def __init__(self, detail: str, retry_after: int, *, status: int = 429,
+                 code: str = "rate_limited") -> None:
+        super().__init__(detail, code=code, status=status)
+        self.retry_after = max(1, retry_after)
+
+
+def _options(options: Iterable[Option]) -> list[OptionView]:
+    return [OptionView(number=n, id=o.id, label=o.label, params=dict(o.params))
+            for n, o in enumerate(options, start=1)]
+
+
+def _owner_name(found: Operation | Action) -> str:
+    return found.registered_by if isinstance(found, Operation) else found.intent.registered_by
+
+
+def _decode(body: bytes, kind: type[T]) -> T:
+    if not body.strip():
+        body = b"{}"
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise Refused(f"invalid request: {exc}", code="invalid_field", status=422,
+                      field=_field_of(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise Refused(f"the body is not valid JSON: {exc}", code="malformed_json",
+                      status=400) from None
+
+
+def _field_of(message: str) -> str | None:
+    m = re.search(r"at `\$\.([A-Za-z_][\w]*)", message)
+    if m:
+        return m.group(1)
+    m = re.search(r"(?:unknown|required) field `(\w+)`", message)
+    return m.group(1) if m else None
+
+
+def _convert(fields: dict[str, Any], kind: type[T]) -> T:
+    try:
+        return msgspec.convert(fields, kind)
+    except msgspec.ValidationError as exc:
+        raise Refused(f"invalid request: {exc}", code="invalid_field", status=422) from None
+
+
+def _digest(body: msgspec.Struct, op_id: str) -> str:
+    """What makes two registrations the same request (the id the caller gave or got)."""
+    data = msgspec.json.encode(msgspec.structs.replace(body, operation_id=op_id))
+    return hashlib.sha256(b"bide.api.watch.v1\n" + data).hexdigest()
+
+
+def _cursor(op: Operation) -> str:
+    return f"{op.registered_at!r}~{op.operation_id}"
+
+
+def _cursor_key(cursor: str) -> tuple[float, str]:
+    at, sep, op_id = cursor.partition("~")
+    try:
+        when = float(at)
+    except ValueError:
+        when = math.nan
+    if not sep or not math.isfinite(when):
+        raise Refused("cursor is not one this API handed out", code="invalid_cursor",
+                      status=400, field="cursor")
+    return when, op_id
+
+
+def _json(status: int, value: object) -> Response:
+    return Response(status, msgspec.json.encode(value))
+
