@@ -555,7 +555,8 @@ class Supervisor:
         def count(reason: str) -> None:
             self.metrics.api_rejections[reason] += 1
 
-        server = ApiServer(handle, limits=Limits(max_connections=cfg.max_connections),
+        server = ApiServer(handle, limits=Limits(max_connections=cfg.max_connections,
+                                                 request_timeout=cfg.request_timeout_seconds),
                            count=count)
         self.api_socket = where
         logfmt.info("api listening", socket=where, inherited=not bound)

@@ -275,12 +275,12 @@ class Api:
                                          withdrawn=withdrawn))
 
     async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
-        body = _decode(request.body, DecisionRequest)
-        found = self._visible_op(caller, op_id)
-        if "approver" not in caller.roles:
+        if "approver" not in caller.roles:  # before the lookup: the same for every id
             raise Refused(f"user {caller.name} may not answer escalations: that takes the "
                           f"approver role ({self.groups.describe('approver')})",
                           code="forbidden", status=403)
+        body = _decode(request.body, DecisionRequest)
+        found = self._visible_op(caller, op_id)
         owner = (found.registered_by_uid if isinstance(found, Operation)
                  else found.intent.registered_by_uid)
         self_approved = owner == caller.peer.uid
@@ -465,8 +465,10 @@ class Api:
 
     def _submit_view(self, action: Action) -> OperationView:
         escalated = action.phase == "escalated" and isinstance(action.outcome, ActionFailed)
+        # An accepted submit registers its operation in the next append: still submitting.
         phase: ApiPhase = ("escalated" if escalated
-                           else "submitting" if action.phase == "in_flight" else "closed")
+                           else "submitting" if action.phase in ("in_flight", "succeeded")
+                           else "closed")
         reg = action.intent.registration
         return OperationView(
             operation_id=action.operation_id, provider=action.provider, provider_job_id="",
