@@ -872,11 +872,17 @@ class Supervisor:
     async def withdraw(self, op_id: str, withdrawal: Withdrawal) -> bool:
         """Stop waiting on ``op_id`` for its owner (checked by the caller): recorded as
         ``withdrawn_by_owner``, no provider call. False when it had already ended."""
-        events = decide(self.ops[op_id], withdrawal, self.clock(), self.draw())
+        await self.wait_until(lambda: op_id not in self.busy)  # a poll in flight ends first
+        self.busy.add(op_id)  # and none starts until the withdrawal is recorded
+        try:
+            events = decide(self.ops[op_id], withdrawal, self.clock(), self.draw())
+            if events:
+                await self.record(events)
+        finally:
+            self.busy.discard(op_id)
+            self.schedule(op_id)  # cancels its timer and gives back a reserved quota slot
         if not events:
             return False
-        await self.record(events)
-        self.schedule(op_id)  # cancels its timer and gives back a reserved quota slot
         logfmt.info("operation withdrawn by its owner", op=op_id, by=withdrawal.by)
         return True
 
