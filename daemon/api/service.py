@@ -174,9 +174,15 @@ class Api:
         found: Operation | Action | None = op
         owner = op.registered_by_uid if op is not None else None
         if op is None:
-            action = self.sup.runner.actions.get(f"{op_id}.submit")
+            # A submit not yet answered (by its operation id), or an action by its own id
+            # (``OP.submit``, ``OP.fetch.1``): its owner is the submitter or the operation's.
+            actions = self.sup.runner.actions
+            action = actions.get(f"{op_id}.submit") or actions.get(op_id)
             if action is not None:
-                found, owner = action, action.intent.registered_by_uid
+                parent = self.sup.ops.get(action.operation_id)
+                found = action
+                owner = (action.intent.registered_by_uid if action.kind == "submit" or
+                         parent is None else parent.registered_by_uid)
         if found is None or not (self._reads_all(caller) or owner == caller.peer.uid):
             raise Refused(f"no operation {op_id!r}", code="not_found", status=404)
         return found

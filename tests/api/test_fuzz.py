@@ -42,7 +42,7 @@ schemathesis = pytest.importorskip(
     "schemathesis", reason="schemathesis is not installed (it is in the `test` extra)")
 
 from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.openapi.checks import (  # noqa: E402
+from schemathesis.checks import (  # noqa: E402
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,

@@ -1,4 +1,4 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale] [--seconds S]
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api] [--seconds S]
 [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C]``.
 
@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.bench import bench_append, bench_replay, bench_scale, bench_verify
+from tests.bench import bench_api, bench_append, bench_replay, bench_scale, bench_verify
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
-    p.add_argument("--only", choices=["append", "verify", "replay", "scale"])
+    p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api"])
     p.add_argument("--seconds", type=float, help="time per append setting (default 3)")
     p.add_argument("--records", type=int, help="records in the verify log (default 1000000)")
     p.add_argument("--replay-records", type=int,
@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         scale = bench_scale.run(out, scales, window, rates, args.concurrency, args.keep)
         results["scale"] = scale
         _print_scale(scale)
+    if args.only in (None, "api"):
+        api = bench_api.run(out, args.quick, args.keep)
+        results["api"] = api
+        _print_api(api)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {out / 'results.json'}")
     return 0
@@ -129,6 +133,34 @@ def _print_scale(r: dict[str, Any]) -> None:
               f"{row['daemon_cpu_per_request_us']:>11}"
               f"{row['bare_loop']['cpu_per_request_us']:>9}{row['cpu_ratio_vs_bare']:>7}"
               f"{row['daemon_cpu_share']:>11}{row['simulator_cpu_share']:>8}")
+
+
+def _print_api(r: dict[str, Any]) -> None:
+    w, s = r["waiters"], r["status"]
+    print(f"\nlocal API: {w['waiters']} ?wait= clients on {w['operations']} live operations "
+          f"(goals: {r['goals']})")
+    print(f"  {'figure':<44}{'value':>12}  baseline")
+    print(f"  {'registrations/s (POST, 64 in flight)':<44}{w['registrations_per_s']:>12}")
+    print(f"  {'RSS per live operation, KiB':<44}{w['rss_per_op_kib']:>12}")
+    print(f"  {'RSS per waiter, KiB':<44}{w['rss_per_waiter_kib']:>12}"
+          f"  RSS {w['rss_before_mib']} -> {w['rss_with_mib']} MiB")
+    d = w["answer_delay"]
+    print(f"  {'answer delay p50 / p99 / max, ms':<44}"
+          f"{str(d.get('p50_ms'))+' / '+str(d.get('p99_ms'))+' / '+str(d.get('max_ms')):>12}"
+          f"  goal p99 < 50 ms, n={d['n']}")
+    a, b = w["no_waiters"], w["with_waiters"]
+    print(f"  {'daemon CPU/status request, us (with)':<44}{b['daemon_cpu_per_request_us']:>12}"
+          f"  without: {a['daemon_cpu_per_request_us']} (ratio {w['cpu_per_request_ratio']}); "
+          f"req/s {a['requests_per_s']} / {b['requests_per_s']}; "
+          f"daemon cpu {a['daemon_cpu_share']} / {b['daemon_cpu_share']}")
+    g = s["api_get"]
+    print(f"\nlocal API: one status on a {s['records']}-event log ({s['operations']} operations)")
+    print(f"  {'GET /v1/operations/{id} p50 / p99 / max, ms':<44}"
+          f"{str(g['p50_ms'])+' / '+str(g['p99_ms'])+' / '+str(g['max_ms']):>12}"
+          f"  goal p99 < 5 ms, n={g['n']}")
+    print(f"  {'full fold (load_log + lookup), ms':<44}{s['full_fold_best_ms']:>12}"
+          f"  x{s['full_fold_best_ms'] / max(g['p50_ms'], 0.001):.0f} the API p50")
+    print(f"  {'daemon ready on that log, s':<44}{s['daemon_ready_s']:>12}")
 
 
 if __name__ == "__main__":
