@@ -58,7 +58,7 @@ def test_a_busy_agent_does_not_starve_a_quiet_one(tmp_path: Path) -> None:
         # Fair shares: two registrants, so the quiet one waits about one second of quota
         # (its share) plus its own five polls, never the busy one's 200 (20 s at 10/s).
         assert took < 5.0, f"the quiet agent's polls waited {took:.1f} s"
-        status = json.loads(ws.bide("status", "--json").stdout)
+        status = json.loads(ws.bide("status", "--all", "--json").stdout)
         owners = {op["operation_id"].split("-")[0]: op["registered_by"] for op in status}
         assert owners == {"busy": f"uid:{BUSY}", "quiet": f"uid:{QUIET}"}
         arrivals = [r.wall for r in ws.sim.requests(kind="status")]

@@ -66,13 +66,13 @@ def test_crypto_shredding_as_documented(tmp_path: Path) -> None:
         assert third.stop() == 0
 
         # The readers: the same report, and the other operation reads on.
-        status = ws.bide("status")
+        status = ws.bide("status", "--offline")
         assert status.returncode == 0, status.stdout + status.stderr
         assert "op-c" in status.stdout
         assert "op-a" not in status.stdout
         assert "log event left out" in status.stderr
         assert "seq=" in status.stderr
-        story = ws.bide("story", "op-c")
+        story = ws.bide("story", "op-c", "--offline")
         assert story.returncode == 0, story.stdout + story.stderr
         log = ws.log()
         assert set(log.ops) == {"op-c"}
