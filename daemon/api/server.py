@@ -126,6 +126,12 @@ class ApiServer:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                 ConnectionError, TimeoutError):
             pass  # the client went away or was too slow to read: nothing to answer
+        except h11.ProtocolError as exc:  # the barrier: one connection, never the listener
+            logfmt.error("api: HTTP protocol error; connection closed", error=str(exc)[:200])
+            self.count("protocol_error")
+        except Exception as exc:  # a bug in the connection loop: this connection only
+            logfmt.error("api: internal error; connection closed", error=type(exc).__name__)
+            self.count("internal_error")
 
     async def _converse(self, stream: anyio.abc.SocketStream) -> None:
         peer = peer_of(stream.extra(SocketAttribute.raw_socket))
@@ -142,7 +148,7 @@ class ApiServer:
             response = await self._answer(conn, stream, request)
             if response is None:
                 return  # the client left while its request was handled
-            keep = await self._write(conn, stream, response)
+            keep = await self._write(conn, stream, response, head=request.method == "HEAD")
             if not keep or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
             conn.start_next_cycle()
@@ -253,7 +259,7 @@ class ApiServer:
             return
 
     async def _write(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                     response: Response) -> bool:
+                     response: Response, *, head: bool = False) -> bool:
         headers = [("Content-Type", response.content_type),
                    ("Content-Length", str(len(response.body))),
                    ("Cache-Control", "no-store"), *response.headers]
@@ -261,7 +267,7 @@ class ApiServer:
             await stream.send(conn.send(h11.Response(status_code=response.status,
                                                      headers=headers,
                                                      reason=_reason(response.status))) or b"")
-            if response.body:
+            if response.body and not head:  # a HEAD answer has the headers only
                 await stream.send(conn.send(h11.Data(data=response.body)) or b"")
             await stream.send(conn.send(h11.EndOfMessage()) or b"")
         return True

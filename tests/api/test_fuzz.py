@@ -17,8 +17,9 @@ Every response must:
 
 and the daemon must be alive and answer ``GET /v1/health`` after every test.
 
-Runs in about 30-40 s (150 stateless examples, 20 stateful scenarios, the raw cases). Skips only
-when schemathesis is not installed (``pip install -e '.[test]'``).
+Runs in about 8 s (250 stateless examples, 30 stateful scenarios of up to 8 calls, 120 raw
+requests, and the HEAD check on a daemon of its own). Skips only when schemathesis is not
+installed (it is in the ``test`` extra: ``pip install -e '.[test]'``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from schemathesis.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-DOCUMENT = json.loads((Path(daemon.api.__file__).parent / "openapi.json").read_text())
+DOCUMENT: dict[str, Any] = json.loads(
+    (Path(daemon.api.__file__).parent / "openapi.json").read_text())
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 BASE = "http://bide"
 
@@ -100,8 +102,12 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
 
 def _assert_alive(api: Api) -> None:
     assert api.daemon.proc.poll() is None, f"the daemon died:\n{api.daemon.output()[-4000:]}"
-    with _client(api.ws.root / "state" / "api.sock") as fresh:
-        health = fresh.get("/v1/health")
+    try:
+        with _client(api.ws.root / "state" / "api.sock") as fresh:
+            health = fresh.get("/v1/health")
+    except httpx.TransportError as exc:
+        raise AssertionError(f"the API stopped answering ({exc!r}); the daemon's output:\n"
+                             f"{api.daemon.output()[-4000:]}") from exc
     assert health.status_code == 200, health.text
     assert "Traceback" not in api.daemon.output(), api.daemon.output()[-4000:]
 
@@ -167,13 +173,17 @@ def _steered(draw: st.DrawFn) -> Any:
 
 
 def test_every_operation_answers_as_documented(api: Api) -> None:
-    @_SETTINGS
-    @settings(max_examples=150)
+    @settings(_SETTINGS, max_examples=250)
     @given(case=_steered())
     def fuzz(case: Any) -> None:
-        _validate(case, _send(api.client, case))
+        response = _send(api.client, case)
+        statuses.append(response.status_code)
+        _validate(case, response)
 
+    statuses: list[int] = []
     fuzz()
+    assert any(200 <= s < 300 for s in statuses), statuses
+    assert any(s >= 400 for s in statuses), statuses
     _assert_alive(api)
 
 
@@ -181,16 +191,23 @@ def test_every_operation_answers_as_documented(api: Api) -> None:
 
 
 def test_workflows_answer_as_documented(api: Api) -> None:
+    sent: list[tuple[str, int]] = []
+
     class Workflow(SCHEMA.as_state_machine()):  # type: ignore[misc]
         def call(self, case: Any, **kwargs: Any) -> Any:
-            return schemathesis.Response.from_any(_send(api.client, case))
+            response = _send(api.client, case)
+            sent.append((case.operation.label, response.status_code))
+            return schemathesis.Response.from_any(response)
 
         def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
                               **kwargs: Any) -> None:
             __tracebackhide__ = True
             case.validate_response(response, checks=CHECKS)
 
-    Workflow.run(settings=settings(_SETTINGS, max_examples=20, stateful_step_count=6))
+    Workflow.run(settings=settings(_SETTINGS, max_examples=30, stateful_step_count=8))
+    # The chains did reach past their first step into what they registered.
+    assert len({label for label, _ in sent}) >= 4, sent
+    assert any(200 <= status < 300 for _, status in sent), sent
     _assert_alive(api)
 
 
@@ -203,7 +220,8 @@ _PATHS = [p.replace("{operation_id}", "fz-ok") for p in DOCUMENT["paths"]]
 def _documented(path: str, method: str) -> dict[str, Any] | None:
     for template, item in DOCUMENT["paths"].items():
         if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), path):
-            return item.get(method.lower()) or next(iter(item.values()))
+            operation: dict[str, Any] = item.get(method.lower()) or next(iter(item.values()))
+            return operation
     return None
 
 
@@ -220,8 +238,8 @@ def _check_raw(request: httpx.Request, response: httpx.Response) -> None:
         body = response.json()
         assert isinstance(body, dict), f"{where} -> {response.text}"
         assert set(body) <= set(ERROR_SCHEMA["properties"]), f"{where} -> {response.text}"
-        assert isinstance(body.get("error"), str) and isinstance(body.get("detail"), str), (
-            f"{where} -> {response.text}")
+        assert isinstance(body.get("error"), str), f"{where} -> {response.text}"
+        assert isinstance(body.get("detail"), str), f"{where} -> {response.text}"
         assert body.get("field") is None or isinstance(body["field"], str), where
 
 
@@ -237,9 +255,10 @@ _bodies = (st.binary(max_size=64)
 
 
 def test_raw_requests_answer_as_documented(api: Api) -> None:
-    @_SETTINGS
-    @settings(max_examples=60)
-    @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+    @settings(_SETTINGS, max_examples=120)
+    # HEAD is left to test_head_is_answered_and_the_daemon_goes_on, on a daemon of its own:
+    # today it kills the daemon (see there), which would take every later example down with it.
+    @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
            path=st.sampled_from([*_PATHS, "/", "/v1", "/v1/nope", "/v1/operations/fz-ok/x",
                                  "/v1/operations/%00", "/v1/operations/%2F..%2F"]),
            body=_bodies, json_type=st.booleans())
@@ -247,11 +266,33 @@ def test_raw_requests_answer_as_documented(api: Api) -> None:
         headers = {"Content-Type": "application/json"} if json_type else {}
         request = api.client.build_request(method, path, content=body if body else None,
                                            headers=headers)
-        response = api.client.send(request)
-        if method == "HEAD":
-            assert response.status_code < 500, f"HEAD {path} -> {response.status_code}"
-            return
-        _check_raw(request, response)
+        _check_raw(request, api.client.send(request))
 
     fuzz()
     _assert_alive(api)
+
+
+# BUG (found by this fuzz; daemon/api/server.py, not fixed here): any HEAD request, e.g.
+# ``HEAD /v1/health HTTP/1.1`` with no body, kills the daemon. The handler answers 405 with a
+# JSON body; ``ApiServer._write`` sends the h11.Response (Content-Length: 67), then h11.Data with
+# the body, which h11 refuses for a HEAD ("Too much data for declared Content-Length"). That
+# h11.LocalProtocolError escapes ``_connection`` (which only swallows transport errors), tears
+# down ``ApiServer.serve``'s task group and ``Supervisor._serve_api``; the socket is removed and
+# ``bide run`` exits 1 a few seconds later. This test fails until that is fixed.
+def test_head_is_answered_and_the_daemon_goes_on(tmp_path: Path) -> None:
+    with workspace(tmp_path, {}) as ws:
+        d = ws.start_daemon()
+        sock = ws.root / "state" / "api.sock"
+        until(sock.exists, 10, "the api socket")
+        with _client(sock) as client:
+            for path in ["/v1/health", *_PATHS]:
+                for body in (b"", b"{}"):
+                    request = client.build_request("HEAD", path, content=body or None)
+                    response = client.send(request)
+                    assert response.status_code < 500, f"HEAD {path} -> {response.status_code}"
+                    assert response.content == b"", f"HEAD {path}: a body after a HEAD"
+                    operation = _documented(path, "HEAD")
+                    assert operation is not None
+                    assert str(response.status_code) in operation["responses"], (
+                        f"HEAD {path} -> undocumented {response.status_code}")
+                    _assert_alive(Api(ws, d, client))
