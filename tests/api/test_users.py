@@ -1,0 +1,211 @@
+"""Real Unix users, each running ``bide`` as themselves against one daemon.
+
+The test creates three users and two groups, and removes them however it ends:
+
+* alice (agents, approvers) registers a job, waits on it, and may not approve her own;
+* bob (agents) cannot see alice's operation (404) nor answer its escalation (403);
+* carol (approvers) answers it, and the story names her, as the kernel does.
+
+None of them can read a key: the daemon answers through its socket. Their ``bide`` runs on
+the system's Python with this checkout on its path (the project's venv may live under a
+directory other users cannot enter).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Workspace, until, workspace
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = ("bide-t-agents", "bide-t-approvers")
+USERS = {"bide-t-alice": GROUPS, "bide-t-bob": ("bide-t-agents",),
+         "bide-t-carol": GROUPS}
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "creates Unix users: needs root (CI runs as root)"
+    for tool in ("useradd", "userdel", "groupadd", "groupdel"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        return f"{system} (a Python other users can run, of this minor version) is missing"
+    for path in (ROOT, Path(sysconfig.get_paths()["purelib"])):
+        for part in (path, *path.parents):
+            if not part.stat().st_mode & 0o001:
+                return f"{part} cannot be entered by other users (the checkout or its venv)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+
+
+@pytest.fixture
+def users() -> Iterator[dict[str, User]]:
+    for group in GROUPS:
+        subprocess.run(["groupdel", group], capture_output=True, check=False)
+        _run("groupadd", group)
+    made: dict[str, User] = {}
+    try:
+        for name, groups in USERS.items():
+            subprocess.run(["userdel", name], capture_output=True, check=False)
+            _run("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--groups",
+                 ",".join(groups), name)
+            entry = pwd.getpwnam(name)
+            made[name] = User(name, entry.pw_uid, entry.pw_gid,
+                              os.getgrouplist(name, entry.pw_gid))
+        yield made
+    finally:
+        for name in USERS:
+            subprocess.run(["userdel", name], capture_output=True, check=False)
+        for group in GROUPS:
+            subprocess.run(["groupdel", group], capture_output=True, check=False)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory other users can enter (pytest's own tmp is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="bide-users-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _python_for_everyone(where: Path) -> Path:
+    """A venv on the system's Python whose path holds this checkout and its dependencies."""
+    env = where / "env"
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    _run(system, "-m", "venv", "--without-pip", str(env))
+    site = next((env / "lib").glob("python*/site-packages"))
+    (site / "bide-checkout.pth").write_text(
+        f"{ROOT}\n{sysconfig.get_paths()['purelib']}\n")
+    return env / "bin" / "python"
+
+
+def as_user(ws: Workspace, python: Path, user: User, *args: str,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(python), "-m", "daemon.cli", *args, "--config", str(ws.config)],
+        capture_output=True, text=True, timeout=timeout, cwd="/", user=user.uid,
+        group=user.gid, extra_groups=user.groups,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+    ws.outputs += [proc.stdout, proc.stderr]
+    return proc
+
+
+API = """\
+socket_group = "bide-t-agents"
+socket_mode = "0660"
+"""
+SPOOL = """
+[spool]
+agents_group = "bide-t-agents"
+approvers_group = "bide-t-approvers"
+"""
+
+
+def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
+                                                         shared_dir: Path) -> None:
+    python = _python_for_everyone(shared_dir)
+    root = shared_dir / "ws"
+    root.mkdir()
+    with workspace(root, jobs={"j-odd": "mystery"}, config_extra=SPOOL, api=API) as ws:
+        os.chmod(ws.config, 0o644)
+        ws.start_daemon()
+        alice, bob, carol = (users[n] for n in ("bide-t-alice", "bide-t-bob", "bide-t-carol"))
+        key = root / "keys" / "data.key"
+        assert as_user(ws, python, alice, "status").returncode == 0  # no key needed
+        assert subprocess.run(["cat", str(key)], user=alice.uid, group=alice.gid,
+                              capture_output=True, check=False).returncode != 0
+
+        first = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-odd",
+                        "--operation", "op-alice")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert first.stdout.strip() == "op-alice"
+        again = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-odd",
+                        "--operation", "op-alice")
+        assert again.returncode == 0, again.stdout + again.stderr
+        waited = as_user(ws, python, alice, "wait", "op-alice", "--timeout", "30s")
+        assert waited.returncode == 3, waited.stdout + waited.stderr  # escalated
+
+        hidden = as_user(ws, python, bob, "status", "op-alice")
+        assert hidden.returncode == 2
+        assert "no operation 'op-alice'" in hidden.stderr
+        assert as_user(ws, python, bob, "escalations").stdout.strip() == "no open escalations"
+        not_approver = as_user(ws, python, bob, "decide", "op-alice", "abandon",
+                               "--escalation", "1")
+        assert not_approver.returncode == 1
+        assert "approver role" in not_approver.stdout
+
+        own = as_user(ws, python, alice, "decide", "op-alice", "abandon", "--escalation", "1")
+        assert own.returncode == 1
+        assert "allow_self_approval" in own.stdout
+
+        decided = as_user(ws, python, carol, "decide", "op-alice", "abandon", "--escalation",
+                          "1", "--note", "provider console shows it failed")
+        assert decided.returncode == 0, decided.stdout + decided.stderr
+        assert as_user(ws, python, alice, "wait", "op-alice", "--timeout", "10s"
+                       ).returncode == 4  # closed
+        story = as_user(ws, python, alice, "story", "op-alice").stdout
+        assert "for bide-t-alice" in story  # who registered it, from the kernel
+        assert "decision by bide-t-carol: abandon" in story
+
+        log = ws.log()
+        assert [op.registered_by for op in log.ops.values()] == ["bide-t-alice"]
+        assert log.ops["op-alice"].registered_by_uid == alice.uid
+
+
+def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
+        users: dict[str, User], shared_dir: Path) -> None:
+    python = _python_for_everyone(shared_dir)
+    root = shared_dir / "ws"
+    root.mkdir()
+    with workspace(root, jobs={"j1": "running", "j2": "running"}, config_extra=SPOOL,
+                   api=API) as ws:
+        os.chmod(ws.config, 0o644)
+        daemon = ws.start_daemon()
+        bob = users["bide-t-bob"]
+        args = ("watch", "--provider", "sim", "--job", "j1", "--operation", "op-bob")
+        assert as_user(ws, python, bob, *args).returncode == 0
+        assert as_user(ws, python, bob, *args).returncode == 0  # the retry: the same receipt
+        assert daemon.stop() == 0
+        # The daemon is down: the registration goes to the spool (0730, bob's group may
+        # write, not read) and says it is queued, with no permission error.
+        queued = as_user(ws, python, bob, "watch", "--provider", "sim", "--job", "j2",
+                         "--operation", "op-bob-2")
+        assert queued.returncode == 75, queued.stdout + queued.stderr
+        assert "queued" in queued.stdout
+        ws.start_daemon()
+        until(lambda: "op-bob-2" in ws.log().ops, what="the queued registration")
+        ops = ws.log().ops
+        assert sorted(ops) == ["op-bob", "op-bob-2"]
+        assert {op.registered_by for op in ops.values()} == {"bide-t-bob"}
+        assert grp.getgrnam("bide-t-agents").gr_gid in bob.groups
