@@ -42,7 +42,8 @@ exit status:
   4    closed without success (e.g. abandoned after a decision)
   124  still running when --timeout elapsed (as GNU timeout)
   2    usage error (unknown operation, or not yours; bad flag)
-  69   the daemon is not running (nothing answers on its socket)
+  69   the daemon is not running (nothing answers on its socket), or went away and
+       did not come back within --timeout
   1    internal error
 
 With the daemon running, the wait is the daemon's: bounded waits of at most 60 s each on
@@ -96,6 +97,11 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
     view: dict[str, Any] | None = None
     pause = 0.1
     client = ApiClient(cfg.socket_path)
+    if not client.answers():  # not running (or another config's socket): say so at once
+        client.close()
+        raise DaemonUnavailable(
+            f"the daemon is not running: nothing answers on {cfg.socket_path}; start it, or "
+            f"read the log directly with bide wait {op_id} --offline")
     try:
         while True:
             left = end - time.monotonic()
@@ -114,11 +120,6 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
                 pause = min(pause * 2, 2.0)
                 continue
             except DaemonError:
-                if view is None:  # never reached: not running (or another config's socket)
-                    raise DaemonUnavailable(
-                        f"the daemon is not running: nothing answers on {cfg.socket_path}; "
-                        f"start it, or read the log directly with bide wait {op_id} "
-                        f"--offline") from None
                 if time.monotonic() + pause >= end:
                     break
                 time.sleep(pause)
@@ -128,7 +129,9 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
                 break
     finally:
         client.close()
-    assert view is not None
+    if view is None:  # the daemon went away and did not come back within the timeout
+        raise DaemonUnavailable(f"the daemon stopped answering on {cfg.socket_path} and did "
+                                f"not come back within {timeout:g}s")
     status = _PHASE_EXIT.get(str(view.get("phase")))
     print(json.dumps(view) if as_json else view_line(view))
     return EXIT_TIMEOUT if status is None or not view.get("done") else status

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -125,12 +126,23 @@ class Workspace:
         self.outputs += [proc.stdout, proc.stderr]
         return proc
 
-    def start_daemon(self, env: dict[str, str] | None = None, *, ready: bool = True) -> Daemon:
+    def start_daemon(self, env: dict[str, str] | None = None, *, ready: bool = True,
+                     listen: socket.socket | None = None) -> Daemon:
+        """Start ``bide run``; with ``listen``, as systemd's socket activation would: the
+        socket as fd 3, ``LISTEN_FDS=1`` and ``LISTEN_PID`` the daemon's own pid."""
         log_path = self.root / f"daemon-{len(self.daemons)}.log"
+        command = [*BIDE, "run", "--config", str(self.config)]
+        extra = dict(env or {})
+        activation: dict[str, object] = {}
+        if listen is not None:
+            fd = listen.fileno()
+            command = ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh", *command]
+            extra["LISTEN_FDS"] = "1"
+            activation = {"pass_fds": (3,), "preexec_fn": lambda: os.dup2(fd, 3)}
         with log_path.open("wb") as out:
-            proc = subprocess.Popen([*BIDE, "run", "--config", str(self.config)], stdout=out,
+            proc = subprocess.Popen(command, stdout=out,  # type: ignore[call-overload]
                                     stderr=subprocess.STDOUT, cwd=self.root,
-                                    env={**os.environ, **(env or {})})
+                                    env={**os.environ, **extra}, **activation)
         daemon = Daemon(proc, log_path)
         self.daemons.append(daemon)
         if ready:
