@@ -104,11 +104,6 @@ def decode_incoming(data: bytes) -> IncomingFile:
             "the registration names a status_location: agents give a provider and a job id, "
             "never a URL; only the provider's profile decides where bide sends its requests "
             "and its credential")
-    if isinstance(request, RegistrationFile) and request.registration.provider_job_id in DOTS:
-        raise SpoolReject(
-            f"job id {request.registration.provider_job_id!r} cannot be one segment of a "
-            f"status URL: a dot segment is removed by URL normalisation even percent-encoded "
-            f"(RFC 3986 §5.2.4, §6.2.2.2), so the request could reach another path")
     return request
 
 

@@ -58,6 +58,7 @@ from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles
 from daemon.snapshots import load_snapshot, replay_log, write_snapshot_in_thread
 from daemon.spool import (
+    DOTS,
     DecisionFile,
     FetchFile,
     Receipt,
@@ -74,6 +75,7 @@ from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from eventlog.errors import EventLogError, LogIOError
 from eventlog.keys import KeyRing, Signer
+from eventlog.position import LogPosition
 from eventlog.writer import Appended, LogWriter
 from replay.decide import decide, register
 from replay.events import (
@@ -179,6 +181,11 @@ class Supervisor:
         self._append_errors: set[str] = set()  # errors logged in this failing episode
 
     # -- recording -------------------------------------------------------------------------
+
+    @property
+    def position(self) -> LogPosition | None:
+        """The log's head (None before it is open, or while it is empty)."""
+        return self._log.position if self._log is not None else None
 
     @property
     def log(self) -> LogWriter:
@@ -785,6 +792,12 @@ class Supervisor:
             raise Refused(f"operation id {reg.operation_id} is already in use by another "
                           f"request", code="operation_id_in_use", status=409,
                           field="operation_id")
+        if reg.provider_job_id in DOTS:
+            raise Refused(
+                f"job id {reg.provider_job_id!r} cannot be one segment of a status URL: a dot "
+                f"segment is removed by URL normalisation even percent-encoded (RFC 3986 "
+                f"§5.2.4, §6.2.2.2), so the request could reach another path",
+                code="invalid_job_id", field="job_id")
         if f"{reg.operation_id}.submit" in self.runner.actions:
             raise Refused(f"operation id {reg.operation_id} is already in use by a submit",
                           code="operation_id_in_use", status=409, field="operation_id")

@@ -19,15 +19,15 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
 
 from daemon import __version__, logfmt
-from daemon.actions import action_escalation_text
+from daemon.actions import ActionRunner, action_escalation_text
 from daemon.api.openapi import openapi_document
 from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
 from daemon.api.schema import (
@@ -50,19 +50,42 @@ from daemon.api.schema import (
     WithdrawRequest,
 )
 from daemon.api.server import Request, Response, error
+from daemon.config import Config
 from daemon.errors import Refused, UsageError
+from daemon.history import Histories
 from daemon.inputs import parse_duration
+from daemon.metrics import Metrics
 from daemon.outbox import escalation_text
 from daemon.spool import SpoolReject, SubmitFile, new_request_id
 from daemon.timers import RateQuota
+from eventlog.keys import KeyRing
+from eventlog.position import LogPosition
 from replay.actions import Action, action_story
 from replay.events import ActionEvent, ActionFailed, EscalationRaised, Option
 from replay.observations import DecisionSubmitted, Registration, Withdrawal
 from replay.state import Operation
 from replay.story import story_json
 
-if TYPE_CHECKING:
-    from daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What the API takes from the supervisor (which imports this module: no cycle)."""
+
+    config: Config
+    ops: dict[str, Operation]
+    runner: ActionRunner
+    histories: Histories
+    metrics: Metrics
+    keyring: KeyRing
+
+    @property
+    def position(self) -> LogPosition | None: ...
+    def clock(self) -> float: ...
+    async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
+                                 ) -> tuple[Operation, bool]: ...
+    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted) -> bool: ...
+    async def withdraw(self, op_id: str, withdrawal: Withdrawal) -> bool: ...
+    async def next_event_of(self, op_id: str) -> None: ...
+    def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 T = TypeVar("T")
 _OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision)?$")
@@ -81,7 +104,7 @@ class Caller:
 
 
 class Api:
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: Daemon) -> None:
         self.sup = supervisor
         cfg = supervisor.config
         self.cfg = cfg.api
@@ -310,7 +333,7 @@ class Api:
     # -- reads -------------------------------------------------------------------------------
 
     def _health(self, caller: Caller) -> Health:
-        position = self.sup.log.position if self.sup._log is not None else None
+        position = self.sup.position
         live = sum(1 for op in self.sup.ops.values() if op.phase == "live")
         escalated = sum(1 for op in self.sup.ops.values() if op.phase == "escalated")
         return Health(status="log_failing" if self.sup.metrics.log_alarm else "ok",

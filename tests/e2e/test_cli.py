@@ -80,8 +80,8 @@ def test_missing_config_and_keys_name_the_path_and_the_fix(tmp_path: Path) -> No
     cfg = tmp_path / "bide.toml"
     cfg.write_text('[paths]\nstate_dir = "state"\nkeys_dir = "keys"\n')
     (tmp_path / "state" / "log").mkdir(parents=True)
-    nokeys = subprocess.run([*BIDE, "status", "--offline", "--config", str(cfg)], capture_output=True,
-                            text=True, timeout=30)
+    nokeys = subprocess.run([*BIDE, "status", "--offline", "--config", str(cfg)],
+                            capture_output=True, text=True, timeout=30)
     assert nokeys.returncode == 2
     assert "data.key does not exist" in nokeys.stderr
     assert "bide keygen" in nokeys.stderr

@@ -31,7 +31,8 @@ def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
     # The demo's daemon has stopped: the readers read the log itself, with its keys.
     status = json.loads(bide("status", "--json", "--offline").stdout)
     assert {op["operation_id"] for op in status} == {s.name for s in SCENARIOS}
-    assert "from provider guidance (Retry-After)" in bide("story", "retry-after", "--offline").stdout
+    retry_after = bide("story", "retry-after", "--offline").stdout
+    assert "from provider guidance (Retry-After)" in retry_after
     assert "fetched: HTTP 200" in bide("story", "submit-fetch", "--offline").stdout
     reasons = {e["reason"] for e in json.loads(bide("escalations", "--json", "--offline").stdout)}
     assert reasons == {s.expect_reason for s in SCENARIOS if s.expect_reason}

@@ -103,8 +103,8 @@ def test_status_999_and_a_deeply_nested_body_are_recorded_not_fatal(
         assert stop.reason == "unparseable_response"
         assert "deeper than 64" in stop.detail
         # Every reader reads the log, and a start with no snapshot replays it.
-        for command in (("status", "--json"), ("story", "deep"), ("escalations",),
-                        ("replay", "--check"), ("verify",)):
+        for command in (("status", "--json", "--offline"), ("story", "deep", "--offline"),
+                        ("escalations", "--offline"), ("replay", "--check"), ("verify",)):
             done = ws.bide(*command)
             assert done.returncode == 0, (command, done.stdout, done.stderr)
         (ws.root / "state" / "snapshot").unlink()

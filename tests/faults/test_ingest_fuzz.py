@@ -137,7 +137,8 @@ def test_any_spool_file_and_any_answer_leave_the_daemon_up_and_the_log_whole(
             assert all(s.path.startswith("/jobs/fz") for s in raw.seen), [
                 s.path for s in raw.seen]
             assert daemon.stop() == 0
-            for command in (("replay", "--check"), ("verify",), ("status", "--json")):
+            for command in (("replay", "--check"), ("verify",),
+                            ("status", "--json", "--offline")):
                 done = ws.bide(*command)
                 assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
             again = ws.start_daemon()

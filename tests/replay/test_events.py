@@ -42,6 +42,7 @@ STABLE_TAGS = {
     "EscalationRaised": "escalation_raised",
     "DecisionRecorded": "decision_recorded",
     "DecisionRejected": "decision_rejected",
+    "OperationWithdrawn": "operation_withdrawn",
 }
 
 
@@ -79,6 +80,10 @@ def test_every_event_type_round_trips() -> None:
 
     log.append(RegistrationRejected(operation_id="x", at=T0, reason="empty_job_id"))
     seen.add(RegistrationRejected)
+    from replay import OperationWithdrawn
+
+    log.append(OperationWithdrawn(operation_id="x", at=T0, by="alice", by_uid=1001, note="n"))
+    seen.add(OperationWithdrawn)
     assert seen == set(EVENT_TYPES), set(EVENT_TYPES) - seen
     for event in log:
         data = encode_event(event)  # type: ignore[arg-type]
