@@ -126,3 +126,20 @@ def test_the_unit_sets_up_every_spool_directory_as_the_daemon_expects() -> None:
     lines = {Path(path): (group, mode) for _, group, mode, path in _setup_lines()}
     assert lines == expected
     assert all(owner == "bide" for owner, *_ in _setup_lines())
+
+
+def test_the_socket_unit_and_the_config_name_the_same_socket() -> None:
+    """systemd holds the socket the daemon serves: one path, one group, one mode."""
+    socket_unit = (DEPLOY / "bide.socket").read_text()
+    config = tomllib.loads((DEPLOY / "bide.toml").read_text())["api"]
+
+    def setting(name: str) -> str:
+        m = re.search(rf"^{name}=(\S+)$", socket_unit, re.M)
+        assert m, name
+        return m.group(1)
+
+    assert setting("ListenStream") == config["socket"]
+    assert setting("SocketGroup") == config["socket_group"]
+    assert setting("SocketMode") == config.get("socket_mode", "0660")
+    assert setting("Service") == "bide.service"
+    assert "Requires=bide.socket" in UNIT
