@@ -26,6 +26,7 @@ from daemon.outbox import write_text
 from daemon.profile import Profile
 from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
 from eventlog.fsync import fsync_dir
+from eventlog.writer import Appended
 from replay.actions import (
     Action,
     decide_action,
@@ -58,7 +59,7 @@ class ActionPorts:
     """What running actions takes from the daemon, and nothing more: the runner holds no
     supervisor, and this module imports none (one direction of dependency)."""
 
-    record: Callable[[Sequence[LogEvent]], Awaitable[object]]  # append durably, then fold
+    record: Callable[[Sequence[LogEvent]], Awaitable[list[Appended]]]  # durably, then fold
     clock: Callable[[], float]
     spawn: Callable[[Callable[[str], Coroutine[Any, Any, None]], str], None]  # a daemon task
     schedule: Callable[[str], None]  # arm a status operation's timer
@@ -82,7 +83,9 @@ class ActionRunner:
 
     # -- ingest ------------------------------------------------------------------------------
 
-    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int) -> None:
+    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int) -> int | None:
+        """Record the submit's intent and start it; returns the intent's log sequence number
+        (None when this submit was recorded before: a retry)."""
         ports = self.ports
         reg = sf.registration
         profile = ports.profile(reg.provider)
@@ -99,7 +102,7 @@ class ActionRunner:
         existing = self.actions.get(action_id)
         if existing is not None:
             if existing.intent.request_fingerprint == fp:
-                return  # ingested before a crash; its receipt follows its outcome
+                return None  # ingested before a crash; its receipt follows its outcome
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
         if ports.operation(reg.operation_id) is not None:
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
@@ -119,8 +122,9 @@ class ActionRunner:
             timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
             registration=template, spool_request=rid, registered_by=user_name(owner),
             registered_by_uid=owner)
-        await ports.record([intent])
+        landed = await ports.record([intent])
         self.start(action_id)
+        return landed[0].seq
 
     def _live_with_fingerprint(self, fp: str) -> str | None:
         for op in self.ports.operations():

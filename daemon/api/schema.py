@@ -84,7 +84,8 @@ class WithdrawRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
-    """A registration or submit, durable in the log."""
+    """A registration or submit, durable in the log: ``sequence`` is the log sequence number
+    of its registration (of a submit: of its recorded intent, on the first answer)."""
 
     operation_id: str
     status: Literal["registered", "submitting"]

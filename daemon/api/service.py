@@ -275,7 +275,7 @@ class Api:
             raise Refused(f"operation id {op_id} is already in use", code="operation_id_in_use",
                           status=409, field="operation_id")
         try:
-            await self.sup.runner.ingest_submit(sf.request_id, sf, caller.peer.uid)
+            sequence = await self.sup.runner.ingest_submit(sf.request_id, sf, caller.peer.uid)
         except SpoolReject as exc:
             code = "operation_id_in_use" if "already in use" in str(exc) else "rejected"
             raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
@@ -284,7 +284,8 @@ class Api:
         op = self.sup.ops.get(op_id)
         return _json(202 if existing is None else 200, Receipt(
             operation_id=op_id, status="registered" if op is not None else "submitting",
-            sequence=op.registered_seq if op is not None else None,
+            sequence=sequence if sequence is not None else (
+                op.registered_seq if op is not None else None),
             created=existing is None and action is not None))
 
     async def _withdraw(self, caller: Caller, op_id: str, request: Request) -> Response:
