@@ -140,10 +140,14 @@ def _print_api(r: dict[str, Any]) -> None:
     print(f"\nlocal API: {w['waiters']} ?wait= clients on {w['operations']} live operations "
           f"(goals: {r['goals']})")
     print(f"  {'figure':<44}{'value':>12}  baseline")
-    print(f"  {'registrations/s (POST, 64 in flight)':<44}{w['registrations_per_s']:>12}")
+    print(f"  {'registrations/s (POST, 32 in flight)':<44}{w['registrations_per_s']:>12}")
     print(f"  {'RSS per live operation, KiB':<44}{w['rss_per_op_kib']:>12}")
+    print(f"  {'RSS growth per status request, KiB':<44}"
+          f"{w['rss_growth_per_status_request_kib']:>12}  (no waiters attached)")
     print(f"  {'RSS per waiter, KiB':<44}{w['rss_per_waiter_kib']:>12}"
-          f"  RSS {w['rss_before_mib']} -> {w['rss_with_mib']} MiB")
+          f"  RSS {w['rss_before_mib']} -> {w['rss_with_mib']} MiB; less the drift without "
+          f"waiters ({w['rss_drift_without_waiters_kib_per_s']} KiB/s): "
+          f"{w['rss_per_waiter_less_drift_kib']}")
     d = w["answer_delay"]
     print(f"  {'answer delay p50 / p99 / max, ms':<44}"
           f"{str(d.get('p50_ms'))+' / '+str(d.get('p99_ms'))+' / '+str(d.get('max_ms')):>12}"
