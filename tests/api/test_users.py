@@ -7,8 +7,8 @@ The test creates three users and two groups, and removes them however it ends:
 * carol (approvers) answers it, and the story names her, as the kernel does.
 
 None of them can read a key: the daemon answers through its socket. Their ``bide`` runs on
-the system's Python with this checkout on its path (the project's venv may live under a
-directory other users cannot enter).
+the system's Python with a copy of bide and its dependencies (the project's venv may live
+under a directory other users cannot enter).
 """
 
 from __future__ import annotations
@@ -44,10 +44,6 @@ def _why_not() -> str | None:
     system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
     if not system.exists():
         return f"{system} (a Python other users can run, of this minor version) is missing"
-    for path in (ROOT, Path(sysconfig.get_paths()["purelib"])):
-        for part in (path, *path.parents):
-            if not part.stat().st_mode & 0o001:
-                return f"{part} cannot be entered by other users (the checkout or its venv)"
     return None
 
 
@@ -99,14 +95,29 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+#: What ``bide`` imports at run time (the test tools stay behind).
+RUNTIME = ("daemon", "eventlog", "replay", "anyio", "httpx", "httpcore", "h11", "msgspec",
+           "cryptography", "cffi", "_cffi_backend", "pycparser", "watchfiles", "sniffio",
+           "idna", "certifi", "typing_extensions")
+
+
 def _python_for_everyone(where: Path) -> Path:
-    """A venv on the system's Python whose path holds this checkout and its dependencies."""
+    """A venv on the system's Python holding a copy of bide and what it imports: the
+    checkout and its venv may be under a directory other users cannot enter (/root)."""
     env = where / "env"
     system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     _run(system, "-m", "venv", "--without-pip", str(env))
     site = next((env / "lib").glob("python*/site-packages"))
-    (site / "bide-checkout.pth").write_text(
-        f"{ROOT}\n{sysconfig.get_paths()['purelib']}\n")
+    for source in (ROOT, Path(sysconfig.get_paths()["purelib"]),
+                   Path(sysconfig.get_paths()["platlib"])):
+        for entry in source.iterdir():
+            if entry.name.split(".")[0] in RUNTIME and not (site / entry.name).exists():
+                if entry.is_dir():
+                    shutil.copytree(entry, site / entry.name,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy2(entry, site / entry.name)
+    subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
     return env / "bin" / "python"
 
 
