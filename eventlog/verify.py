@@ -200,7 +200,9 @@ def verify_log(
     single-threaded process, such as the ``bide verify`` command).
     """
     report = Report(log_dir=log_dir)
-    report.writer_live = (writer_alive(log_dir) is not False) if writer_live is None else writer_live
+    if writer_live is None:  # None from writer_alive: not ours to look at; assume it runs
+        writer_live = writer_alive(log_dir) is not False
+    report.writer_live = writer_live
     report.writer_pid = holder_pid(log_dir) if report.writer_live else None
     segments = list_segments(log_dir)
     report.segments = len(segments)
