@@ -321,3 +321,22 @@ def test_a_socket_another_process_answers_on_is_never_taken(tmp_path: Path) -> N
     plain.write_text("x")
     with pytest.raises(ConfigError, match="not a socket"):
         _bind(plain, 0o660, "")
+
+
+def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"early": "running x2, succeeded with result",
+                                   "late": FOREVER}) as ws:
+        first = ws.start_daemon()
+        with api(ws) as client:
+            watch(client, "op-early", "early")
+            assert client.call("GET", "/v1/operations/op-early",
+                               params={"wait": "20s"})["phase"] == "succeeded"
+            before = client.call("GET", "/v1/operations/op-early/story")["text"]
+        assert first.stop() == 0
+        ws.start_daemon()  # from the snapshot: op-early's events are not replayed
+        with api(ws) as client:
+            watch(client, "op-late", "late")
+            after = client.call("GET", "/v1/operations/op-early/story")["text"]
+            assert after == before == ws.bide("story", "op-early", "--offline").stdout
+            assert "registered job late" in client.call(
+                "GET", "/v1/operations/op-late/story")["text"]
