@@ -174,8 +174,9 @@ class Supervisor:
         self._snapshot_events = 0  # the ledger's event count at the last snapshot
         # op id -> (next_poll_at, monotonic end) of the wait last scheduled in this process
         self._waits: dict[str, tuple[float, float]] = {}
-        self.histories = Histories(config.api.closed_stories)
+        self.histories = Histories(config.api.closed_stories, config.api.story_events_kept)
         self.watchers: dict[str, anyio.Event] = {}  # op id -> set at its next recorded event
+        self.live_by_owner: collections.Counter[int | None] = collections.Counter()
         self.api_socket: str | None = None
         self._append_failing = (0.0, 0)  # (monotonic start, attempts) while appends fail
         self._append_errors: set[str] = set()  # errors logged in this failing episode
@@ -228,7 +229,13 @@ class Supervisor:
         for op_id, next_poll_at, due in waits:
             self._waits[op_id] = (next_poll_at, due)
         for ev, payload in zip(events, payloads, strict=True):
+            before = self.ops.get(ev.operation_id)
             op = self.ledger.apply(ev)
+            if op is not None and (before is None or before.phase != op.phase):
+                if op.phase == "live":
+                    self.live_by_owner[op.registered_by_uid] += 1
+                elif before is not None and before.phase == "live":
+                    self.live_by_owner[op.registered_by_uid] -= 1
             self.histories.add(ev.operation_id, payload, None if op is None else op.phase)
             watcher = self.watchers.pop(ev.operation_id, None)
             if watcher is not None:
@@ -1043,6 +1050,8 @@ class Supervisor:
             self.ledger = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring,
                                                          snapshot)
             self.ops, self.runner.actions = self.ledger.ops, self.ledger.actions
+            self.live_by_owner = collections.Counter(
+                op.registered_by_uid for op in self.ops.values() if op.phase == "live")
             self._snapshot_events = from_events
             undecided = dict(self.ledger.undecided)
             self.histories.start_seq = log.head_seq  # later events reach the histories live

@@ -13,6 +13,7 @@ a principal in no role gets 403 naming the groups that would admit it.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import os
@@ -61,7 +62,8 @@ from daemon.timers import RateQuota
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
 from replay.actions import Action, action_story
-from replay.events import ActionEvent, ActionFailed, EscalationRaised, Option
+from replay.decide import format_time
+from replay.events import ActionEvent, ActionFailed, EscalationRaised, LogEvent, Option
 from replay.observations import DecisionSubmitted, Registration, Withdrawal
 from replay.state import Operation
 from replay.story import story_json
@@ -75,6 +77,7 @@ class Daemon(Protocol):
     runner: ActionRunner
     histories: Histories
     metrics: Metrics
+    live_by_owner: collections.Counter[int | None]
     keyring: KeyRing
 
     @property
@@ -223,8 +226,7 @@ class Api:
             raise _Throttled(f"user {caller.name} registers faster than [api] "
                              f"registrations_per_second = {self.cfg.registrations_per_second:g};"
                              f" try again in {wait:.2f}s", math.ceil(wait))
-        live = sum(1 for op in self.sup.ops.values()
-                   if op.registered_by_uid == caller.peer.uid and op.phase == "live")
+        live = self.sup.live_by_owner[caller.peer.uid]
         if live >= self.cfg.max_live_per_principal:
             raise _Throttled(f"user {caller.name} has {live} live operations, the limit "
                              f"([api] max_live_per_principal); wait for some to end", 30)
@@ -422,15 +424,21 @@ class Api:
         registered_seq = found.registered_seq if isinstance(found, Operation) else None
         if not histories.complete(op_id, registered_seq) and not histories.loaded:
             await self._load_earlier()
-        events = histories.events(op_id)
-        if events is None:
+        kept = histories.events(op_id)
+        if kept is None:
             raise Refused(f"the story of {op_id} ended too long ago to be kept in memory ([api]"
                           f" closed_stories); read it offline: bide story {op_id} --offline",
                           code="story_not_kept", status=410)
-        lines = sorted(
-            [*story_json([e for e in events if not isinstance(e, ActionEvent)]),
-             *action_story([e for e in events if isinstance(e, ActionEvent)])],
-            key=lambda line: float(line["at"]))  # type: ignore[arg-type]
+        events, before_gap, dropped = kept
+        lines = _story_lines(events[:before_gap])
+        if dropped:
+            after = events[before_gap:]
+            at = after[0].at if after else events[-1].at
+            lines.append({"at": at, "time": format_time(at), "events": [],
+                          "text": f"... {dropped} events of this operation are not kept in "
+                                  f"memory here ([api] story_events_kept); bide story {op_id} "
+                                  f"--offline shows every one"})
+        lines += _story_lines(events[before_gap:])
         story = Story(operation_id=op_id, lines=[StoryLine(
             at=float(line["at"]), time=str(line["time"]), text=str(line["text"]),  # type: ignore[arg-type]
             events=list(line.get("events", []))) for line in lines],  # type: ignore[call-overload]
@@ -526,7 +534,8 @@ class Api:
                                       f"{esc.escalation_id}")
 
     def _raised(self, op_id: str, number: int) -> EscalationRaised | None:
-        events = self.sup.histories.events(op_id) or []
+        kept = self.sup.histories.events(op_id)
+        events = kept[0] if kept is not None else []
         return next((e for e in reversed(events) if isinstance(e, EscalationRaised)
                      and e.escalation_id == number), None)
 
@@ -537,6 +546,13 @@ class Api:
             registered_by=action.intent.registered_by, detail=failed.detail,
             text=action_escalation_text(action, failed),
             decide_command=f"bide decide {action.operation_id} OPTION")
+
+
+def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:
+    return sorted(
+        [*story_json([e for e in events if not isinstance(e, ActionEvent)]),
+         *action_story([e for e in events if isinstance(e, ActionEvent)])],
+        key=lambda line: float(line["at"]))  # type: ignore[arg-type]
 
 
 class _Throttled(Refused):

@@ -340,3 +340,34 @@ def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None
             assert after == before == ws.bide("story", "op-early", "--offline").stdout
             assert "registered job late" in client.call(
                 "GET", "/v1/operations/op-late/story")["text"]
+
+
+def test_live_operations_per_user_are_capped_and_freed_as_they_end(tmp_path: Path) -> None:
+    jobs: dict[str, str | list[object]] = {f"c{i}": FOREVER for i in range(3)}
+    with workspace(tmp_path, jobs=jobs, api="max_live_per_principal = 2\n") as ws:
+        ws.start_daemon()
+        with api(ws) as client:
+            watch(client, "op-c0", "c0")
+            watch(client, "op-c1", "c1")
+            with pytest.raises(ApiCallError) as full:
+                watch(client, "op-c2", "c2")
+            assert (full.value.status, full.value.error) == (429, "rate_limited")
+            assert "max_live_per_principal" in full.value.detail
+            client.call("POST", "/v1/operations/op-c0/withdrawal", body={})
+            assert watch(client, "op-c2", "c2")["created"] is True
+
+
+def test_a_long_story_says_what_it_leaves_out(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"long": "running x20, succeeded with result"},
+                   api="story_events_kept = 16\n") as ws:
+        ws.start_daemon()
+        with api(ws) as client:
+            watch(client, "op-long", "long", max_status_requests=40)
+            assert client.call("GET", "/v1/operations/op-long",
+                               params={"wait": "30s"})["phase"] == "succeeded"
+            text = client.call("GET", "/v1/operations/op-long/story")["text"]
+        lines = text.splitlines()
+        assert "registered job long" in lines[0]
+        assert "succeeded" in lines[-1]
+        assert any("bide story op-long --offline shows every one" in line for line in lines)
+        assert len(lines) < len(ws.bide("story", "op-long", "--offline").stdout.splitlines())
