@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "escalations",
     "decide",
     "withdraw",
+    "mcp",
     "fetch",
     "replay",
     "check-profile",

@@ -97,17 +97,56 @@ class ApiClient:
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"the connection to the daemon broke ({exc}); it may have "
                                     f"stopped") from None
-        if response.headers.get("content-type", "").startswith("text/plain"):
-            data: Any = response.text
-        else:
-            try:
-                data = msgspec.json.decode(response.content) if response.content else None
-            except msgspec.DecodeError:
-                raise DaemonError(f"the daemon answered {response.status_code} with a body "
-                                  f"that is not JSON") from None
-        if response.status_code >= 400:
-            if isinstance(data, dict):
-                raise ApiCallError(response.status_code, str(data.get("error", "error")),
-                                   str(data.get("detail", "")), data.get("field"))
-            raise ApiCallError(response.status_code, "error", str(data))
-        return data
+        return answer_of(response)
+
+
+def answer_of(response: httpx.Response) -> Any:
+    """The decoded answer (text for text/plain); an error answer as :class:`ApiCallError`."""
+    if response.headers.get("content-type", "").startswith("text/plain"):
+        data: Any = response.text
+    else:
+        try:
+            data = msgspec.json.decode(response.content) if response.content else None
+        except msgspec.DecodeError:
+            raise DaemonError(f"the daemon answered {response.status_code} with a body "
+                              f"that is not JSON") from None
+    if response.status_code >= 400:
+        if isinstance(data, dict):
+            raise ApiCallError(response.status_code, str(data.get("error", "error")),
+                               str(data.get("detail", "")), data.get("field"))
+        raise ApiCallError(response.status_code, "error", str(data))
+    return data
+
+
+class AsyncApiClient:
+    """The same calls from async code (``bide mcp``): one connection pool on the socket."""
+
+    def __init__(self, socket_path: Path, *, timeout: float = CALL_TIMEOUT) -> None:
+        self.socket_path = socket_path
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(socket_path), retries=0),
+            base_url="http://bide", timeout=timeout, follow_redirects=False, trust_env=False)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def call(self, method: str, path: str, *, body: Any = None,
+                   params: dict[str, str] | None = None,
+                   answer_within: float | None = None) -> Any:
+        """One call; ``answer_within`` overrides the client's timeout (for a long wait)."""
+        content = msgspec.json.encode(body) if body is not None else None
+        try:
+            response = await self._client.request(
+                method, path, content=content, params=params,
+                headers={"Content-Type": "application/json"} if content is not None else None,
+                timeout=answer_within if answer_within is not None
+                else httpx.USE_CLIENT_DEFAULT)
+        except (httpx.ConnectError, FileNotFoundError):
+            raise DaemonUnavailable(
+                f"the bide daemon is not running: nothing answers on {self.socket_path}; a "
+                f"person must start it (systemctl start bide)") from None
+        except httpx.TimeoutException:
+            raise DaemonError("the bide daemon did not answer in time") from None
+        except httpx.TransportError as exc:
+            raise DaemonUnavailable(f"the connection to the bide daemon broke ({exc})") from None
+        return answer_of(response)
