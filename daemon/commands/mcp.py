@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from typing import Any
 
@@ -38,12 +37,14 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("mcp") is None:
+    cfg = load_config(args.config)
+    try:
+        from daemon.mcp import serve
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types", "pydantic"):
+            raise  # not a missing extra: a real error, shown as one
         print(f"bide mcp: the MCP SDK is not installed; install it with: {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    cfg = load_config(args.config)
-    from daemon.mcp import serve
-
     anyio.run(serve, cfg.socket_path)
     return 0

@@ -14,12 +14,13 @@ under a directory other users cannot enter).
 from __future__ import annotations
 
 import grp
+import importlib.metadata
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,28 +96,52 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-#: What ``bide`` imports at run time (the test tools stay behind).
-RUNTIME = ("daemon", "eventlog", "replay", "anyio", "httpx", "httpcore", "h11", "msgspec",
-           "cryptography", "cffi", "_cffi_backend", "pycparser", "watchfiles", "sniffio",
-           "idna", "certifi", "typing_extensions")
+def _requirements(dist: str, extras: tuple[str, ...] = ()) -> set[str]:
+    """The installed distributions ``dist`` (with ``extras``) needs, itself included."""
+    seen: set[str] = set()
+    todo = [(dist, extras)]
+    while todo:
+        name, wanted = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        seen.add(key)
+        for line in requires:
+            requirement, _, marker = line.partition(";")
+            extra = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", marker)
+            if extra and extra.group(1) not in wanted:
+                continue
+            m = re.match(r"\s*([A-Za-z0-9._-]+)(?:\[([^\]]*)\])?", requirement)
+            if m:
+                todo.append((m.group(1), tuple(e.strip() for e in (m.group(2) or "").split(",")
+                                               if e.strip())))
+    return seen
 
 
-def _python_for_everyone(where: Path) -> Path:
-    """A venv on the system's Python holding a copy of bide and what it imports: the
-    checkout and its venv may be under a directory other users cannot enter (/root)."""
+def _python_for_everyone(where: Path, extras: tuple[str, ...] = ()) -> Path:
+    """A venv on the system's Python holding a copy of bide and the distributions it needs
+    (with ``extras``): the checkout and its venv may be under a directory other users cannot
+    enter (/root)."""
     env = where / "env"
     system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     _run(system, "-m", "venv", "--without-pip", str(env))
     site = next((env / "lib").glob("python*/site-packages"))
-    for source in (ROOT, Path(sysconfig.get_paths()["purelib"]),
-                   Path(sysconfig.get_paths()["platlib"])):
-        for entry in source.iterdir():
-            if entry.name.split(".")[0] in RUNTIME and not (site / entry.name).exists():
-                if entry.is_dir():
-                    shutil.copytree(entry, site / entry.name,
-                                    ignore=shutil.ignore_patterns("__pycache__"))
-                else:
-                    shutil.copy2(entry, site / entry.name)
+    for package in ("daemon", "eventlog", "replay"):
+        shutil.copytree(ROOT / package, site / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in _requirements("bide", extras) - {"bide"}:
+        dist = importlib.metadata.distribution(name)
+        for file in dist.files or []:
+            source = Path(str(dist.locate_file(file)))
+            if file.parts[0].endswith(".data") or not source.is_file() or ".." in file.parts:
+                continue
+            target = site / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
     subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
     return env / "bin" / "python"
 
@@ -220,3 +245,42 @@ def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
         assert sorted(ops) == ["op-bob", "op-bob-2"]
         assert {op.registered_by for op in ops.values()} == {"bide-t-bob"}
         assert grp.getgrnam("bide-t-agents").gr_gid in bob.groups
+
+
+def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
+        users: dict[str, User], shared_dir: Path) -> None:
+    pytest.importorskip("mcp", reason="bide[mcp] is not installed")
+    import anyio
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    python = _python_for_everyone(shared_dir, extras=("mcp",))
+    root = shared_dir / "ws"
+    root.mkdir()
+    with workspace(root, jobs={"j-a": "running"}, config_extra=SPOOL, api=API) as ws:
+        os.chmod(ws.config, 0o644)
+        ws.start_daemon()
+        alice, bob = users["bide-t-alice"], users["bide-t-bob"]
+        assert as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-a",
+                       "--operation", "op-alice").returncode == 0
+
+        async def as_mcp(user: User) -> tuple[bool, str, list[str]]:
+            params = StdioServerParameters(
+                command="setpriv",
+                args=[f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
+                      str(python), "-m", "daemon.cli", "mcp", "--config", str(ws.config)],
+                env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, cwd="/")
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+                await s.initialize()
+                got = await s.call_tool("get_operation", {"operation_id": "op-alice"})
+                mine = await s.call_tool("list_my_operations", {})
+                assert isinstance(mine.structured_content, dict)
+                listed = [o["operation_id"] for o in mine.structured_content["operations"]]
+                return got.is_error, str(got.content[0]), listed
+
+        assert anyio.run(as_mcp, alice)[0] is False
+        error, text, listed = anyio.run(as_mcp, bob)
+        assert error
+        assert "no operation 'op-alice'" in text
+        assert listed == []
+        assert anyio.run(as_mcp, alice)[2] == ["op-alice"]
