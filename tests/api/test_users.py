@@ -31,9 +31,10 @@ import pytest
 from tests.e2e.harness import Workspace, until, workspace
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS = ("bide-t-agents", "bide-t-approvers")
-USERS = {"bide-t-alice": GROUPS, "bide-t-bob": ("bide-t-agents",),
-         "bide-t-carol": GROUPS}
+GROUPS = ("bide-t-agents", "bide-t-approvers", "bide-t-api")
+USERS = {"bide-t-alice": GROUPS, "bide-t-bob": ("bide-t-agents", "bide-t-api"),
+         "bide-t-carol": ("bide-t-approvers", "bide-t-api"),
+         "bide-t-dave": ("bide-t-api",)}  # may reach the socket, has no role
 
 
 def _why_not() -> str | None:
@@ -158,7 +159,7 @@ def as_user(ws: Workspace, python: Path, user: User, *args: str,
 
 
 API = """\
-socket_group = "bide-t-agents"
+socket_group = "bide-t-api"
 socket_mode = "0660"
 """
 SPOOL = """
@@ -200,6 +201,11 @@ def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
                                "--escalation", "1")
         assert not_approver.returncode == 1
         assert "approver role" in not_approver.stdout
+
+        nobody = as_user(ws, python, users["bide-t-dave"], "status")
+        assert nobody.returncode == 2
+        assert "has no role here" in nobody.stderr
+        assert "agent: group 'bide-t-agents'" in nobody.stderr
 
         own = as_user(ws, python, alice, "decide", "op-alice", "abandon", "--escalation", "1")
         assert own.returncode == 1
@@ -274,7 +280,8 @@ def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
                 await s.initialize()
                 got = await s.call_tool("get_operation", {"operation_id": "op-alice"})
                 mine = await s.call_tool("list_my_operations", {})
-                assert isinstance(mine.structured_content, dict)
+                if mine.is_error or not isinstance(mine.structured_content, dict):
+                    return got.is_error, str(got.content[0]), [str(mine.content[0])]
                 listed = [o["operation_id"] for o in mine.structured_content["operations"]]
                 return got.is_error, str(got.content[0]), listed
 
@@ -284,3 +291,7 @@ def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
         assert "no operation 'op-alice'" in text
         assert listed == []
         assert anyio.run(as_mcp, alice)[2] == ["op-alice"]
+        error, text, listed = anyio.run(as_mcp, users["bide-t-dave"])
+        assert error  # a tool error with the API's words, and the server served on
+        assert "has no role here" in text
+        assert "has no role here" in listed[0]
