@@ -44,33 +44,40 @@ _peek = msgspec.json.Decoder(_Payload)
 class _Kept:
     """One operation's kept events: a head, a tail, and how many were dropped between."""
 
-    __slots__ = ("_head_limit", "dropped", "head", "tail")
+    __slots__ = ("_head_limit", "_tail_limit", "dropped", "head", "tail")
 
     def __init__(self, head_limit: int, tail_limit: int) -> None:
         self.head: list[bytes] = []
-        self.tail: collections.deque[bytes] = collections.deque(maxlen=tail_limit)
+        # Made only once the head is full: most operations end before (a deque is 600 bytes).
+        self.tail: collections.deque[bytes] | None = None
         self.dropped = 0
         self._head_limit = head_limit
+        self._tail_limit = tail_limit
 
     def append(self, payload: bytes) -> None:
         if len(self.head) < self._head_limit:
             self.head.append(payload)
             return
-        if len(self.tail) == self.tail.maxlen:
+        if self.tail is None:
+            self.tail = collections.deque(maxlen=self._tail_limit)
+        elif len(self.tail) == self._tail_limit:
             self.dropped += 1
         self.tail.append(payload)
+
+    def payloads(self) -> list[bytes]:
+        return [*self.head, *(self.tail or ())]
 
     def prepend(self, earlier: _Kept) -> None:
         """Put events recorded before these (loaded after a restart) in front. The one gap
         stays after the head: what ``earlier`` dropped, and what no longer fits."""
-        later = [*self.head, *self.tail]
+        later = self.payloads()
         self.head, self.tail, self.dropped = earlier.head, earlier.tail, earlier.dropped
         for payload in later:
             self.append(payload)
 
 
 class Histories:
-    def __init__(self, closed_limit: int = 10_000, per_operation: int = 256) -> None:
+    def __init__(self, closed_limit: int = 10_000, per_operation: int = 64) -> None:
         self.closed_limit = closed_limit
         self._head = max(1, per_operation // 8)
         self._tail = max(1, per_operation - self._head)
@@ -99,7 +106,7 @@ class Histories:
         kept = self._events.get(op_id)
         if kept is None:
             return None
-        decoded = [decode_log_event(p) for p in (*kept.head, *kept.tail)]
+        decoded = [decode_log_event(p) for p in kept.payloads()]
         return decoded, len(kept.head), kept.dropped
 
     def complete(self, op_id: str, registered_seq: int | None) -> bool:

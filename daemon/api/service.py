@@ -430,6 +430,8 @@ class Api:
                           f" closed_stories); read it offline: bide story {op_id} --offline",
                           code="story_not_kept", status=410)
         events, before_gap, dropped = kept
+        if not dropped:
+            before_gap = len(events)  # nothing left out: one story, grouped across the head
         lines = _story_lines(events[:before_gap])
         if dropped:
             after = events[before_gap:]
