@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ from replay.observations import DecisionSubmitted
 from replay.state import Operation
 
 ANSWER_CAP = 64 * 1024  # bytes read of a submit's or cancel's answer
+#: How an action's id ends (``OP.submit``, ``OP.fetch.1``): no operation id may end so, or
+#: an operation and an action could answer to one id.
+ACTION_ID = re.compile(r"\.(?:submit|fetch\.\d+|cancel\.\d+)$")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class ActionRunner:
         if len(sf.body) > profile.submit.max_body_bytes:
             raise SpoolReject(f"body is {len(sf.body)} bytes; the profile allows "
                               f"{profile.submit.max_body_bytes}")
+        if ACTION_ID.search(reg.operation_id):
+            raise SpoolReject(f"operation id {reg.operation_id!r} ends like an action's id "
+                              f"(.submit, .fetch.N, .cancel.N); choose another")
         action_id = f"{reg.operation_id}.submit"
         fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
         existing = self.actions.get(action_id)

@@ -90,6 +90,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     registrations_burst: Annotated[int, msgspec.Meta(ge=1)] = 100
     max_wait_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 60.0
     max_connections: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2048
+    max_connections_per_user: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
     request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
     closed_stories: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # ended operations' stories kept
     story_events_kept: Annotated[int, msgspec.Meta(ge=16)] = 64  # per operation, in memory

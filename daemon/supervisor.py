@@ -37,7 +37,7 @@ import random
 import signal
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ import msgspec
 import watchfiles
 
 from daemon import logfmt, systemd
-from daemon.actions import ActionPorts, ActionRunner
+from daemon.actions import ACTION_ID, ActionPorts, ActionRunner
 from daemon.config import Config
 from daemon.errors import ConfigError, Refused
 from daemon.faults import FaultInjection
@@ -176,6 +176,8 @@ class Supervisor:
         self._waits: dict[str, tuple[float, float]] = {}
         self.histories = Histories(config.api.closed_stories, config.api.story_events_kept)
         self.watchers: dict[str, anyio.Event] = {}  # op id -> set at its next recorded event
+        self._watching: collections.Counter[str] = collections.Counter()  # waiters per op id
+        self._registering: dict[str, anyio.Event] = {}  # op id -> set once it is recorded
         self.live_by_owner: collections.Counter[int | None] = collections.Counter()
         self.api_socket: str | None = None
         self._append_failing = (0.0, 0)  # (monotonic start, attempts) while appends fail
@@ -236,7 +238,7 @@ class Supervisor:
                     self.live_by_owner[op.registered_by_uid] += 1
                 elif before is not None and before.phase == "live":
                     self.live_by_owner[op.registered_by_uid] -= 1
-            self.histories.add(ev.operation_id, payload, None if op is None else op.phase)
+            self.histories.add(ev.operation_id, payload, self._phase_after(ev, op))
             watcher = self.watchers.pop(ev.operation_id, None)
             if watcher is not None:
                 watcher.set()
@@ -248,12 +250,32 @@ class Supervisor:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def _phase_after(self, ev: LogEvent, op: Operation | None) -> str | None:
+        """The phase of the event's operation, for the stories kept: an action's event counts
+        for its operation, or, for a submit that never made one, ends with the action."""
+        if op is not None:
+            return op.phase
+        target = self.ops.get(ev.operation_id)
+        if target is not None:
+            return target.phase
+        action = self.ledger.actions.get(ev.action_id) if isinstance(ev, ActionEvent) else None
+        return "closed" if action is not None and action.phase in ("failed", "closed") else None
+
     async def next_event_of(self, op_id: str) -> None:
-        """Wait until the next event of ``op_id`` is durable (a waiter of the API)."""
+        """Wait until the next event of ``op_id`` is durable (a waiter of the API). The last
+        waiter to leave (answered, timed out or gone) takes the entry with it."""
         watcher = self.watchers.get(op_id)
         if watcher is None:
             watcher = self.watchers[op_id] = anyio.Event()
-        await watcher.wait()
+        self._watching[op_id] += 1
+        try:
+            await watcher.wait()
+        finally:
+            self._watching[op_id] -= 1
+            if not self._watching[op_id]:
+                del self._watching[op_id]
+                if self.watchers.get(op_id) is watcher:
+                    del self.watchers[op_id]
 
     def _snapshot_if_due(self) -> None:
         every = self.config.log.snapshot_every
@@ -569,8 +591,10 @@ class Supervisor:
         def count(reason: str) -> None:
             self.metrics.api_rejections[reason] += 1
 
-        server = ApiServer(handle, limits=Limits(max_connections=cfg.max_connections,
-                                                 request_timeout=cfg.request_timeout_seconds),
+        server = ApiServer(handle, limits=Limits(
+            max_connections=cfg.max_connections,
+            max_connections_per_user=cfg.max_connections_per_user,
+            request_timeout=cfg.request_timeout_seconds),
                            count=count)
         self.api_socket = where
         logfmt.info("api listening", socket=where, inherited=not bound)
@@ -758,7 +782,8 @@ class Supervisor:
             if request.request_id != rid:
                 raise SpoolReject("request_id does not match the file name")
             if isinstance(request, SubmitFile):
-                await self.runner.ingest_submit(rid, request, st.st_uid)
+                async with self.one_at_a_time(request.registration.operation_id):
+                    await self.runner.ingest_submit(rid, request, st.st_uid)
             elif isinstance(request, FetchFile):
                 await self.runner.ingest_fetch(rid, request)
         except SpoolReject as exc:
@@ -788,7 +813,30 @@ class Supervisor:
         peer credentials); returns the operation and whether it is new.
 
         Idempotent: an operation id already recorded for the same job (from the API: for the
-        same request, by its ``digest``) is that operation, not a second registration."""
+        same request, by its ``digest``) is that operation, not a second registration. Two
+        registrations of one id at once are taken one after the other: the second finds the
+        first recorded (the check and the append are not atomic across the append's await)."""
+        async with self.one_at_a_time(reg.operation_id):
+            return await self._register_once(reg, owner, digest)
+
+    @contextlib.asynccontextmanager
+    async def one_at_a_time(self, op_id: str) -> AsyncIterator[None]:
+        """Registrations and submits of one operation id, one after the other."""
+        while (pending := self._registering.get(op_id)) is not None:
+            await pending.wait()
+        done = self._registering[op_id] = anyio.Event()
+        try:
+            yield
+        finally:
+            del self._registering[op_id]
+            done.set()
+
+    async def _register_once(self, reg: Registration, owner: int, digest: str
+                             ) -> tuple[Operation, bool]:
+        if ACTION_ID.search(reg.operation_id):
+            raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
+                          f"(.submit, .fetch.N, .cancel.N); choose another",
+                          code="invalid_operation_id", field="operation_id")
         existing = self.ops.get(reg.operation_id)
         if existing is not None:
             same = ((existing.request_digest == digest) if digest else
@@ -850,7 +898,7 @@ class Supervisor:
                                             escalation_id=df.escalation_id)
             if df.operation_id in self.busy:
                 return  # a poll is mid-flight; the next scan picks the file up
-            await self.decide_escalation(df.operation_id, observation)
+            await self.decide_escalation(df.operation_id, observation, st.st_uid)
         except (SpoolReject, Refused) as exc:
             logfmt.warn("decision rejected", file=path.name, reason=exc)
             self.spool.reject(path, rid, str(exc), decision=True)
@@ -859,11 +907,27 @@ class Supervisor:
         self.spool.done(path)
         logfmt.info("decision recorded", op=df.operation_id, option=df.option, approver=approver)
 
-    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted) -> bool:
+    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted,
+                                approver_uid: int) -> bool:
         """Record a human's decision on the open escalation of an operation or an action
-        (whoever may decide was checked by the caller); returns whether polling resumes.
+        (whether ``approver_uid`` is an approver was checked by the caller: the API's roles,
+        the spool's directory and group); returns whether polling resumes.
+
+        An approver never answers an escalation of an operation they registered unless
+        ``[api] allow_self_approval``; then the decision records it (``self_approved``).
         A poll in flight is let finish first, so the decision meets the state it answers."""
         action = self.runner.actions.get(op_id)
+        target = self.ops.get(action.operation_id if action is not None else op_id)
+        owner = (action.intent.registered_by_uid
+                 if action is not None and action.kind == "submit"
+                 else target.registered_by_uid if target is not None else None)
+        if owner is not None and owner == approver_uid:
+            if not self.config.api.allow_self_approval:
+                raise Refused(
+                    f"{op_id} was registered by {user_name(approver_uid)}; an approver may not "
+                    f"answer their own operation's escalation ([api] allow_self_approval = "
+                    f"true allows it, for one-person setups)", code="self_approval", status=403)
+            observation = msgspec.structs.replace(observation, self_approved=True)
         if action is not None:
             decided = await self.runner.decide(action, observation)
             if not decided.accepted:

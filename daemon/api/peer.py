@@ -43,13 +43,16 @@ def peer_of(sock: socket.socket) -> Peer:
 
 @dataclass(frozen=True)
 class RoleGroups:
-    """The groups that give each role ("" = everyone who can reach the socket)."""
+    """The groups that give each role ("" = everyone who can reach the socket; None for the
+    approvers: nobody, when the agents are a group and the approvers are not)."""
 
     agents: str
-    approvers: str
+    approvers: str | None
     operators: str
 
     def describe(self, role: Role) -> str:
+        if role == "approver" and self.approvers is None:
+            return "nobody until [api] approvers_group is set"
         group = {"agent": self.agents, "approver": self.approvers,
                  "operator": self.operators}[role]
         return f"group {group!r}" if group else "anyone"
@@ -85,7 +88,7 @@ def roles_of(peer: Peer, groups: RoleGroups, *, daemon_uid: int) -> list[Role]:
     roles: list[Role] = []
     if not groups.agents or groups.agents in member:
         roles.append("agent")
-    if not groups.approvers or groups.approvers in member:
+    if groups.approvers is not None and (not groups.approvers or groups.approvers in member):
         roles.append("approver")
     if peer.uid in (0, daemon_uid) or (groups.operators and groups.operators in member):
         roles.append("operator")

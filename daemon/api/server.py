@@ -41,12 +41,14 @@ class Limits:
     idle_timeout: float = 75.0  # a kept-alive connection waiting for its next request
     write_timeout: float = 10.0
     max_connections: int = 1024
+    max_connections_per_user: int = 256  # so one user cannot shut the others out
 
 
 @dataclass
 class Request:
     method: str
-    path: str
+    path: str  # percent-decoded
+    raw_path: str  # as sent
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
@@ -84,6 +86,7 @@ class ApiServer:
         self.limits = limits or Limits()
         self.count = count
         self.connections = 0
+        self._per_user: dict[int, int] = {}
 
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
         """Accept until cancelled."""
@@ -110,19 +113,30 @@ class ApiServer:
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         try:
             async with stream:
-                if self.connections >= self.limits.max_connections:
+                peer = peer_of(stream.extra(SocketAttribute.raw_socket))
+                mine = self._per_user.get(peer.uid, 0)
+                if (self.connections >= self.limits.max_connections
+                        or mine >= self.limits.max_connections_per_user):
+                    whose = ("its" if self.connections >= self.limits.max_connections
+                             else "this user's")
                     self.count("too_many_connections")
                     conn = h11.Connection(h11.SERVER)
                     await self._write_refusal(conn, stream, error(
                         503, "too_many_connections",
-                        f"the daemon has {self.connections} API connections open, its limit; "
-                        "try again shortly", headers=[("Retry-After", "1")]))
+                        f"the daemon has {whose} limit of API connections open; try again "
+                        "shortly", headers=[("Retry-After", "1")]))
                     return
                 self.connections += 1
+                self._per_user[peer.uid] = mine + 1
                 try:
-                    await self._converse(stream)
+                    await self._converse(stream, peer)
                 finally:
                     self.connections -= 1
+                    left = self._per_user[peer.uid] - 1
+                    if left:
+                        self._per_user[peer.uid] = left
+                    else:
+                        del self._per_user[peer.uid]
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                 ConnectionError, TimeoutError):
             pass  # the client went away or was too slow to read: nothing to answer
@@ -133,8 +147,7 @@ class ApiServer:
             logfmt.error("api: internal error; connection closed", error=type(exc).__name__)
             self.count("internal_error")
 
-    async def _converse(self, stream: anyio.abc.SocketStream) -> None:
-        peer = peer_of(stream.extra(SocketAttribute.raw_socket))
+    async def _converse(self, stream: anyio.abc.SocketStream, peer: Peer) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         while True:
             try:
@@ -300,8 +313,8 @@ def _request(head: h11.Request, body: bytes, peer: Peer) -> Request:
         raise _Refused(error(400, "bad_query", "the query string does not parse (UTF-8, at "
                                                "most 32 fields)", "query"), "bad_query") from None
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
-    return Request(method=head.method.decode("ascii", "replace"), path=path, query=query,
-                   headers=headers, body=body, peer=peer)
+    return Request(method=head.method.decode("ascii", "replace"), path=path,
+                   raw_path=target.path, query=query, headers=headers, body=body, peer=peer)
 
 
 def _reason(status: int) -> bytes:

@@ -21,8 +21,10 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Coroutine, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+from urllib.parse import unquote
 
 import anyio
 import msgspec
@@ -85,9 +87,11 @@ class Daemon(Protocol):
     def clock(self) -> float: ...
     async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
                                  ) -> tuple[Operation, bool]: ...
-    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted) -> bool: ...
+    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted,
+                                approver_uid: int) -> bool: ...
     async def withdraw(self, op_id: str, withdrawal: Withdrawal) -> bool: ...
     async def next_event_of(self, op_id: str) -> None: ...
+    def one_at_a_time(self, op_id: str) -> AbstractAsyncContextManager[None]: ...
     def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 T = TypeVar("T")
@@ -111,12 +115,14 @@ class Api:
         self.sup = supervisor
         cfg = supervisor.config
         self.cfg = cfg.api
-        self.groups = RoleGroups(
-            agents=cfg.api.agents_group if cfg.api.agents_group is not None
-            else cfg.spool.agents_group,
-            approvers=cfg.api.approvers_group if cfg.api.approvers_group is not None
-            else cfg.spool.approvers_group,
-            operators=cfg.api.operators_group)
+        agents = (cfg.api.agents_group if cfg.api.agents_group is not None
+                  else cfg.spool.agents_group)
+        approvers: str | None = (cfg.api.approvers_group if cfg.api.approvers_group
+                                 is not None else cfg.spool.approvers_group)
+        if agents and not approvers:
+            approvers = None  # agents are a group, approvers none: nobody approves (closed)
+        self.groups = RoleGroups(agents=agents, approvers=approvers,
+                                 operators=cfg.api.operators_group)
         self.daemon_uid = os.geteuid()
         self._registrations: dict[int, RateQuota] = {}
         self._loading: anyio.Event | None = None
@@ -154,11 +160,12 @@ class Api:
             return self._only(method, "POST") or await self._submit(caller, request)
         if path == "/v1/escalations":
             return self._only(method, "GET") or _json(200, self._escalations(caller))
-        m = _OP_PATH.match(path)
+        # Matched before percent-decoding, so an id holding "/" (sent as %2F) stays one.
+        m = _OP_PATH.match(request.raw_path)
         if m is None:
             raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
                           status=404, field="path")
-        op_id, sub = m.group(1), m.group(2)
+        op_id, sub = unquote(m.group(1)), m.group(2)
         if sub is None:
             return self._only(method, "GET") or _json(200, await self._get(caller, op_id,
                                                                             request.query))
@@ -277,7 +284,9 @@ class Api:
             raise Refused(f"operation id {op_id} is already in use", code="operation_id_in_use",
                           status=409, field="operation_id")
         try:
-            sequence = await self.sup.runner.ingest_submit(sf.request_id, sf, caller.peer.uid)
+            async with self.sup.one_at_a_time(op_id):
+                sequence = await self.sup.runner.ingest_submit(sf.request_id, sf,
+                                                               caller.peer.uid)
         except SpoolReject as exc:
             code = "operation_id_in_use" if "already in use" in str(exc) else "rejected"
             raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
@@ -314,19 +323,14 @@ class Api:
         body = _decode(request.body, DecisionRequest)
         found = self._visible_op(caller, op_id)
         owner = (found.registered_by_uid if isinstance(found, Operation)
-                 else found.intent.registered_by_uid)
-        self_approved = owner == caller.peer.uid
-        if self_approved and not self.cfg.allow_self_approval:
-            raise Refused(f"operation {op_id} was registered by {caller.name}; an approver may "
-                          f"not answer their own operation's escalation ([api] "
-                          f"allow_self_approval = true allows it, for one-person setups)",
-                          code="self_approval", status=403)
+                 else found.intent.registered_by_uid if found.kind == "submit"
+                 else self._owner_of(found.operation_id))
         target = op_id if isinstance(found, Operation) else found.action_id
         observation = DecisionSubmitted(option=body.option, approver=caller.name,
-                                        note=body.note, escalation_id=body.escalation_id,
-                                        self_approved=self_approved)
+                                        note=body.note, escalation_id=body.escalation_id)
         escalation = found.escalation if isinstance(found, Operation) else None
-        resumes = await self.sup.decide_escalation(target, observation)
+        resumes = await self.sup.decide_escalation(target, observation, caller.peer.uid)
+        self_approved = owner == caller.peer.uid
         return _json(200, DecisionAnswer(
             operation_id=op_id,
             escalation_id=escalation.escalation_id if escalation is not None else 1,
@@ -365,19 +369,26 @@ class Api:
 
         self.sup.metrics.api_waiters += 1
         try:
+            # Events are keyed by their operation's id, an action's too.
+            key = found.operation_id if isinstance(found, Action) else op_id
             with anyio.move_on_after(seconds):
                 while not reached(self._view(found)):
-                    await self.sup.next_event_of(op_id)
+                    await self.sup.next_event_of(key)
                     found = self._current(op_id) or found
         finally:
             self.sup.metrics.api_waiters -= 1
         return self._view(self._current(op_id) or found)
 
+    def _owner_of(self, op_id: str) -> int | None:
+        op = self.sup.ops.get(op_id)
+        return op.registered_by_uid if op is not None else None
+
     def _current(self, op_id: str) -> Operation | Action | None:
         op = self.sup.ops.get(op_id)
         if op is not None:
             return op
-        return self.sup.runner.actions.get(f"{op_id}.submit")
+        actions = self.sup.runner.actions
+        return actions.get(f"{op_id}.submit") or actions.get(op_id)
 
     def _list(self, caller: Caller, query: dict[str, str]) -> OperationPage:
         phase = query.get("phase")
@@ -469,11 +480,19 @@ class Api:
                 if op.phase in ("live", "escalated")} | {op.operation_id for op in closed}
         kept |= {a.operation_id for a in sup.runner.actions.values()}
         started = time.monotonic()
-        earlier = await anyio.to_thread.run_sync(
-            sup.histories.read_earlier, sup.config.log_dir, sup.keyring, kept.__contains__)
+        loading = self._loading
+        assert loading is not None
+        try:
+            earlier = await anyio.to_thread.run_sync(
+                sup.histories.read_earlier, sup.config.log_dir, sup.keyring, kept.__contains__)
+        except Exception as exc:  # a damaged or shredded log: no stories from before, no crash
+            logfmt.error("cannot load the stories recorded before the start; a later story "
+                         "request tries again", error=f"{type(exc).__name__}: {exc}"[:300])
+            self._loading = None
+            loading.set()
+            return
         sup.histories.merge(earlier)
-        assert self._loading is not None
-        self._loading.set()
+        loading.set()
         logfmt.info("stories recorded before the start loaded", operations=len(earlier),
                     seconds=f"{time.monotonic() - started:.2f}")
 

@@ -7,17 +7,20 @@ provider sees (requests made, or not made).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from daemon.api.client import ApiCallError, ApiClient
 from daemon.api.listener import _bind
 from daemon.errors import ConfigError
+from daemon.spool import DecisionFile, Spool, new_request_id
 from tests.e2e.harness import Workspace, until, workspace
 from tests.faults.support import metrics_url, scrape
 
@@ -211,7 +214,7 @@ def _status(answer: bytes) -> int:
 def test_hostile_requests_get_clear_errors_and_polling_goes_on(tmp_path: Path) -> None:
     with workspace(tmp_path, jobs={"keep": FOREVER},
                    config_extra='\n[metrics]\nlisten = "127.0.0.1:0"\n',
-                   api="request_timeout_seconds = 1\n") as ws:
+                   api="request_timeout_seconds = 1\nmax_connections_per_user = 2000\n") as ws:
         daemon = ws.start_daemon()
         path = sock(ws)
         with api(ws) as client:
@@ -371,3 +374,89 @@ def test_a_long_story_says_what_it_leaves_out(tmp_path: Path) -> None:
         assert "succeeded" in lines[-1]
         assert any("bide story op-long --offline shows every one" in line for line in lines)
         assert len(lines) < len(ws.bide("story", "op-long", "--offline").stdout.splitlines())
+
+
+def test_the_same_registration_sent_at_once_is_recorded_once(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"j1": FOREVER}) as ws:
+        ws.start_daemon()
+        answers: list[dict[str, object]] = []
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                with api(ws) as client:
+                    answers.append(watch(client, "dup", "j1"))
+            except BaseException as exc:  # collected and asserted on below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=send) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert sum(1 for a in answers if a["created"]) == 1
+        assert len({a["sequence"] for a in answers}) == 1
+        registered = [e for _, e in ws.log().events if type(e).__name__ ==
+                      "OperationRegistered"]
+        assert len(registered) == 1
+
+
+def test_ids_are_one_namespace_and_may_hold_a_slash(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"j1": FOREVER, "j2": FOREVER}) as ws:
+        ws.start_daemon()
+        with api(ws) as client:
+            with pytest.raises(ApiCallError) as like_an_action:
+                watch(client, "x.fetch.1", "j1")
+            assert (like_an_action.value.status, like_an_action.value.field) == (
+                422, "operation_id")
+            watch(client, "team/nightly", "j2")
+            view = client.call("GET", "/v1/operations/team%2Fnightly")
+            assert view["operation_id"] == "team/nightly"
+        assert ws.bide("status", "team/nightly").returncode == 0
+
+
+def test_a_spool_decision_cannot_self_approve_either(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"odd": "mystery"}, api="") as ws:
+        ws.start_daemon()
+        with api(ws) as client:
+            watch(client, "op-odd", "odd")
+            client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
+        spool = Spool(tmp_path / "state" / "spool")
+        decision = DecisionFile(1, new_request_id(), "op-odd", "abandon", "", 1)
+        (spool.decisions / f"{decision.request_id}.json").write_bytes(
+            msgspec.json.encode(decision))
+        until(lambda: any("allow_self_approval" in p.read_text()
+                          for p in spool.rejected.glob("*.reason")), what="the refusal")
+        assert ws.log().ops["op-odd"].phase == "escalated"
+
+
+def test_one_user_cannot_take_every_connection(tmp_path: Path) -> None:
+    with workspace(tmp_path, api="max_connections_per_user = 5\n") as ws:
+        ws.start_daemon()
+        held = []
+        try:
+            for _ in range(5):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(str(sock(ws)))
+                held.append(s)
+            until(lambda: b"this user's limit" in _raw(
+                sock(ws), b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"), what="the cap")
+        finally:
+            for s in held:
+                s.close()
+        with api(ws) as client:
+            assert client.call("GET", "/v1/health")["status"] == "ok"
+
+
+def test_with_an_agents_group_and_no_approvers_group_nobody_approves(tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs={"odd": "mystery"}, api='agents_group = "root"\n') as ws:
+        ws.start_daemon()
+        with api(ws) as client:
+            watch(client, "op-odd", "odd")
+            client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
+            with pytest.raises(ApiCallError) as refused:
+                client.call("POST", "/v1/operations/op-odd/decision",
+                            body={"option": "abandon", "escalation_id": 1})
+            assert refused.value.status == 403
+            assert "approvers_group" in refused.value.detail
