@@ -87,7 +87,8 @@ class ActionRunner:
 
     # -- ingest ------------------------------------------------------------------------------
 
-    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int) -> int | None:
+    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int, *,
+                            digest: str = "") -> int | None:
         """Record the submit's intent and start it; returns the intent's log sequence number
         (None when this submit was recorded before: a retry)."""
         ports = self.ports
@@ -108,8 +109,10 @@ class ActionRunner:
         fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
         existing = self.actions.get(action_id)
         if existing is not None:
-            if existing.intent.request_fingerprint == fp:
-                return None  # ingested before a crash; its receipt follows its outcome
+            same = (existing.intent.request_fingerprint == fp
+                    and (not digest or existing.intent.request_digest in ("", digest)))
+            if same:
+                return None  # ingested before a crash, or a client's retry
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
         if ports.operation(reg.operation_id) is not None:
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
@@ -128,7 +131,7 @@ class ActionRunner:
             request_fingerprint=fp, idempotency_key=key,
             timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
             registration=template, spool_request=rid, registered_by=user_name(owner),
-            registered_by_uid=owner)
+            registered_by_uid=owner, request_digest=digest)
         landed = await ports.record([intent])
         self.start(action_id)
         return landed[0].seq

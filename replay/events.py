@@ -651,6 +651,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
         registered_by: Who asked for the submit (the spool file's owner), for the operation.
         registered_by_uid: That user's uid.
         spool_request: The spool request it answers, so its receipt survives a restart.
+        request_digest: The digest of the whole API request that asked for a submit
+            (deadline and budgets too), so a retry that differs is a conflict, not the same.
         result_name: The result field fetched (fetch).
     """
 
@@ -669,6 +671,7 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
     registered_by: str = ""
     registered_by_uid: int | None = None
     spool_request: str | None = None
+    request_digest: str = ""
     result_name: str | None = None
 
 

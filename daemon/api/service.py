@@ -285,8 +285,8 @@ class Api:
                           status=409, field="operation_id")
         try:
             async with self.sup.one_at_a_time(op_id):
-                sequence = await self.sup.runner.ingest_submit(sf.request_id, sf,
-                                                               caller.peer.uid)
+                sequence = await self.sup.runner.ingest_submit(
+                    sf.request_id, sf, caller.peer.uid, digest=_digest(body, op_id))
         except SpoolReject as exc:
             code = "operation_id_in_use" if "already in use" in str(exc) else "rejected"
             raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
@@ -620,10 +620,12 @@ def _convert(fields: dict[str, Any], kind: type[T]) -> T:
         raise Refused(f"invalid request: {exc}", code="invalid_field", status=422) from None
 
 
-def _digest(body: msgspec.Struct, op_id: str) -> str:
-    """What makes two registrations the same request (the id the caller gave or got)."""
+def _digest(body: WatchRequest | SubmitRequest, op_id: str) -> str:
+    """What makes two registrations or submits the same request (with the id the caller
+    gave or got)."""
     data = msgspec.json.encode(msgspec.structs.replace(body, operation_id=op_id))
-    return hashlib.sha256(b"bide.api.watch.v1\n" + data).hexdigest()
+    kind = b"watch" if isinstance(body, WatchRequest) else b"submit"
+    return hashlib.sha256(b"bide.api." + kind + b".v1\n" + data).hexdigest()
 
 
 def _cursor(op: Operation) -> str:

@@ -460,3 +460,23 @@ def test_with_an_agents_group_and_no_approvers_group_nobody_approves(tmp_path: P
                             body={"option": "abandon", "escalation_id": 1})
             assert refused.value.status == 403
             assert "approvers_group" in refused.value.detail
+
+
+def test_a_submit_retry_is_the_same_receipt_and_a_changed_one_a_conflict(
+        tmp_path: Path) -> None:
+    from tests.e2e.test_actions import submit_profile
+
+    with workspace(tmp_path, server={"submit_steps": [{"delay": 0}]}) as ws:
+        submit_profile(ws)
+        ws.start_daemon()
+        body = {"provider": "sim", "operation_id": "sub", "deadline_seconds": 60,
+                "body": "eyJleHBvcnQiOiAiYWxsIn0="}
+        with api(ws) as client:
+            first = client.call("POST", "/v1/submissions", body=body)
+            assert first["created"] is True
+            again = client.call("POST", "/v1/submissions", body=body)
+            assert again["created"] is False
+            with pytest.raises(ApiCallError) as changed:
+                client.call("POST", "/v1/submissions", body={**body, "deadline_seconds": 90})
+            assert (changed.value.status, changed.value.error) == (409, "operation_id_in_use")
+        assert len(ws.sim.requests(kind="submit")) == 1
