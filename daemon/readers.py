@@ -7,13 +7,16 @@ reported with its sequence number on stderr and left out; the other operations r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.config import Config
 from daemon.errors import UsageError
-from daemon.snapshots import warn_unreadable
-from eventlog.keys import KeyRing, keys_directory, load_keyring
+from daemon.snapshots import load_snapshot, replay_log, warn_unreadable
+from eventlog.errors import EventLogError
+from eventlog.keys import KeyRing, keys_directory, load_keyring, load_signer
+from eventlog.position import mismatch
 from eventlog.reader import LogReader
 from replay.actions import Action, evolve_action
 from replay.errors import ReplayError
@@ -76,10 +79,26 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
     return log
 
 
-def need_op(log: LoadedLog, op_id: str) -> Operation:
-    op = log.ops.get(op_id)
+def load_state(config: Config, keyring: KeyRing) -> dict[str, Operation]:
+    """Every operation's state: from the state snapshot and the events after it when the
+    snapshot is usable (its tag checks with the signing key, and its position still names a
+    record of the log), else by folding the whole log. The same states either way (the
+    snapshot is the fold up to its position); the first is what a large log makes cheap."""
+    try:
+        signer = load_signer(keys_directory(config.keys_dir))
+    except (EventLogError, OSError):
+        signer = None  # an auditor's keys: no signing key, so the whole log
+    if signer is not None:
+        snapshot = load_snapshot(config.snapshot_path, keyring, signer)
+        if snapshot is not None and mismatch(config.log_dir, snapshot.position) is None:
+            return replay_log(config.log_dir, keyring, snapshot).ops
+    return load_log(config.log_dir, keyring).ops
+
+
+def need_op(ops: Mapping[str, Operation], op_id: str) -> Operation:
+    op = ops.get(op_id)
     if op is None:
-        hint = ", ".join(sorted(log.ops)[:5])
+        hint = ", ".join(sorted(ops)[:5])
         raise UsageError(f"no operation {op_id!r} in the log" +
                          (f" (some that exist: {hint})" if hint else " (the log has none yet)"))
     return op

@@ -13,7 +13,7 @@ from daemon.commands.apicall import ApiCallError, require, view_line
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.outbox import provider_error_text
-from daemon.readers import load_log, need_op, open_keyring
+from daemon.readers import load_state, need_op, open_keyring
 from replay.decide import format_time
 from replay.state import Operation
 
@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
-    log = load_log(cfg.log_dir, open_keyring(cfg))
+    known = load_state(cfg, open_keyring(cfg))  # from the snapshot where it can
     if args.operation:
-        op = need_op(log, args.operation)
+        op = need_op(known, args.operation)
         if args.json:
             print(json.dumps({**op_summary(op), "record": msgspec.to_builtins(op)}))
         else:
@@ -131,7 +131,7 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
             if op.provider_error is not None:
                 print(provider_error_text(op.provider_error, op.provider_error_truncated))
         return 0
-    ops = sorted((op for op in log.ops.values() if args.phase in (None, op.phase)),
+    ops = sorted((op for op in known.values() if args.phase in (None, op.phase)),
                  key=lambda o: o.registered_at)
     if args.json:
         print(json.dumps([op_summary(op) for op in ops]))

@@ -56,7 +56,7 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     log = load_log(cfg.log_dir, open_keyring(cfg))
     actions = op_action_events(log, args.operation)
     if args.operation not in log.ops and not actions:
-        need_op(log, args.operation)
+        need_op(log.ops, args.operation)
     lines = sorted([*story_json(op_events(log, args.operation)), *action_story(actions)],
                    key=lambda line: float(line["at"]))  # type: ignore[arg-type]
     if args.json:

@@ -136,3 +136,29 @@ def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_pat
         checked = ws.bide("replay", "--check")
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert ws.bide("verify").returncode == 0
+
+
+def test_offline_status_starts_from_the_snapshot_not_from_record_0(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"a": "running, succeeded with result", "b": "running"}) as ws:
+        daemon = ws.start_daemon()
+        assert ws.watch("a", "op-a").returncode == 0
+        assert ws.watch("b", "op-b", "--max-requests", "1000").returncode == 0
+        assert ws.bide("wait", "op-a", "--timeout", "20s").returncode == 0
+        assert daemon.stop() == 0  # a clean stop writes the snapshot at the head
+        full = ws.bide("status", "--offline", "--json")
+        assert full.returncode == 0
+        # Damage a record before the snapshot's position: a reader from record 0 stops
+        # there; one that starts from the snapshot never reads it, and answers the same.
+        segment = sorted((tmp_path / "state" / "log").glob("seg-*.jsonl"))[0]
+        lines = segment.read_bytes().split(b"\n")
+        first_event = next(i for i, line in enumerate(lines) if b'"kind":"event"' in line)
+        at = lines[first_event].index(b'"ct":"') + 6  # one ciphertext byte, same length
+        line = bytearray(lines[first_event])
+        line[at] = ord("A") if line[at] != ord("A") else ord("B")
+        lines[first_event] = bytes(line)
+        segment.write_bytes(b"\n".join(lines))
+        again = ws.bide("status", "--offline", "--json")
+        assert again.stdout == full.stdout, again.stderr
+        broken = ws.bide("story", "op-a", "--offline")
+        assert broken.returncode != 0
+        assert "run `bide verify`" in broken.stderr
