@@ -1,6 +1,6 @@
 """bide's I/O shell: everything with a side effect lives here (the model is in ``replay``).
 
-Modules, one job each:
+Modules, one job each (`accepting` is the accept loop the metrics listener and the API share):
 
 * ``supervisor`` owns the task group, the timers, the quotas and every status request;
   ``actions`` runs submit, fetch and cancel through narrow ``ActionPorts``; ``http`` turns one

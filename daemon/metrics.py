@@ -8,7 +8,6 @@ name: nothing from a response body, no job id, no credential.
 from __future__ import annotations
 
 import bisect
-import errno
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from daemon import logfmt
+from daemon.accepting import accepted
 from replay.events import (
     EscalationRaised,
     Event,
@@ -152,7 +151,6 @@ class Metrics:
 
 #: Scrapes served at once; more connections are closed at once (a scraper needs one).
 MAX_CONNECTIONS = 16
-_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
@@ -195,27 +193,11 @@ async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
         finally:
             open_connections -= 1
 
-    failing = False
-
     async def accept(inner: anyio.abc.Listener[anyio.abc.SocketStream],
                      connections: anyio.abc.TaskGroup) -> None:
-        nonlocal failing, open_connections
+        nonlocal open_connections
         assert isinstance(inner, anyio.abc.SocketListener)
-        while True:
-            try:
-                stream = await inner.accept()
-            except OSError as exc:
-                if exc.errno not in _OUT_OF_DESCRIPTORS:
-                    raise
-                if not failing:
-                    logfmt.warn("metrics: out of file descriptors; not accepting for now",
-                                error=exc.strerror)
-                failing = True
-                await anyio.sleep(0.2)
-                continue
-            if failing:
-                logfmt.info("metrics: accepting connections again")
-                failing = False
+        async for stream in accepted(inner, "metrics"):
             if open_connections >= MAX_CONNECTIONS:
                 await stream.aclose()
                 continue

@@ -13,7 +13,6 @@ the listener. Every refusal is counted by its reason.
 
 from __future__ import annotations
 
-import errno
 import http
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,11 +25,11 @@ import msgspec
 from anyio.abc import SocketAttribute
 
 from daemon import logfmt
+from daemon.accepting import accepted
 from daemon.api.peer import Peer, peer_of
 from daemon.api.schema import ApiError
 
 _RECEIVE_BYTES = 64 * 1024
-_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @dataclass(frozen=True)
@@ -90,24 +89,9 @@ class ApiServer:
 
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
         """Accept until cancelled."""
-        failing = False
         async with anyio.create_task_group() as tg:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in _OUT_OF_DESCRIPTORS:
-                        raise
-                    if not failing:
-                        logfmt.warn("api: out of file descriptors; not accepting for now",
-                                    error=exc.strerror)
-                        self.count("out_of_descriptors")
-                    failing = True
-                    await anyio.sleep(0.2)
-                    continue
-                if failing:
-                    logfmt.info("api: accepting connections again")
-                    failing = False
+            async for stream in accepted(listener, "api",
+                                         lambda: self.count("out_of_descriptors")):
                 tg.start_soon(self._connection, stream)
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:

@@ -247,15 +247,8 @@ class Api:
         existing = self.sup.ops.get(op_id)
         if existing is None:
             self._throttle(caller)
-        reg = _convert(dict(
-            operation_id=op_id, provider=body.provider, provider_job_id=body.job_id,
-            account_context=body.account, request_fingerprint=body.fingerprint,
-            expected_terminal_state=body.expected_state, started_at=body.started_at,
-            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
-            business_deadline_at=body.business_deadline_at,
-            max_status_requests=body.max_status_requests,
-            max_transport_failures=body.max_transport_failures,
-            max_rate_limited=body.max_rate_limited), Registration)
+        reg = _registration(body, op_id, body.job_id, now, request_fingerprint=body.fingerprint,
+                            started_at=body.started_at)
         op, created = await self.sup.register_operation(reg, caller.peer.uid, digest=digest)
         receipt = Receipt(operation_id=op.operation_id, status="registered",
                           sequence=op.registered_seq, created=created)
@@ -270,14 +263,7 @@ class Api:
         if existing is None and self.sup.ops.get(op_id) is None:
             self._throttle(caller)
         now = self.sup.clock()
-        reg = _convert(dict(
-            operation_id=op_id, provider=body.provider, provider_job_id="(submitting)",
-            account_context=body.account, expected_terminal_state=body.expected_state,
-            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
-            business_deadline_at=body.business_deadline_at,
-            max_status_requests=body.max_status_requests,
-            max_transport_failures=body.max_transport_failures,
-            max_rate_limited=body.max_rate_limited), Registration)
+        reg = _registration(body, op_id, "(submitting)", now)
         sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
                         body=body.body, idempotency_key=body.idempotency_key, force=body.force)
         if existing is not None and existing.intent.registered_by_uid != caller.peer.uid:
@@ -613,9 +599,18 @@ def _field_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _convert(fields: dict[str, Any], kind: type[T]) -> T:
+def _registration(body: WatchRequest | SubmitRequest, op_id: str, job_id: str, now: float,
+                  **more: Any) -> Registration:
+    """The registration a watch or a submit asks for (a submit's job id comes later)."""
     try:
-        return msgspec.convert(fields, kind)
+        return msgspec.convert(dict(
+            operation_id=op_id, provider=body.provider, provider_job_id=job_id,
+            account_context=body.account, expected_terminal_state=body.expected_state,
+            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
+            business_deadline_at=body.business_deadline_at,
+            max_status_requests=body.max_status_requests,
+            max_transport_failures=body.max_transport_failures,
+            max_rate_limited=body.max_rate_limited, **more), Registration)
     except msgspec.ValidationError as exc:
         raise Refused(f"invalid request: {exc}", code="invalid_field", status=422) from None
 
