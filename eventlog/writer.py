@@ -14,10 +14,13 @@ Theory of operation:
       torn tail. A crash between two writes leaves such records (never acknowledged), and so
       does anyone who appends with the data key alone: the data key reads and encrypts
       payloads, but only the signing key's holder makes history the writer continues.
-    * Appends are group-committed: callers queue payloads, one flusher task frames, encrypts
-      and writes everything queued with one ``write`` and one ``fdatasync`` in a worker thread,
-      then wakes the callers. ``append`` returns only once its record is durable, and a task's
-      appends keep their order because each waits for the previous one.
+    * Appends are group-committed: callers queue payloads, and one writer thread, which owns the
+      file, frames, encrypts and writes everything queued with one ``write`` and one
+      ``fdatasync``, then wakes the event loop once for the whole round. There is no task and
+      no executor hand-off per append: a queue under a lock, one thread wake-up when the thread
+      was idle, one loop wake-up per flush. ``append`` returns only once its record is durable,
+      and a task's appends keep their order because each waits for the previous one. The
+      writer needs the asyncio backend (the loop wake-up is ``call_soon_threadsafe``).
     * A signed checkpoint is written every ``checkpoint_every`` records, every
       ``checkpoint_interval`` seconds even when idle, and (``final``) on clean close.
     * A failed write or fsync is never retried on the same file descriptor (after a failed
@@ -32,10 +35,12 @@ Theory of operation:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,7 +93,7 @@ class Appended:
 @dataclass
 class _Batch:
     payloads: Sequence[bytes]
-    done: anyio.Event  # shared by every batch of one flush round
+    done: asyncio.Event  # shared by every batch of one flush round; set on the loop
     checkpoint: str | None = None  # "periodic" or "final": a checkpoint instead of payloads
     results: list[Appended] | None = None
     error: BaseException | None = None
@@ -122,9 +127,15 @@ class LogWriter:
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
         self._lock = WriterLock(log_dir)
+        # The queue the writer thread drains; ``_round`` is set (on the loop) once the batches
+        # now queued are written or have failed. Both are guarded by ``_cv``'s lock.
+        self._cv = threading.Condition()
         self._queue: list[_Batch] = []
-        self._round = anyio.Event()  # set when the batches now queued are written (or failed)
-        self._wake = anyio.Event()
+        self._round: asyncio.Event | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._io = threading.Lock()  # the file and head state: the writer thread, or an open
         self._closing = False
         self._failed: LogIOError | None = None
         self._unacked_from: tuple[int, int, int] | None = None  # (segment, size, head seq)
@@ -162,13 +173,16 @@ class LogWriter:
         self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
         try:
-            await anyio.to_thread.run_sync(self._open_sync)
+            await anyio.to_thread.run_sync(self._locked_open)
         except BaseException:
             self._lock.release()
             raise
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._writer_thread, name="bide-log-writer",
+                                        daemon=True)
+        self._thread.start()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self._flusher)
         self._tg.start_soon(self._ticker)
         return self
 
@@ -188,6 +202,12 @@ class LogWriter:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
+            with self._cv:
+                self._stopping = True
+                self._cv.notify()
+            if self._thread is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._thread.join)
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -200,11 +220,19 @@ class LogWriter:
 
     async def reopen(self) -> None:
         """After an I/O failure: drop the descriptor, re-verify from disk, resume appending."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        await anyio.to_thread.run_sync(self._open_sync)
+        await anyio.to_thread.run_sync(self._reopen_sync)
         self._failed = None
+
+    def _reopen_sync(self) -> None:
+        with self._io:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._open_sync()
+
+    def _locked_open(self) -> None:
+        with self._io:
+            self._open_sync()
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -225,9 +253,7 @@ class LogWriter:
             raise self._failed
         if self._closing:
             raise LogIOError(f"log {self.log_dir} is closing; no more appends")
-        batch = _Batch(payloads, self._round)
-        self._queue.append(batch)
-        self._wake.set()
+        batch = self._enqueue(payloads, None)
         await self._outcome(batch, on_durable)
         if batch.error is not None:
             raise batch.error
@@ -253,9 +279,7 @@ class LogWriter:
         return await self._enqueue_checkpoint(final=False)
 
     async def _enqueue_checkpoint(self, *, final: bool) -> Appended:
-        batch = _Batch((), self._round, "final" if final else "periodic")
-        self._queue.append(batch)
-        self._wake.set()
+        batch = self._enqueue((), "final" if final else "periodic")
         with anyio.CancelScope(shield=True):
             await batch.done.wait()
         if batch.error is not None:
@@ -278,31 +302,57 @@ class LogWriter:
         with contextlib.suppress(LogIOError):
             await self._enqueue_checkpoint(final=False)
 
-    async def _flusher(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            batches, self._queue = self._queue, []
-            if not batches:
-                continue
-            done, self._round = self._round, anyio.Event()
-            try:
-                await anyio.to_thread.run_sync(self._write_batches, batches)
-            except LogIOError as exc:
-                self._failed = exc
-                for b in batches:
-                    b.error = exc
-            except OSError as exc:
-                failure = LogIOError(
-                    f"writing log {self.log_dir} failed: {exc.strerror or exc}; the writer "
-                    f"stopped and will re-check the tail before appending again"
-                )
-                self._failed = failure
-                for b in batches:
-                    b.error = failure
-            done.set()
+    def _enqueue(self, payloads: Sequence[bytes], checkpoint: str | None) -> _Batch:
+        """Queue a batch for the writer thread (event loop side): a lock, and a wake-up only
+        when the queue was empty (the thread waits, or takes the queue when its write ends)."""
+        with self._cv:
+            if self._round is None:
+                self._round = asyncio.Event()
+            batch = _Batch(payloads, self._round, checkpoint)
+            self._queue.append(batch)
+            if len(self._queue) == 1:
+                self._cv.notify()
+        return batch
 
-    # -- framing (worker thread; the flusher is the only caller) -----------------------------
+    def _writer_thread(self) -> None:
+        """Drain the queue round by round until the writer closes; wake the loop once per
+        round."""
+        assert self._loop is not None
+        while True:
+            with self._cv:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                batches, self._queue = self._queue, []
+                done, self._round = self._round, None
+            assert done is not None
+            with self._io:
+                self._flush(batches)
+            try:
+                self._loop.call_soon_threadsafe(done.set)
+            except RuntimeError:  # pragma: no cover - the loop closed under a crashed caller
+                return
+
+    def _flush(self, batches: list[_Batch]) -> None:
+        """Write one round; a failure fails every batch of it and stops the writer until
+        :meth:`reopen`."""
+        try:
+            self._write_batches(batches)
+        except LogIOError as exc:
+            self._failed = exc
+            for b in batches:
+                b.error = exc
+        except OSError as exc:
+            failure = LogIOError(
+                f"writing log {self.log_dir} failed: {exc.strerror or exc}; the writer "
+                f"stopped and will re-check the tail before appending again"
+            )
+            self._failed = failure
+            for b in batches:
+                b.error = failure
+
+    # -- framing (the writer thread is the only caller) -----------------------------
 
     def _write_batches(self, batches: list[_Batch]) -> None:
         if self._failed is not None:
@@ -460,7 +510,7 @@ class LogWriter:
         fsync_dir(self.log_dir)
         self._segment_index = index
 
-    # -- open and recovery (worker thread) ---------------------------------------------------
+    # -- open and recovery (a worker thread, holding ``_io``) -----------------------------
 
     def _open_sync(self) -> None:
         if self._unacked_from is not None:

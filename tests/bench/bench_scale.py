@@ -81,10 +81,15 @@ class Proc:
     def cpu_seconds(self) -> float:
         return sum(self.cpu_split())
 
-    def cpu_split(self) -> tuple[float, float]:
-        """(user, system) CPU seconds so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    def cpu_split(self, task: str = "") -> tuple[float, float]:
+        """(user, system) CPU seconds so far: the process's, or one thread's (``task``)."""
+        stat = Path(f"/proc/{self.proc.pid}{task}/stat")
+        fields = stat.read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+    def loop_cpu_seconds(self) -> float:
+        """CPU of the main thread (the event loop), without the log's writer thread."""
+        return sum(self.cpu_split(f"/task/{self.proc.pid}"))
 
     def rss_kib(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -248,10 +253,18 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         window_start = max(time.time() + 2.0, polls_from + 0.5 * cap + 1.0)
         time.sleep(max(0.0, window_start - time.time()))
         m0, c0, s0, w0 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
-        k0 = daemon.cpu_split()[1]
+        k0, l0 = daemon.cpu_split()[1], daemon.loop_cpu_seconds()
+        spy = None
+        if out := os.environ.get("BIDE_BENCH_PYSPY"):  # raw stacks of the window, all threads
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "-f", "raw", "-r",
+                 "250", "-d", str(int(seconds)), "-o", out, "-p", str(daemon.proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(seconds)
+        if spy is not None:
+            spy.wait(timeout=60)
         m1, c1, s1, w1 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
-        k1 = daemon.cpu_split()[1]
+        k1, l1 = daemon.cpu_split()[1], daemon.loop_cpu_seconds()
         rss_end = daemon.rss_kib()
         daemon.stop()
         restart = _restart(root)
@@ -286,6 +299,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "simulator_cpu_share": round((s1 - s0) / (w1 - w0), 2),
             "daemon_cpu_per_request_us": round(cpu_per_req * 1e6, 1),
             "daemon_system_per_request_us": round((k1 - k0) / max(sent, 1) * 1e6, 1),
+            "daemon_loop_thread_per_request_us": round((l1 - l0) / max(sent, 1) * 1e6, 1),
             "log_flushes_per_request": round(
                 (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
