@@ -36,6 +36,7 @@ import anyio
 import certifi
 import httpx
 
+from daemon import connections
 from daemon.profile import Profile
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
@@ -113,13 +114,15 @@ class StatusClient:
 
     def _build(self) -> httpx.AsyncClient:
         limit = self.profile.quota.max_in_flight
-        return httpx.AsyncClient(
+        client = httpx.AsyncClient(
             follow_redirects=False,
             trust_env=False,
             verify=self._tls,
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
             headers={"User-Agent": USER_AGENT},
         )
+        connections.install(client)
+        return client
 
     async def aclose(self) -> None:
         for client in (*self._retired, self._client):

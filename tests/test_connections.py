@@ -1,0 +1,71 @@
+"""The lean connection backend (daemon/connections.py): installed on the status clients with
+the httpx and httpcore this project pins; an idle keep-alive connection is reused, and one the
+provider closed is noticed, so the next request goes out on a fresh connection."""
+
+from __future__ import annotations
+
+import socket
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from daemon import connections
+
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"  # keep-alive by the book
+
+
+def test_installs_on_the_pinned_httpx() -> None:
+    client = httpx.AsyncClient()
+    assert connections.install(client), (
+        "httpx/httpcore no longer keep the pool where daemon/connections.py looks; update it "
+        "or drop it (the daemon falls back to httpcore's own backend)")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hangs_up", [False, True], ids=["kept-open", "closed-by-provider"])
+async def test_idle_connections_are_reused_until_the_provider_closes_them(
+        hangs_up: bool) -> None:
+    opened = 0
+    hang_up, hung_up = anyio.Event(), anyio.Event()
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        nonlocal opened
+        opened += 1
+        first = opened == 1
+        async with stream, anyio.create_task_group() as tg:
+
+            async def close_on_hang_up() -> None:  # the first connection only
+                await (hang_up.wait() if first else anyio.sleep_forever())
+                # shutdown() sends the FIN now; asyncio would close the socket a turn later.
+                stream.extra(anyio.abc.SocketAttribute.raw_socket).shutdown(socket.SHUT_RDWR)
+                await stream.aclose()
+                hung_up.set()
+
+            tg.start_soon(close_on_hang_up)
+            buffered = b""
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buffered:
+                        buffered += await stream.receive()
+                    buffered = buffered.split(b"\r\n\r\n", 1)[1]
+                    await stream.send(RESPONSE)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                tg.cancel_scope.cancel()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert connections.install(client)
+            with anyio.fail_after(10):
+                first = await client.get(f"http://127.0.0.1:{port}/a")
+                if hangs_up:  # while the client holds the connection idle in its pool
+                    hang_up.set()
+                    await hung_up.wait()
+                second = await client.get(f"http://127.0.0.1:{port}/b")
+        tg.cancel_scope.cancel()
+    assert (first.text, second.text) == ("ok", "ok")
+    assert opened == (2 if hangs_up else 1)
