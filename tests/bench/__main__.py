@@ -1,4 +1,4 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api] [--seconds S]
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals] [--seconds S]
 [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C]``.
 
@@ -18,14 +18,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.bench import bench_api, bench_append, bench_replay, bench_scale, bench_verify
+from tests.bench import bench_api, bench_append, bench_replay, bench_scale, bench_verify, goals
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
-    p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api"])
+    p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "goals"],
+                   help="one benchmark; 'goals' is issue 17's table (10,000 operations "
+                   "saturated, appends, the 1M-event replay), not part of the default run")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of --only goals, for best and spread (default %(default)s)")
     p.add_argument("--seconds", type=float, help="time per append setting (default 3)")
     p.add_argument("--records", type=int, help="records in the verify log (default 1000000)")
     p.add_argument("--replay-records", type=int,
@@ -76,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         scale = bench_scale.run(out, scales, window, rates, args.concurrency, args.keep)
         results["scale"] = scale
         _print_scale(scale)
+    if args.only == "goals":
+        table = goals.run(out, args.repeat, seconds, args.window or 12.0,
+                          operations=1_000 if args.quick else goals.OPERATIONS,
+                          replay_records=args.replay_records or (
+                              100_000 if args.quick else 1_000_000))
+        results["goals"] = table
+        goals.print_table(table)
     if args.only in (None, "api"):
         api = bench_api.run(out, args.quick, args.keep)
         results["api"] = api

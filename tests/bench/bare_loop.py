@@ -2,7 +2,8 @@
 
 ``python -m tests.bench.bare_loop BASE_URL JOBS COUNT RATE CONCURRENCY TOKEN_FILE`` sends
 ``COUNT`` status GETs to ``BASE_URL/jobs/j-NNNNNNN`` (cycling over ``JOBS`` job ids), paced at
-``RATE`` per second with at most ``CONCURRENCY`` in flight, with the same headers, timeout,
+``RATE`` per second (0: unpaced, as fast as ``CONCURRENCY`` connections go) with at most
+``CONCURRENCY`` in flight, with the same headers, timeout,
 connection limits and raw body reading the daemon uses, and nothing else: no log, no
 encryption, no decisions. Prints one JSON line: requests, seconds, and the process's CPU
 seconds (user + system) spent in the loop.
@@ -48,6 +49,16 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                     ok += resp.status_code == 200 and bool(body)
 
         cpu, system, started = _cpu(), _system(), time.monotonic()
+        if rate <= 0:  # unpaced: CONCURRENCY workers, each one request after another
+            async def worker(w: int) -> None:
+                for i in range(w, count, concurrency):
+                    await one(i)
+
+            async with anyio.create_task_group() as tg:
+                for w in range(concurrency):
+                    tg.start_soon(worker, w)
+            return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
+                    "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system}
         async with anyio.create_task_group() as tg:
             for i in range(count):
                 due = started + i / rate

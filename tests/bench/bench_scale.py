@@ -222,8 +222,11 @@ def _empty_rss(work: Path) -> int:
 
 
 def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
-            empty_rss: int, keep: bool = False, profile_to: Path | None = None
-            ) -> dict[str, object]:
+            empty_rss: int, keep: bool = False, profile_to: Path | None = None,
+            bare_saturated: bool = False) -> dict[str, object]:
+    """One daemon at ``n`` operations; with ``bare_saturated`` also what the bare loop
+    reaches unpaced (``concurrency`` in flight, as fast as it goes) against the same
+    simulator: the ceiling the daemon's saturation is compared with."""
     root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-", dir=work))
     cap = round(n / rate / 0.75, 3)
     _workspace(root, n, cap, concurrency)
@@ -278,6 +281,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
              str(root / "creds" / "sim.token")],
             capture_output=True, text=True, check=True, timeout=3600).stdout)
         bare_per_req = bare["cpu_seconds"] / bare["requests"]
+        ceiling = _bare_ceiling(base, n, sent, concurrency, root) if bare_saturated else None
         hist = {k: v1 - m0.get(k, 0.0) for k, v1 in m1.items()
                 if k.startswith("bide_wakeup_lateness_seconds_bucket")}
         return {
@@ -304,6 +308,9 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
                 (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
             "cpu_ratio_vs_bare": round(cpu_per_req / bare_per_req, 2) if bare_per_req else None,
+            **({"bare_saturated": ceiling,
+                "saturation_vs_bare": round(achieved / ceiling["requests_per_s"], 2)}
+               if ceiling else {}),
         }
     finally:
         if daemon is not None:
@@ -311,6 +318,18 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         sim.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path
+                  ) -> dict[str, float]:
+    """The bare loop with no pacing: requests/s and CPU per request at its own saturation."""
+    out = json.loads(subprocess.run(
+        [sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
+         str(max(count, 1)), "0", str(concurrency), str(root / "creds" / "sim.token")],
+        capture_output=True, text=True, check=True, timeout=3600).stdout)
+    return {"requests": out["requests"],
+            "requests_per_s": round(out["requests"] / out["seconds"], 1),
+            "cpu_per_request_us": round(out["cpu_seconds"] / out["requests"] * 1e6, 1)}
 
 
 def _restart(root: Path) -> dict[str, float]:

@@ -1,0 +1,103 @@
+"""Issue 17's table in one command: ``python -m tests.bench --only goals [--repeat 3]``.
+
+Each repeat measures every row with its baseline in the same run:
+
+    CPU per status request   the daemon at 10,000 live operations, saturated, against the bare
+                             httpx loop making the same requests at the same rate
+    saturation               the daemon's requests/s against the bare loop's, unpaced, with the
+                             same connections, against the same simulator
+    durable appends          1 and 1,000 appenders against SQLite (WAL, synchronous=FULL, one
+                             transaction per record)
+    full replay              events/s folding the 1,000,000-event log with no snapshot, and a
+                             start from a clean stop's snapshot (what the offline readers and a
+                             restart do)
+
+and the summary gives, per row, the best repeat and the spread (lowest to highest).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.bench import bench_append, bench_replay, bench_scale
+
+OPERATIONS = 10_000
+RATE = 2_000.0
+
+
+def _one(out: Path, seconds: float, window: float, operations: int, replay_records: int
+         ) -> dict[str, float]:
+    work = Path(tempfile.mkdtemp(prefix="goals-", dir=out))
+    try:
+        append = bench_append.run(work, seconds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = {r["appenders"]: r for r in append["eventlog"]}  # type: ignore[union-attr]
+    scale = bench_scale.run_one(out, operations, window, RATE, 8, 0, bare_saturated=True)
+    replay = bench_replay.run(out, replay_records, runs=1)["stages"]
+    assert isinstance(replay, dict)
+    ceiling = scale["bare_saturated"]
+    assert isinstance(ceiling, dict)
+    return {
+        "cpu_us": float(scale["daemon_cpu_per_request_us"]),  # type: ignore[arg-type]
+        "bare_cpu_us": float(scale["bare_loop"]["cpu_per_request_us"]),  # type: ignore[index]
+        "cpu_ratio": float(scale["cpu_ratio_vs_bare"]),  # type: ignore[arg-type]
+        "req_s": float(scale["requests_per_s"]),  # type: ignore[arg-type]
+        "bare_req_s": float(ceiling["requests_per_s"]),
+        "saturation_ratio": float(scale["saturation_vs_bare"]),  # type: ignore[arg-type]
+        "append_1": float(rows[1]["records_per_s"]),
+        "append_1000": float(rows[1000]["records_per_s"]),
+        "sqlite": float(append["sqlite"]["records_per_s"]),  # type: ignore[index]
+        "append_1_ratio": float(rows[1]["ratio_vs_sqlite"]),
+        "append_1000_ratio": float(rows[1000]["ratio_vs_sqlite"]),
+        "replay_ev_s": float(replay["replay"]["events_per_s"]),
+        "start_ev_s": float(replay["start, no snapshot"]["events_per_s"]),
+        "snapshot_ev_s": float(replay["start, snapshot at the head"]["events_per_s"]),
+    }
+
+
+def run(out: Path, repeat: int, seconds: float, window: float, operations: int = OPERATIONS,
+        replay_records: int = 1_000_000) -> dict[str, Any]:
+    runs = []
+    for i in range(repeat):
+        runs.append(_one(out, seconds, window, operations, replay_records))
+        print(f"  goals run {i + 1}/{repeat}: {runs[-1]}", file=sys.stderr)
+    return {"operations": operations, "rate": RATE, "runs": runs}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
+
+
+def _span(runs: list[dict[str, float]], key: str, best: Callable[..., float]) -> str:
+    values = [r[key] for r in runs]
+    spread = f" ({_fmt(min(values))}-{_fmt(max(values))})" if len(values) > 1 else ""
+    return _fmt(best(values)) + spread
+
+
+def print_table(r: dict[str, Any]) -> None:
+    runs = r["runs"]
+    print(f"\nissue 17 goals, {len(runs)} run(s): best (spread); baselines from the same runs")
+    rows = [
+        (f"daemon CPU per request, us ({r['operations']} ops, saturated)", "cpu_us", min,
+         "bare httpx", "bare_cpu_us", "cpu_ratio", "<= 1.5x"),
+        ("requests/s at saturation", "req_s", max, "bare, unpaced", "bare_req_s",
+         "saturation_ratio", ">= 0.85x"),
+        ("durable appends/s, 1 appender", "append_1", max, "SQLite", "sqlite",
+         "append_1_ratio", ">= 1.0x"),
+        ("durable appends/s, 1000 appenders", "append_1000", max, "SQLite", "sqlite",
+         "append_1000_ratio", ">= 10x"),
+        ("full replay, no snapshot, events/s", "replay_ev_s", max, "", "", "", ">= 300,000"),
+        ("start with no snapshot, events/s", "start_ev_s", max, "", "", "", ""),
+        ("start from the snapshot, events/s", "snapshot_ev_s", max, "", "", "", ""),
+    ]
+    print(f"  {'what':<52}{'measured':>26}  {'baseline':<34}{'ratio':>22}  goal")
+    for label, key, best, base_label, base_key, ratio_key, goal in rows:
+        base = f"{base_label} {_span(runs, base_key, max)}" if base_key else ""
+        ratio = _span(runs, ratio_key, min if key == "cpu_us" else max) if ratio_key else ""
+        print(f"  {label:<52}{_span(runs, key, best):>26}  {base:<34}{ratio:>22}  {goal}")
