@@ -37,7 +37,7 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         append = bench_append.run(work, seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = {r["appenders"]: r for r in append["eventlog"]}  # type: ignore[union-attr]
+    rows = {r["appenders"]: r for r in append["eventlog"]}  # type: ignore[attr-defined]
     scale = bench_scale.run_one(out, operations, window, RATE, 8, 0, bare_saturated=True)
     replay = bench_replay.run(out, replay_records, runs=1)["stages"]
     assert isinstance(replay, dict)
