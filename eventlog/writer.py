@@ -598,9 +598,9 @@ class LogWriter:
 
     def _create(self) -> None:
         self.log_id = os.urandom(16).hex()
+        genesis = self._signing.genesis(self.log_id, _now_us(), self._checkpoint_every)
         path = self.log_dir / segment_name(1)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        genesis = self._signing.genesis(self.log_id, _now_us(), self._checkpoint_every)
         line = encode_record(genesis)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
