@@ -244,16 +244,18 @@ def hashes_at(log_dir: Path, seqs: Iterable[int]) -> dict[int, str]:
     return out
 
 
-def judge(log_dir: Path, report: Report, heads: Sequence[Head]) -> Finding | None:
+def judge(log_dir: Path, report: Report, heads: Sequence[Head], *,
+          other_log_is_fork: bool = True) -> Finding | None:
     """The first way the intact log at ``log_dir`` (``report``) fails ``heads``; None when it
     holds every one of them at its sequence number with the same hash.
 
-    Heads of other logs are ignored, unless none is of this log: then the log is another
-    one than the heads were published for (``forked``)."""
+    Heads of other logs are ignored, unless none is of this log and ``other_log_is_fork``
+    (the daemon's own heads): then the log is another one than was published (``forked``).
+    A witness may hold heads of many logs, so ``bide verify`` only notes that case."""
     mine = sorted((h for h in heads if h.log == report.log_id), key=lambda h: h.seq)
     if not mine:
         others = sorted({h.log for h in heads})
-        if not others:
+        if not others or not other_log_is_fork:
             return None
         head = max((h for h in heads), key=lambda h: h.t_us)
         return Finding("forked", head,
