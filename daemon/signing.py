@@ -97,7 +97,7 @@ def state_signer(state_dir: Path, *, create: bool = False) -> Signer:
     """The key that tags the state snapshot (``<state_dir>/state.key``, 0600)."""
     path = state_dir / STATE_KEY
     if create and not path.exists():
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state_dir.mkdir(parents=True, exist_ok=True)  # its mode is the spool's business
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, base64.b64encode(os.urandom(KEY_BYTES)) + b"\n")

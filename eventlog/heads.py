@@ -144,7 +144,7 @@ class HeadStore:
             return
         data = b"".join(encode_head(h) + b"\n" for h in heads)
         with self._lock:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # the file itself is 0600
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 if _ends_torn(fd):
