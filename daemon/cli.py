@@ -38,6 +38,7 @@ COMMANDS: tuple[str, ...] = (
     "simulate",
     "keygen",
     "verify",
+    "witness",
     "log",
 )
 

@@ -15,6 +15,14 @@ Example::
     checkpoint_every = 1000               # records between signed checkpoints
     checkpoint_interval_seconds = 60      # and at least this often while running
     snapshot_every = 100000               # events between state snapshots (0: only at stop)
+    forward_secure = true                 # new logs: checkpoints signed by evolving epoch keys
+    epoch_seconds = 3600                  # a new epoch key (the old one destroyed) this often
+    epoch_checkpoints = 0                 # or every N checkpoints, whichever first (0: off)
+
+    [witness]                             # every signed head leaves the host (see README)
+    file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
+    syslog = true                         # one line per head to syslog/journald
+    urls = ["https://witness.example:8443/v1/heads"]   # `bide witness serve` instances
 
     [spool]
     agents_group = "bide-agents"          # may register jobs (spool/incoming)
@@ -58,6 +66,20 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     checkpoint_every: Annotated[int, msgspec.Meta(ge=1)] = 1000
     checkpoint_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     snapshot_every: Annotated[int, msgspec.Meta(ge=0)] = 100_000
+    forward_secure: bool = True  # new logs: epoch keys certified from the root (format 3)
+    epoch_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # a new epoch key this often
+    epoch_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0  # or every N checkpoints (0 off)
+
+
+class WitnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where every signed checkpoint head is published (see ``daemon/witness``)."""
+
+    file: str = ""  # an append-only file, e.g. on a mount of another host
+    syslog: bool = False  # one line per head to syslog/journald
+    urls: list[str] = msgspec.field(default_factory=list)  # `bide witness serve` endpoints
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 5.0
+    retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 3  # quick retries per attempt
+    retry_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # then retry this often
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -107,6 +129,7 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
+    witness: WitnessConfig = msgspec.field(default_factory=WitnessConfig)
 
 
 class Config:
@@ -129,6 +152,8 @@ class Config:
         self.metrics = raw.metrics
         self.daemon = raw.daemon
         self.api = raw.api
+        self.witness = raw.witness
+        self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
 
     @property

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from daemon.config import Config
 from daemon.errors import UsageError
+from daemon.signing import snapshot_signer
 from daemon.snapshots import load_snapshot, replay_log, warn_unreadable
 from eventlog.errors import EventLogError
-from eventlog.keys import KeyRing, keys_directory, load_keyring, load_signer
+from eventlog.keys import KeyRing, keys_directory, load_keyring
 from eventlog.position import mismatch
 from eventlog.reader import LogReader
 from replay.actions import Action, evolve_action
@@ -85,9 +86,11 @@ def load_state(config: Config, keyring: KeyRing) -> dict[str, Operation]:
     record of the log), else by folding the whole log. The same states either way (the
     snapshot is the fold up to its position); the first is what a large log makes cheap."""
     try:
-        signer = load_signer(keys_directory(config.keys_dir))
-    except (EventLogError, OSError):
-        signer = None  # an auditor's keys: no signing key, so the whole log
+        keys_dir: Path | None = keys_directory(config.keys_dir)
+    except EventLogError:
+        keys_dir = None
+    # state.key (forward-secure logs) or signing.key; an auditor has neither: the whole log
+    signer = snapshot_signer(config, keys_dir)
     if signer is not None:
         snapshot = load_snapshot(config.snapshot_path, keyring, signer)
         if snapshot is not None and mismatch(config.log_dir, snapshot.position) is None:

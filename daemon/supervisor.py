@@ -73,9 +73,12 @@ from daemon.spool import (
 )
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
+from daemon.witness.publisher import HeadPublisher
 from eventlog.errors import EventLogError, LogIOError
+from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
+from eventlog.signing import CheckpointSigning
 from eventlog.writer import Appended, LogWriter
 from replay.decide import decide, register
 from replay.events import (
@@ -121,13 +124,19 @@ class Supervisor:
         keyring: KeyRing,
         signer: Signer,
         *,
+        signing: CheckpointSigning | None = None,
+        heads: HeadStore | None = None,
+        publisher: HeadPublisher | None = None,
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = _JITTER.random,
         drain_seconds: float | None = None,
     ) -> None:
         self.config = config
         self.keyring = keyring
-        self.signer = signer
+        self.signer = signer  # tags the state snapshot (and signs the log without ``signing``)
+        self.signing = signing  # forward-secure checkpoint signing (eventlog.epochs)
+        self.heads = heads  # every published head; refuses a log rolled back behind them
+        self.publisher = publisher  # sends every signed head to the configured witnesses
         self.clock = clock
         self.draw = draw
         self.drain_seconds = (config.daemon.drain_seconds if drain_seconds is None
@@ -1096,7 +1105,10 @@ class Supervisor:
         started = time.monotonic()
         snapshot = await anyio.to_thread.run_sync(load_snapshot, cfg.snapshot_path,
                                                   self.keyring, self.signer)
-        async with LogWriter(cfg.log_dir, self.keyring, self.signer,
+        publishing = (self.publisher.running() if self.publisher is not None
+                      else contextlib.nullcontext())
+        async with publishing, LogWriter(
+                cfg.log_dir, self.keyring, self.signing or self.signer, heads=self.heads,
                              segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
                              checkpoint_interval=cfg.log.checkpoint_interval_seconds,

@@ -35,12 +35,17 @@ from typing import Literal
 
 import msgspec
 
-FORMAT_VERSION = 2  # 2: the genesis record is signed and declares the checkpoint spacing
+FORMAT_VERSION = 3  # 3: forward-secure checkpoints (epoch keys certified from the root)
+FORMAT_SINGLE_KEY = 2  # 2: the genesis record is signed and declares the checkpoint spacing;
+#: every checkpoint is signed by the one signing key (still read and written: existing logs)
+READABLE_FORMATS = (FORMAT_SINGLE_KEY, FORMAT_VERSION)
 ZERO_HASH = "0" * 64
 _RECORD_DOMAIN = b"bide.record.v1\n"
 _AAD_DOMAIN = b"bide.aad.v1\n"
 _CHECKPOINT_DOMAIN = b"bide.checkpoint.v1\n"
 _GENESIS_DOMAIN = b"bide.genesis.v2\n"
+_GENESIS_V3_DOMAIN = b"bide.genesis.v3\n"
+_CHECKPOINT_V2_DOMAIN = b"bide.checkpoint.v2\n"
 _SEAL_DOMAIN = b"bide.seal.v1\n"
 #: The longest record line a writer produces (the largest payload, a profile's 16 MiB
 #: ``max_body_bytes``, grows by a third in base64): anything longer is damage, never read whole.
@@ -49,9 +54,12 @@ _RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
 
 
 class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
-              forbid_unknown_fields=True):
+              forbid_unknown_fields=True, omit_defaults=True):
     """The first record. Signed, so the checkpoint spacing it promises cannot be rewritten:
-    a log stripped of its checkpoints then fails verification instead of passing unsigned."""
+    a log stripped of its checkpoints then fails verification instead of passing unsigned.
+
+    Format 3: signed by the root key, it certifies ``epoch_key`` (base64 of the raw Ed25519
+    public key) as the key of epoch 1, which signs the checkpoints that follow."""
 
     seq: int
     prev: str
@@ -61,6 +69,7 @@ class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
     t_us: int
     checkpoint_every: int = 0
     sig: str = ""
+    epoch_key: str = ""  # format 3 only
 
 
 class Segment(msgspec.Struct, frozen=True, tag="segment", tag_field="kind",
@@ -82,7 +91,11 @@ class EventRecord(msgspec.Struct, frozen=True, tag="event", tag_field="kind",
 
 
 class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind",
-                 forbid_unknown_fields=True):
+                 forbid_unknown_fields=True, omit_defaults=True):
+    """Format 3 adds ``epoch`` (whose key signs it) and, at an epoch boundary, ``next_key``:
+    the public key of epoch ``epoch + 1``, certified by this signature. Both are omitted in
+    format 2, so its records keep their bytes."""
+
     seq: int
     prev: str
     log: str
@@ -90,6 +103,8 @@ class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind"
     prev_cp: str
     final: bool
     sig: str
+    epoch: int = 0
+    next_key: str = ""
 
 
 class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
@@ -173,6 +188,16 @@ def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_ev
     )
 
 
+def genesis_message_v3(log_id: str, signer: str, t_us: int, checkpoint_every: int,
+                       epoch_key: bytes) -> bytes:
+    """The bytes a format-3 genesis signature covers: also the certified epoch-1 key."""
+    return b"".join(
+        (_GENESIS_V3_DOMAIN, bytes.fromhex(log_id),
+         struct.pack(">Iqq", FORMAT_VERSION, t_us, checkpoint_every), bytes.fromhex(signer),
+         struct.pack(">B", len(epoch_key)), epoch_key)
+    )
+
+
 def seal_message(log_id: str, seq: int, head: str) -> bytes:
     """The bytes a seal's MAC covers. ``head`` is the hash of record ``seq - 1``."""
     return b"".join((_SEAL_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq),
@@ -186,4 +211,17 @@ def checkpoint_message(
     return b"".join(
         (_CHECKPOINT_DOMAIN, bytes.fromhex(log_id), struct.pack(">Qq", seq, t_us),
          bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00")
+    )
+
+
+def checkpoint_message_v2(
+    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool, epoch: int,
+    next_key: bytes,
+) -> bytes:
+    """The bytes a format-3 checkpoint signature covers: also its epoch and the next epoch's
+    public key, when it certifies one (empty otherwise)."""
+    return b"".join(
+        (_CHECKPOINT_V2_DOMAIN, bytes.fromhex(log_id), struct.pack(">QqQ", seq, t_us, epoch),
+         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00",
+         struct.pack(">B", len(next_key)), next_key)
     )

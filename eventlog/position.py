@@ -32,6 +32,10 @@ class LogPosition(msgspec.Struct, frozen=True, kw_only=True):
         last_cp_hash: That checkpoint's hash (zeros if none).
         checkpoint_every: The checkpoint spacing the signed genesis record promises.
         unsigned_run: Event and recovery records since that checkpoint.
+        format: The genesis record's format (2 one signing key, 3 epoch keys).
+        epoch, epoch_key, epoch_cert_seq, epoch_t_us, epoch_checkpoints: format 3: the epoch
+            in force at the head, its certified public key (base64), the record that
+            certified it, when it began, and the checkpoints signed in it so far.
     """
 
     log_id: str
@@ -44,6 +48,12 @@ class LogPosition(msgspec.Struct, frozen=True, kw_only=True):
     last_cp_hash: str
     checkpoint_every: int
     unsigned_run: int
+    format: int = 2
+    epoch: int = 0
+    epoch_key: str = ""
+    epoch_cert_seq: int = 0
+    epoch_t_us: int = 0
+    epoch_checkpoints: int = 0
 
 
 def mismatch(log_dir: Path, pos: LogPosition) -> str | None:

@@ -63,8 +63,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from eventlog.envelope import (
+    FORMAT_SINGLE_KEY,
     FORMAT_VERSION,
     MAX_LINE_BYTES,
+    READABLE_FORMATS,
     RECORD_DECODER,
     ZERO_HASH,
     Checkpoint,
@@ -75,8 +77,10 @@ from eventlog.envelope import (
     Seal,
     Segment,
     checkpoint_message,
+    checkpoint_message_v2,
     decode_record,
     genesis_message,
+    genesis_message_v3,
     record_hash,
     record_hashes,
 )
@@ -143,6 +147,15 @@ class Report:
     torn: TornTail | None = None
     resumed_at: int | None = None  # the record verification resumed after, if it did
     notes: list[str] = field(default_factory=list)
+    #: The genesis record's format: 2 one signing key, 3 forward-secure epoch keys.
+    format: int = FORMAT_SINGLE_KEY
+    epoch: int = 0  # the epoch the log ends in (format 3; 0 in format 2)
+    epoch_key: str = ""  # base64 of that epoch's public key, as certified
+    epoch_cert_seq: int = 0  # the record that certified it (0: the genesis record)
+    epoch_t_us: int = 0  # when that epoch began (the certifying record's time)
+    epoch_checkpoints: int = 0  # checkpoints signed in it so far
+    #: The root public key verified with (format 2 checks every checkpoint with it).
+    root_key: bytes = field(default=b"", repr=False)
 
     def position(self) -> LogPosition:
         """Where a later verification of this log may resume (only for an intact report)."""
@@ -153,7 +166,9 @@ class Report:
             segment=_index_of(self.last_segment), line_start=self.head_offset,
             end=self.last_segment_good_size, last_cp_seq=self.last_checkpoint_seq,
             last_cp_hash=self.last_checkpoint_hash, checkpoint_every=self.checkpoint_every,
-            unsigned_run=self.unsigned_run)
+            unsigned_run=self.unsigned_run, format=self.format, epoch=self.epoch,
+            epoch_key=self.epoch_key, epoch_cert_seq=self.epoch_cert_seq,
+            epoch_t_us=self.epoch_t_us, epoch_checkpoints=self.epoch_checkpoints)
 
     @property
     def verdict(self) -> str:
@@ -209,6 +224,7 @@ def verify_log(
     if not segments:
         report.damage = Damage("missing", 0, "", 0, "no segment files: not a bide log, or empty")
         return report
+    report.root_key = verify_key.raw
     begin = (1, 0)
     if resume is not None and anchor is not None and anchor[0] <= resume.seq:
         report.notes.append("verified from the start: the anchor lies before the resume point")
@@ -231,6 +247,8 @@ def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
     why = mismatch(report.log_dir, pos)
     if why is None and ordinals.get(pos.segment) != pos.segment:
         why = f"segment {pos.segment} is not where it was"
+    if why is None and pos.format != FORMAT_SINGLE_KEY and not pos.epoch_key:
+        why = "it does not name the epoch key in force there"
     if why is not None:
         report.notes.append(f"verified from the start: the resume point does not match ({why})")
         return None
@@ -243,6 +261,11 @@ def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
     report.last_segment_good_size, report.head_offset = pos.end, pos.line_start
     report.resumed_at = pos.seq
     report.trusted_end, report.head_sealed = (pos.segment, pos.end), True
+    report.format, report.epoch, report.epoch_key = pos.format, pos.epoch, pos.epoch_key
+    report.epoch_cert_seq, report.epoch_t_us = pos.epoch_cert_seq, pos.epoch_t_us
+    report.epoch_checkpoints = pos.epoch_checkpoints
+    if pos.format == FORMAT_SINGLE_KEY:
+        report.epoch_key = ""
     return pos.segment, pos.end
 
 
@@ -277,6 +300,10 @@ class _Summary:
     trail: int | None  # after its last checkpoint (None: the unit has no checkpoint)
     signed_end: int | None  # offset just past its last checkpoint or genesis record
     last_sealed: bool  # its last record is a seal, a checkpoint or the genesis record
+    #: Its checkpoints, in order: their signatures are checked when units are joined, where
+    #: the key of each one's epoch is known (the chain of certified epoch keys).
+    cps: tuple[Checkpoint, ...] = ()
+    genesis: Genesis | None = None  # the genesis record, when the unit holds it
 
 
 _Unit = tuple[str, int, int, int]  # path, ordinal, start offset, end offset
@@ -366,10 +393,13 @@ def _join(report: Report, units: list[_Unit], summaries: Iterator[_Summary | Non
         if s.first_prev_cp is not None and s.first_prev_cp != report.last_checkpoint_hash:
             return ordinal, start
         if s.first_seq == 0:
-            report.checkpoint_every = s.checkpoint_every
+            assert s.genesis is not None
+            _adopt_genesis(report, s.genesis)
         run = report.unsigned_run + s.lead
         if _over(report, run) or _over(report, s.max_gap):
             return ordinal, start  # the slow path names the unsigned run
+        if not _cps_ok(report, s.cps):
+            return ordinal, start  # the slow path names the checkpoint that does not verify
         report.unsigned_run = run if s.trail is None else s.trail
         if s.signed_end is not None:
             report.trusted_end = (ordinal, s.signed_end)
@@ -417,7 +447,7 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
     first = recs[0]
     if start == 0:
         if ordinal == 1:
-            if not (isinstance(first, Genesis) and first.format == FORMAT_VERSION
+            if not (isinstance(first, Genesis) and first.format in READABLE_FORMATS
                     and first.signer == fingerprint(raw_key)
                     and path.name == segment_name(1) and _genesis_ok(raw_key, first)):
                 return None
@@ -449,8 +479,6 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
             first_prev_cp = cp.prev_cp
         elif cp.prev_cp != cp_hash:
             return None
-        if not _signature_ok(raw_key, log_id, cp):
-            return None
         cp_hash, cp_index = hashes[i], i
     if anchor is not None and first_seq <= anchor[0] < first_seq + n \
             and hashes[anchor[0] - first_seq] != anchor[1]:
@@ -481,6 +509,8 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         checkpoint_every=first.checkpoint_every if isinstance(first, Genesis) else 0,
         lead=lead, max_gap=max_gap, trail=trail, signed_end=signed_end,
         last_sealed=isinstance(last, _SEALING),
+        cps=tuple(r for r in recs if isinstance(r, Checkpoint)),
+        genesis=first if isinstance(first, Genesis) else None,
     )
 
 
@@ -496,16 +526,120 @@ def _over(report: Report, run: int) -> bool:
     return report.checkpoint_every > 0 and run > report.checkpoint_every + 1
 
 
+def _key_bytes(text: str) -> bytes | None:
+    """A public key in canonical base64 (32 bytes), or None."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 32 or base64.b64encode(raw).decode("ascii") != text:
+        return None
+    return raw
+
+
+def _adopt_genesis(report: Report, genesis: Genesis) -> None:
+    """What a verified genesis record says about the rest of the log."""
+    report.log_id = genesis.log
+    report.checkpoint_every = genesis.checkpoint_every
+    report.format = genesis.format
+    report.epoch_cert_seq = 0
+    report.epoch_checkpoints = 0
+    if genesis.format == FORMAT_SINGLE_KEY:
+        report.epoch, report.epoch_key, report.epoch_t_us = 0, "", 0
+    else:
+        report.epoch, report.epoch_key = 1, genesis.epoch_key
+        report.epoch_t_us = genesis.t_us
+
+
+def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
+    """Whether ``cps`` (consecutive checkpoints after the report's head) verify, each under
+    its epoch's key; on success the report's epoch state moves past them."""
+    state = (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
+             report.epoch_checkpoints)
+    for cp in cps:
+        if _cp_problem(report, cp) is not None:
+            (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
+             report.epoch_checkpoints) = state
+            return False
+        _advance_epoch(report, cp)
+    return True
+
+
+def _advance_epoch(report: Report, cp: Checkpoint) -> None:
+    if report.format == FORMAT_SINGLE_KEY:
+        return
+    if cp.next_key:
+        report.epoch += 1
+        report.epoch_key = cp.next_key
+        report.epoch_cert_seq, report.epoch_t_us, report.epoch_checkpoints = cp.seq, cp.t_us, 0
+    else:
+        report.epoch_checkpoints += 1
+
+
+def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
+    """Why checkpoint ``cp`` does not verify at the report's epoch; None when it does."""
+    if report.format == FORMAT_SINGLE_KEY:
+        if cp.epoch or cp.next_key:
+            return ("a format-2 (single-key) log holds a checkpoint with epoch fields: it was "
+                    "forged or altered")
+        return (None if _signature_ok(report.root_key, report.log_id, cp) else
+                "checkpoint signature does not verify: records before it were changed, or the "
+                "checkpoint was forged")
+    cert = ("the genesis record" if report.epoch_cert_seq == 0
+            else f"checkpoint {report.epoch_cert_seq}")
+    if cp.epoch != report.epoch:
+        return (f"checkpoint {cp.seq} claims epoch {cp.epoch}, but the log is in epoch "
+                f"{report.epoch} (its key certified by {cert}): it was forged or altered")
+    key = _key_bytes(report.epoch_key)
+    next_key = _key_bytes(cp.next_key) if cp.next_key else b""
+    if key is None or next_key is None or not _signature_v2_ok(key, report.log_id, cp,
+                                                                next_key):
+        return (f"checkpoint {cp.seq} does not verify under the epoch-{report.epoch} key "
+                f"certified by {cert}: records before it were changed and re-signed with "
+                f"another key (a key of a later epoch cannot sign an earlier one), or the "
+                f"checkpoint was forged")
+    return None
+
+
+def _signature_v2_ok(key: bytes, log_id: str, cp: Checkpoint, next_key: bytes) -> bool:
+    public = _public_keys.get(key)
+    if public is None:
+        public = _public_keys[key] = Ed25519PublicKey.from_public_bytes(key)
+    try:
+        sig = base64.b64decode(cp.sig, validate=True)
+        if base64.b64encode(sig).decode("ascii") != cp.sig:
+            return False
+        message = checkpoint_message_v2(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp,
+                                        cp.final, cp.epoch, next_key)
+        public.verify(sig, message)
+    except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
+        return False
+    return True
+
+
 def _genesis_ok(raw_key: bytes, genesis: Genesis) -> bool:
-    """The genesis signature verifies, over the spacing it promises (at least one)."""
+    """The genesis signature verifies, over the spacing it promises (at least one), and in
+    format 3 over the epoch-1 key it certifies."""
     if genesis.checkpoint_every < 1:
         return False
+    if genesis.format == FORMAT_SINGLE_KEY and genesis.epoch_key:
+        return False
+    epoch_key = b""
+    if genesis.format != FORMAT_SINGLE_KEY:
+        key = _key_bytes(genesis.epoch_key)
+        if key is None:
+            return False
+        epoch_key = key
     public = _public_keys.get(raw_key)
     if public is None:
         public = _public_keys[raw_key] = Ed25519PublicKey.from_public_bytes(raw_key)
     try:
-        message = genesis_message(genesis.log, genesis.format, genesis.signer, genesis.t_us,
-                                  genesis.checkpoint_every)
+        if genesis.format == FORMAT_SINGLE_KEY:
+            message = genesis_message(genesis.log, genesis.format, genesis.signer,
+                                      genesis.t_us, genesis.checkpoint_every)
+        else:
+            message = genesis_message_v3(genesis.log, genesis.signer, genesis.t_us,
+                                         genesis.checkpoint_every, epoch_key)
         sig = base64.b64decode(genesis.sig, validate=True)
         if base64.b64encode(sig).decode("ascii") != genesis.sig:
             return False
@@ -659,9 +793,10 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
         if name != segment_name(1):
             raise _Found(_at(line, 0, "segment_link",
                              f"the first segment file is named {name}, not {segment_name(1)}"))
-        if rec.format != FORMAT_VERSION:
+        if rec.format not in READABLE_FORMATS:
             raise _Found(_at(line, 0, "modified",
-                             f"format version {rec.format}, this bide reads {FORMAT_VERSION}"))
+                             f"format version {rec.format}, this bide reads "
+                             f"{FORMAT_SINGLE_KEY} to {FORMAT_VERSION}"))
         if rec.signer != verify_key.fingerprint:
             raise _Found(_at(line, 0, "bad_signature",
                              f"log is signed by key {rec.signer[:16]}…, the verify key is "
@@ -671,8 +806,7 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
             raise _Found(_at(line, 0, "bad_signature",
                              "the genesis record's signature does not verify (its fields, "
                              "such as the checkpoint spacing it promises, were changed)"))
-        report.log_id = rec.log
-        report.checkpoint_every = rec.checkpoint_every
+        _adopt_genesis(report, rec)
         report.trusted_end = (line.ordinal, line.offset + len(line.data) + 1)
     elif expected == 0:
         raise _Found(_at(line, 0, "modified", "the log does not open with a genesis record"))
@@ -712,14 +846,14 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
                                 f"record {expected} (at {name} offset {line.offset}): one of "
                                 f"the two was altered"))
     if isinstance(rec, Checkpoint):
-        if not _signature_ok(verify_key.raw, report.log_id, rec):
-            raise _Found(_at(line, rec.seq, "bad_signature",
-                             "checkpoint signature does not verify: records before it were "
-                             "changed, or the checkpoint was forged"))
+        problem = _cp_problem(report, rec)
+        if problem is not None:
+            raise _Found(_at(line, rec.seq, "bad_signature", problem))
         if rec.prev_cp != report.last_checkpoint_hash:
             raise _Found(_at(line, rec.seq, "missing",
                              "a correctly signed checkpoint links to a previous checkpoint "
                              "that is not in the log"))
+        _advance_epoch(report, rec)
         report.checkpoints += 1
         report.last_checkpoint_seq = rec.seq
         report.last_checkpoint_t_us = rec.t_us

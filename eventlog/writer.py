@@ -36,7 +36,6 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import os
@@ -52,29 +51,27 @@ import anyio.abc
 import msgspec
 
 from eventlog.envelope import (
-    FORMAT_VERSION,
     ZERO_HASH,
     Checkpoint,
     EventRecord,
-    Genesis,
     Recovery,
     Seal,
     Segment,
     associated_data,
-    checkpoint_message,
     decode_record,
     encode_record,
-    genesis_message,
     record_hash,
 )
 from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.fsync import fsync_dir
-from eventlog.keys import KeyRing, Signer, VerifyKey
+from eventlog.heads import HeadStore
+from eventlog.keys import KeyRing, Signer
 from eventlog.lock import WriterLock
 from eventlog.mac import seal_ok, seal_tag
 from eventlog.position import LogPosition
 from eventlog.seal import Sealer
 from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, list_segments, segment_name
+from eventlog.signing import CheckpointSigning, SingleKey
 from eventlog.verify import Report, verify_log
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -105,14 +102,22 @@ def _now_us() -> int:
 
 
 class LogWriter:
-    """Use as ``async with LogWriter(dir, keyring, signer) as log: await log.append(b"...")``."""
+    """Use as ``async with LogWriter(dir, keyring, signer) as log: await log.append(b"...")``.
+
+    ``signer`` is a :class:`~eventlog.keys.Signer` (format 2: that key signs everything) or a
+    :class:`~eventlog.signing.CheckpointSigning` such as
+    :class:`~eventlog.epochs.EpochSigning` (format 3: forward-secure epoch keys). ``heads``
+    remembers every signed checkpoint once durable and refuses, on open, a log behind or
+    forking from the latest one (:mod:`eventlog.heads`).
+    """
 
     def __init__(
         self,
         log_dir: Path,
         keyring: KeyRing,
-        signer: Signer,
+        signer: Signer | CheckpointSigning,
         *,
+        heads: HeadStore | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
@@ -121,8 +126,8 @@ class LogWriter:
         self.log_dir = log_dir
         self._keyring = keyring
         self._sealer = Sealer(keyring.get(keyring.active))
-        self._signer = signer
-        self._mac_key = signer.mac_key
+        self._signing = signer if isinstance(signer, CheckpointSigning) else SingleKey(signer)
+        self._heads = heads
         self._segment_bytes = segment_bytes
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
@@ -166,6 +171,10 @@ class LogWriter:
         self.resumed_at: int | None = None
         #: Durable write rounds so far (one ``fdatasync`` each, however many records).
         self.flushes = 0
+
+    @property
+    def _mac_key(self) -> bytes:
+        return self._signing.mac_key  # the current epoch's (format 3): it evolves with it
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -364,6 +373,7 @@ class LogWriter:
         rotate_at: list[int] = []  # indexes into lines where a new segment starts
         index = self._segment_index
         sealed = True  # the last line emitted is a checkpoint (or there is none)
+        signed: list[bytes] = []  # the checkpoint lines of this write
 
         def emit(line: bytes) -> str:
             nonlocal seq, prev, size, sealed
@@ -378,10 +388,9 @@ class LogWriter:
             nonlocal last_cp, since_cp, last_cp_seq, sealed
             t_us = _now_us()
             cp_seq = seq + 1
-            msg = checkpoint_message(self.log_id, cp_seq, prev, t_us, last_cp, final)
-            rec = Checkpoint(cp_seq, prev, self.log_id, t_us, last_cp, final,
-                             base64.b64encode(self._signer.sign(msg)).decode("ascii"))
-            h = emit(encode_record(rec))
+            rec = self._signing.checkpoint(self.log_id, cp_seq, prev, t_us, last_cp, final)
+            signed.append(encode_record(rec))
+            h = emit(signed[-1])
             last_cp, since_cp, last_cp_seq = h, 0, cp_seq
             sealed = True
             return Appended(cp_seq, h)
@@ -417,9 +426,13 @@ class LogWriter:
         try:
             self._write_lines(lines, rotate_at, index)
         except OSError:
+            self._signing.abandoned()
             if not self._roll_back(start_index, start_size) and self._unacked_from is None:
                 self._unacked_from = (start_index, start_size, self.head_seq)
             raise
+        self._signing.durable()
+        if signed and self._heads is not None:
+            self._heads.record(signed)
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
         self.flushes += 1
@@ -428,12 +441,12 @@ class LogWriter:
         self._set_position()
 
     def _set_position(self) -> None:
-        self.position = LogPosition(
+        self.position = self._signing.stamp(LogPosition(
             log_id=self.log_id, seq=self.head_seq, hash=self.head_hash,
             segment=self._segment_index, line_start=self._segment_size - self._head_len,
             end=self._segment_size, last_cp_seq=self._last_cp_seq,
             last_cp_hash=self._last_cp_hash, checkpoint_every=self._promised_every,
-            unsigned_run=self._since_cp)
+            unsigned_run=self._since_cp))
 
     def _roll_back(self, index: int, size: int) -> bool:
         """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
@@ -518,6 +531,8 @@ class LogWriter:
             self._cut_after(index, size, "unacknowledged")
             self._unacked_from = None
         if not any(p.name.startswith("seg-") for p in self.log_dir.iterdir()):
+            if self._heads is not None:
+                self._heads.check_empty(self.log_dir)
             self._create()
             self._set_position()
             return
@@ -582,8 +597,8 @@ class LogWriter:
     def _verify(self) -> Report:
         """Verify the log (from the resume position, when it still matches) with the signer's
         own public key; any damage refuses the open."""
-        verify_key = VerifyKey(self._signer.private.public_key(), self._signer.public_bytes)
-        report = verify_log(self.log_dir, verify_key, writer_live=False,  # the lock is ours
+        report = verify_log(self.log_dir, self._signing.verify_key,
+                            writer_live=False,  # the lock is ours
                             resume=self.position or self._resume)
         self.resumed_at = report.resumed_at
         if report.damage is not None:
@@ -593,6 +608,10 @@ class LogWriter:
                 f"{d.segment} offset {d.offset}); refusing to append. Inspect it with "
                 f"`bide verify {self.log_dir}`; nothing was changed"
             )
+        if self._heads is not None and report.head_seq >= 0:
+            self._heads.check(self.log_dir, report)
+        if report.head_seq >= 0:
+            self._signing.opened(self.log_dir, report)
         return report
 
     def _unsealed_from(self, report: Report) -> tuple[int, int] | None:
@@ -629,14 +648,9 @@ class LogWriter:
 
     def _create(self) -> None:
         self.log_id = os.urandom(16).hex()
+        genesis = self._signing.genesis(self.log_id, _now_us(), self._checkpoint_every)
         path = self.log_dir / segment_name(1)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        t_us = _now_us()
-        signed = genesis_message(self.log_id, FORMAT_VERSION, self._signer.fingerprint, t_us,
-                                 self._checkpoint_every)
-        genesis = Genesis(0, ZERO_HASH, FORMAT_VERSION, self.log_id, self._signer.fingerprint,
-                          t_us, self._checkpoint_every,
-                          base64.b64encode(self._signer.sign(signed)).decode("ascii"))
         line = encode_record(genesis)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
@@ -651,13 +665,14 @@ class LogWriter:
         """A signed checkpoint written and synced at once (open and recovery only)."""
         t_us = _now_us()
         seq = self.head_seq + 1
-        msg = checkpoint_message(self.log_id, seq, self.head_hash, t_us, self._last_cp_hash,
-                                 False)
-        rec = Checkpoint(seq, self.head_hash, self.log_id, t_us, self._last_cp_hash, False,
-                         base64.b64encode(self._signer.sign(msg)).decode("ascii"))
+        rec = self._signing.checkpoint(self.log_id, seq, self.head_hash, t_us,
+                                       self._last_cp_hash, False, may_rotate=False)
         line = encode_record(rec)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
+        self._signing.durable()
+        if self._heads is not None:
+            self._heads.record([line])
         self.head_seq, self.head_hash = seq, record_hash(line)
         self._head_len = len(line) + 1
         self._last_cp_hash, self._last_cp_seq, self._since_cp = self.head_hash, seq, 0

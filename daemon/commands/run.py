@@ -7,9 +7,12 @@ from typing import Any
 
 import anyio
 
+from daemon import logfmt
 from daemon.config import add_config_flag, load_config
+from daemon.signing import open_signing
 from daemon.supervisor import Supervisor
-from eventlog.keys import keys_directory, load_keyring, load_signer
+from daemon.witness.publisher import HeadPublisher
+from eventlog.keys import Signer, keys_directory, load_keyring
 
 
 def add_parser(sub: Any) -> None:
@@ -20,7 +23,9 @@ def add_parser(sub: Any) -> None:
         "state_dir when it still matches the log, plus the events after it), poll every live "
         "operation under its contract, ingest the spool. A snapshot is written every [log] "
         "snapshot_every events and at stop. SIGTERM/SIGINT drain and stop with a final "
-        "signed checkpoint; SIGHUP reloads provider profiles.",
+        "signed checkpoint; SIGHUP reloads provider profiles. New logs are forward-secure: "
+        "signing.key (the root key) certifies the first epoch key once, then may go offline "
+        "(the daemon warns while it is readable); every signed head goes to [witness].",
         epilog="example:\n  bide run --config /etc/bide/bide.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -31,6 +36,13 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     keys_dir = keys_directory(cfg.keys_dir)
-    supervisor = Supervisor(cfg, load_keyring(keys_dir), load_signer(keys_dir))
+    chosen = open_signing(cfg, keys_dir)
+    for message, fields in chosen.warnings:
+        logfmt.warn(message, **fields)
+    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file)
+    signing = None if isinstance(chosen.signing, Signer) else chosen.signing
+    supervisor = Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,
+                            signing=signing, heads=chosen.heads,
+                            publisher=publisher if publisher.enabled else None)
     anyio.run(supervisor.run)
     return 0

@@ -11,11 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from msgspec import Struct as msgspec_Struct
+
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
+from eventlog.heads import Finding, Head, judge, read_heads
 from eventlog.keys import load_verify_key
 from eventlog.verify import Report, verify_log
+
+#: Exit statuses of what a witness's heads reveal about an otherwise intact log.
+EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6}
 
 EPILOG = """\
 exit status:
@@ -23,10 +29,20 @@ exit status:
   1  damage found (the first damaged record is named, with its class)
   2  usage or I/O error
   3  intact except a torn final record (a crash artifact; the daemon recovers it on next open)
+  4  rolled_back: the log ends at a signed checkpoint older than a head the witness holds
+  5  forked: the log holds another record where the witness holds a head (or is another log)
+  6  truncated: the log ends before a witnessed head, its signed end cut (unsigned records
+     after its last checkpoint)
 
 damage classes: modified, missing, reordered, duplicated, spliced, bad_signature,
-segment_link, truncated (the log ends before --anchor); a line longer than the longest
-record is "modified"
+segment_link, truncated (the log ends before --anchor: exit 1); a line longer than the
+longest record is "modified". With --witness, an intact log is also checked against every
+head the witness holds for it: rolled_back, forked, truncated (exit 4, 5, 6).
+
+forward-secure logs (format 3): verify.pub certifies the first epoch key in the genesis
+record, each epoch key certifies the next at an epoch boundary; every checkpoint is checked
+with the key of its epoch, so a checkpoint re-signed with a later (stolen) key is
+bad_signature, naming the checkpoint and the record that certified the key it should have
 
 seal records are chained like any other; their MACs need the daemon's signing key, so
 verify only notes a log whose last record no seal or checkpoint covers (the daemon
@@ -36,6 +52,8 @@ examples:
   bide verify /var/lib/bide/log --verify-key verify.pub
   bide verify --config /etc/bide/bide.toml --anchor 1200:9f2c…   # head kept elsewhere
   bide verify /var/lib/bide/log --verify-key verify.pub --json | jq .verdict
+  bide verify --config /etc/bide/bide.toml --witness https://witness.example:8443
+  bide verify /var/lib/bide/log --verify-key verify.pub --witness /mnt/audit/heads.jsonl
 """
 
 
@@ -52,6 +70,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--verify-key", metavar="FILE", help="verify.pub written by `bide keygen`")
     p.add_argument("--anchor", metavar="SEQ:HASH", help="a head recorded elsewhere "
                    "(`bide log head`): the log must contain it")
+    p.add_argument("--witness", metavar="FILE|URL", action="append", default=[],
+                   help="a witness's heads: its state file, a heads file, or the URL of "
+                   "`bide witness serve` (repeatable); the log must hold each of its heads")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
                    default=min(os.cpu_count() or 1, 4),
@@ -90,11 +111,63 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: need at least 1")
     report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor, jobs=args.jobs)
+    finding = None
+    if args.witness and report.damage is None and report.head_seq >= 0:
+        heads = [h for source in args.witness for h in witness_heads(source, report.log_id)]
+        finding = judge(log_dir, report, heads, other_log_is_fork=False)
+        if not any(h.log == report.log_id for h in heads):
+            report.notes.append(f"the witness holds no head of log {report.log_id}: it was "
+                                f"never published there, or this log replaced the one that was")
     if args.json:
-        print(json.dumps(report_json(report)))
+        print(json.dumps({**report_json(report), "witness": finding_json(finding)}))
     else:
         print_report(report)
+        if finding is not None:
+            print(f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
+                  f"{finding.head.seq}:{finding.head.hash})")
+    if finding is not None and report.exit_status == 0:
+        return EXIT_WITNESS[finding.kind]
     return report.exit_status
+
+
+def witness_heads(source: str, log_id: str) -> list[Head]:
+    """The heads a witness holds: from ``bide witness serve`` at a URL, or from a file."""
+    if source.startswith(("http://", "https://")):
+        import httpx
+        import msgspec
+
+        url = source.rstrip("/")
+        if not url.endswith("/v1/heads"):
+            url += "/v1/heads"
+        try:
+            response = httpx.get(f"{url}/{log_id}", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise UsageError(f"witness {source} cannot be reached ({type(exc).__name__})"
+                             ) from None
+        if response.status_code == 404:
+            return []
+        if response.status_code != 200:
+            raise UsageError(f"witness {source} answered {response.status_code}")
+        try:
+            return msgspec.json.decode(response.content, type=_Heads).heads
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise UsageError(f"witness {source} did not answer with heads") from None
+    path = Path(source)
+    if not path.is_file():
+        raise UsageError(f"--witness {source}: no such file (or give an http(s):// URL)")
+    return read_heads(path)
+
+
+def finding_json(finding: Finding | None) -> dict[str, object] | None:
+    if finding is None:
+        return None
+    return {"kind": finding.kind, "detail": finding.detail,
+            "head": {"seq": finding.head.seq, "hash": finding.head.hash,
+                     "epoch": finding.head.epoch}}
+
+
+class _Heads(msgspec_Struct, frozen=True):
+    heads: list[Head]
 
 
 def report_json(report: Report) -> dict[str, object]:
@@ -109,6 +182,8 @@ def report_json(report: Report) -> dict[str, object]:
         "last_checkpoint_seq": report.last_checkpoint_seq,
         "clean_close": report.clean_close,
         "unsigned_tail": report.unsigned_tail,
+        "format": report.format,
+        "epoch": report.epoch,
         "writer_live": report.writer_live,
         "damage": dataclasses.asdict(report.damage) if report.damage else None,
         "torn_tail": (

@@ -18,14 +18,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.bench import bench_api, bench_append, bench_replay, bench_scale, bench_verify, goals
+from tests.bench import (
+    bench_api,
+    bench_append,
+    bench_epochs,
+    bench_replay,
+    bench_scale,
+    bench_verify,
+    goals,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
-    p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "goals"],
+    p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "epochs",
+                                      "goals"],
                    help="one benchmark; 'goals' is issue 17's table (10,000 operations "
                    "saturated, appends, the 1M-event replay), not part of the default run")
     p.add_argument("--repeat", type=int, default=3,
@@ -55,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             ["python -m tests.bench", *(argv if argv is not None else sys.argv[1:])]),
         "python": platform.python_version(), "cpus": os.cpu_count(),
     }
+    if args.only in (None, "epochs"):
+        work = Path(tempfile.mkdtemp(prefix="epochs-", dir=out))
+        try:
+            results["epochs"] = bench_epochs.run(work, 50 if args.quick else 200)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print("checkpoint cost (ms) and ratios to a single-key checkpoint:")
+        for k, v in results["epochs"].items():  # type: ignore[union-attr]
+            print(f"  {k:24} {v:10.3f}")
     if args.only in (None, "append"):
         work = Path(tempfile.mkdtemp(prefix="append-", dir=out))
         try:

@@ -108,6 +108,8 @@ def test_a_snapshot_of_a_replaced_log_is_not_used(tmp_path: Path) -> None:
     with workspace(tmp_path, {"job-0": "running"}) as ws:
         _run_until(ws, 1, 2)
         shutil.rmtree(tmp_path / "state" / "log")  # an operator starts a new log
+        # ... and says so: without this the daemon refuses a log behind its published heads
+        (tmp_path / "state" / "heads.jsonl").rename(tmp_path / "heads.jsonl.old")
 
         second = ws.start_daemon()
         assert "state snapshot does not match the log" in second.output()

@@ -26,6 +26,7 @@ from eventlog.envelope import (
     encode_record,
     record_hash,
 )
+from eventlog.epochs import EpochPolicy, EpochSigning
 from eventlog.seal import Sealer
 from eventlog.segments import list_segments, segment_name
 from eventlog.verify import Report, verify_log
@@ -51,6 +52,22 @@ class KeySet:
     def verify_key(self) -> keys.VerifyKey:
         return keys.load_verify_key(self.verify_pub)
 
+    def epoch_signing(self, key_dir: Path, policy: EpochPolicy | None = None, *,
+                      root: bool = True) -> EpochSigning:
+        """Forward-secure signing (format 3), epoch keys in ``key_dir``; with ``root`` False,
+        as a daemon whose root key went offline (it can continue a log, not create one)."""
+        return EpochSigning(self.verify_key(), key_dir, policy=policy,
+                            root=self.signer() if root else None)
+
+
+#: Epochs for test logs: a new key every 3 checkpoints.
+EVERY_3 = EpochPolicy(every_checkpoints=3, every_seconds=0)
+
+
+def epoch_dir(log_dir: Path) -> Path:
+    """Where :func:`build_log` keeps the epoch keys of ``log_dir`` (beside it, never in it)."""
+    return log_dir.parent / f"{log_dir.name}.epochs"
+
 
 def make_keys(directory: Path) -> KeySet:
     keys.generate(directory)
@@ -70,12 +87,17 @@ def build_log(
     checkpoint_every: int = 5,
     batch: int = 3,
     payload: Callable[[int], bytes] = payload_for,
+    epochs: EpochPolicy | None = None,
 ) -> list[Appended]:
-    """Write ``events`` payloads with the real writer (batches of ``batch``) and close cleanly."""
+    """Write ``events`` payloads with the real writer (batches of ``batch``) and close cleanly.
+
+    With ``epochs``, in format 3 (forward-secure epoch keys, kept in :func:`epoch_dir`)."""
+    signer: keys.Signer | EpochSigning = (
+        ks.signer() if epochs is None else ks.epoch_signing(epoch_dir(log_dir), epochs))
 
     async def run() -> list[Appended]:
         out: list[Appended] = []
-        async with LogWriter(log_dir, ks.keyring(), ks.signer(), segment_bytes=segment_bytes,
+        async with LogWriter(log_dir, ks.keyring(), signer, segment_bytes=segment_bytes,
                              checkpoint_every=checkpoint_every,
                              checkpoint_interval=3600) as w:
             for start in range(0, events, batch):

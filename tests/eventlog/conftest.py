@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.eventlog._logtools import KeySet, build_log, make_keys
+from eventlog.epochs import EpochPolicy
+from tests.eventlog._logtools import EVERY_3, KeySet, build_log, make_keys
+
+#: The signing modes every suite over ``base_logs`` runs in: format 2 (one signing key) and
+#: format 3 (forward-secure: a new epoch key every 3 checkpoints, so several epochs).
+MODES: dict[str, EpochPolicy | None] = {"single_key": None, "epochs": EVERY_3}
 
 
 @pytest.fixture
@@ -21,15 +26,18 @@ class BaseLogs:
     keys: KeySet
     log: Path  # 60 events, ~11 segments, a checkpoint every 5 events, closed cleanly
     other: Path  # a second log made with the same keys
+    mode: str = "single_key"  # or "epochs": format 3, a new epoch key every 3 checkpoints
 
 
-@pytest.fixture(scope="session")
-def base_logs(tmp_path_factory: pytest.TempPathFactory) -> BaseLogs:
-    root = tmp_path_factory.mktemp("base")
+@pytest.fixture(scope="session", params=sorted(MODES))
+def base_logs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+              ) -> BaseLogs:
+    mode: str = request.param
+    root = tmp_path_factory.mktemp(f"base-{mode}")
     keys = make_keys(root / "keys")
-    build_log(root / "log", keys, 60)
-    build_log(root / "other", keys, 60)
-    return BaseLogs(keys, root / "log", root / "other")
+    build_log(root / "log", keys, 60, epochs=MODES[mode])
+    build_log(root / "other", keys, 60, epochs=MODES[mode])
+    return BaseLogs(keys, root / "log", root / "other", mode)
 
 
 @pytest.fixture

@@ -16,16 +16,20 @@ import pytest
 from eventlog.segments import list_segments
 from eventlog.verify import verify_log
 from tests.eventlog._logtools import KeySet, build_log, make_keys
+from tests.eventlog.conftest import MODES
 
 SEED = 20240602
 RANDOM_FLIPS = 3000
 
 
-@pytest.fixture(scope="module")
-def closed_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, KeySet]:
-    root = tmp_path_factory.mktemp("bitflip")
+@pytest.fixture(scope="module", params=sorted(MODES))
+def closed_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+               ) -> tuple[Path, KeySet]:
+    """In both signing modes; with epochs, a new key every 3 checkpoints (3-4 epochs)."""
+    root = tmp_path_factory.mktemp(f"bitflip-{request.param}")
     ks = make_keys(root / "keys")
-    build_log(root / "log", ks, 250, segment_bytes=16 * 1024, checkpoint_every=25, batch=7)
+    build_log(root / "log", ks, 250, segment_bytes=16 * 1024, checkpoint_every=25, batch=7,
+              epochs=MODES[request.param])
     return root / "log", ks
 
 
@@ -49,6 +53,7 @@ def test_the_unflipped_log_is_intact(closed_log: tuple[Path, KeySet]) -> None:
     report = verify_log(log, ks.verify_key())
     assert report.verdict == "intact"
     assert report.checkpoints >= 10
+    assert report.format == 2 or report.epoch >= 3  # with epochs: several of them
     assert report.segments >= 4
     assert report.records >= 250
 

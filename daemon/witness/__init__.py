@@ -1,0 +1,1 @@
+"""Witnessing signed heads: the daemon's publisher and the `bide witness` service."""

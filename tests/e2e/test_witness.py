@@ -1,0 +1,203 @@
+"""Rollback, cut and fork of a real daemon's log: refused by the daemon on open, reported by
+`bide verify --witness` with their class; the `bide witness` service refuses forks, survives
+SIGKILL, and is caught up with after being down. Real processes, files and a real HTTP
+server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import msgspec
+
+from eventlog.envelope import decode_record, encode_record, record_hash
+from eventlog.heads import Head, read_heads
+from tests.e2e.harness import BIDE, Workspace, drop_registration, until, workspace
+from tests.e2e.test_snapshot import FAST
+from tests.eventlog._logtools import read_lines, write_lines
+
+JOBS = {f"job-{i}": "running" for i in range(3)}
+
+
+def _run(ws: Workspace, start: int, polls: int) -> None:
+    """A daemon that registers op-<start>, polls ``polls`` more times, and stops cleanly."""
+    daemon = ws.start_daemon()
+    drop_registration(ws, f"op-{start}", f"job-{start}")
+    seen = len(ws.sim.requests(kind="status"))
+    ws.sim.wait_for_requests(seen + polls, kind="status", timeout=15)
+    assert daemon.stop() == 0, daemon.output()
+
+
+def _refused(ws: Workspace, kind: str) -> str:
+    daemon = ws.start_daemon(ready=False)
+    assert daemon.proc.wait(30) != 0, daemon.output()
+    out = daemon.output()
+    assert f"({kind})" in out, out
+    assert "this daemon published head" in out
+    return out
+
+
+def _verify(ws: Workspace, witness: str | Path) -> subprocess.CompletedProcess[str]:
+    return ws.bide("verify", "--json", "--witness", str(witness))
+
+
+def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
+    with workspace(tmp_path, JOBS, config_extra=(
+            '\n[witness]\nfile = "witness/heads.jsonl"\n')) as ws:
+        (tmp_path / "witness").mkdir()
+        witness = tmp_path / "witness" / "heads.jsonl"
+        ws.write_profile(contract=FAST)
+        log, heads = tmp_path / "state" / "log", tmp_path / "state" / "heads.jsonl"
+        _run(ws, 0, 20)
+        older = tmp_path / "older"
+        shutil.copytree(log, older)  # an earlier signed state (ends with a final checkpoint)
+        _run(ws, 1, 20)
+        until(lambda: read_heads(witness)[-1:] == read_heads(heads)[-1:], what="witness")
+        ok = _verify(ws, witness)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        newer = tmp_path / "newer"
+        shutil.copytree(log, newer)
+
+        # 1. Rolled back to the earlier copy.
+        shutil.rmtree(log)
+        shutil.copytree(older, log)
+        result = _verify(ws, witness)
+        assert result.returncode == 4, result.stdout
+        assert json.loads(result.stdout)["witness"]["kind"] == "rolled_back"
+        out = _refused(ws, "rolled_back")
+        assert read_heads(heads)[-1].hash in out  # names the published head ...
+        assert "ends at signed checkpoint" in out  # ... and where the log ends
+
+        # 2. The signed end cut: the final checkpoint gone, unsigned records left.
+        lines = read_lines(newer)
+        last_cp = max(i for i, ln in enumerate(lines) if ln.kind == "Checkpoint")
+        shutil.rmtree(log)
+        shutil.copytree(newer, log)
+        write_lines(log, lines[:last_cp - 1])
+        result = _verify(ws, witness)
+        assert result.returncode == 6, result.stdout
+        assert json.loads(result.stdout)["witness"]["kind"] == "truncated"
+        _refused(ws, "truncated")
+
+        # 3. A fork: the earlier copy continued by a daemon that forgot what it published.
+        # (A plain file target is no refusing witness: it will hold the fork's heads too.)
+        before_fork = tmp_path / "witness-before-fork.jsonl"
+        shutil.copyfile(witness, before_fork)
+        shutil.rmtree(log)
+        shutil.copytree(older, log)
+        heads.rename(tmp_path / "heads.saved")
+        (tmp_path / "state" / "witness").rename(tmp_path / "cursors.saved")
+        _run(ws, 2, 30)
+        result = _verify(ws, witness)
+        assert result.returncode == 5, result.stdout
+        assert json.loads(result.stdout)["witness"]["kind"] == "forked"
+        (tmp_path / "heads.saved").replace(heads)
+        _refused(ws, "forked")
+
+        # The real log, put back, is accepted again.
+        shutil.rmtree(log)
+        shutil.copytree(newer, log)
+        assert _verify(ws, before_fork).returncode == 0
+        assert _verify(ws, witness).returncode == 5  # the file also saw the fork's heads
+        daemon = ws.start_daemon()
+        assert daemon.stop() == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def witness_service(root: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [*BIDE, "witness", "serve", "--listen", f"127.0.0.1:{port}",
+         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert json.loads(first)["listening"] == f"127.0.0.1:{port}", first
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _held(url: str, log_id: str) -> Head | None:
+    r = httpx.get(f"{url}/v1/heads/{log_id}", timeout=5)
+    heads = msgspec.json.decode(r.content, type=dict[str, object]).get("heads") or []
+    assert isinstance(heads, list)
+    return msgspec.convert(heads[0], Head) if heads else None
+
+
+def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    wroot = tmp_path / "witness"
+    wroot.mkdir()
+    with workspace(tmp_path, JOBS, config_extra=(
+            f'\n[witness]\nurls = ["{url}/v1/heads"]\nretry_seconds = 0.2\n'
+            "timeout_seconds = 2\nretries = 1\n")) as ws:
+        ws.write_profile(contract=FAST)
+        heads = tmp_path / "state" / "heads.jsonl"
+        with witness_service(wroot, port) as service:
+            daemon = ws.start_daemon()
+            drop_registration(ws, "op-0", "job-0")
+            until(lambda: read_heads(heads), what="a first signed head")
+            log_id = read_heads(heads)[0].log
+            until(lambda: _held(url, log_id) is not None, what="the witness to hold a head")
+            held = _held(url, log_id)
+            assert held is not None
+            assert held.countersig
+            # SIGKILL: what it acknowledged is in its state file.
+            service.send_signal(signal.SIGKILL)
+            service.wait(10)
+        # The witness is down: the daemon keeps appending and signing.
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 10, kind="status", timeout=15)
+        until(lambda: read_heads(heads)[-1].seq > held.seq, what="heads while it is down")
+        until(lambda: "witness unreachable; heads stay queued on disk" in daemon.output(),
+              what="the publisher to note the witness is down")
+        with witness_service(wroot, port):
+            after = _held(url, log_id)
+            assert after is not None
+            assert after.seq >= held.seq  # nothing acknowledged was lost
+            until(lambda: (h := _held(url, log_id)) is not None
+                  and h.seq == read_heads(heads)[-1].seq, what="the witness to catch up")
+            until(lambda: "witness reachable again" in daemon.output(), what="its log line")
+
+            # A forked head: a checkpoint that does not link to the held one.
+            now = _held(url, log_id)
+            assert now is not None
+            rec = decode_record(now.cp.encode())
+            forged = encode_record(msgspec.structs.replace(rec, seq=rec.seq + 7,
+                                                           prev_cp="ab" * 32))
+            fork = Head(log_id, rec.seq + 7, record_hash(forged), now.epoch, now.sig,
+                        now.t_us, forged.decode())
+            r = httpx.post(f"{url}/v1/heads", content=msgspec.json.encode({"heads": [fork]}),
+                           timeout=5)
+            assert r.status_code == 409, r.text
+            assert "links to checkpoint hash" in r.json()["reason"]
+            held_now = _held(url, log_id)
+            assert held_now is not None
+            assert held_now.hash == now.hash
+            assert daemon.stop() == 0
+            until(lambda: (h := _held(url, log_id)) is not None
+                  and h.seq == read_heads(heads)[-1].seq, what="the final head")
+            result = ws.bide("verify", "--json", "--witness", url)
+            assert result.returncode == 0, result.stdout + result.stderr
+        # Its state survives a restart: what it held is what it holds.
+        state = read_heads(wroot / "state.jsonl")
+        assert state[-1].seq == read_heads(heads)[-1].seq
