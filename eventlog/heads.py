@@ -114,6 +114,9 @@ def extends(held: Head | None, chain: Sequence[Head]) -> str | None:
 # -- the daemon's own record of what it published ---------------------------------------------
 
 
+_TAIL = 64 * 1024  # holds well over a hundred heads
+
+
 class HeadStore:
     """The append-only ``heads.jsonl`` in the state directory (see the module docstring).
 
@@ -125,7 +128,6 @@ class HeadStore:
         self.path = path
         self._listeners: list[Callable[[Head], None]] = []
         self._lock = threading.Lock()
-        self._latest: dict[str, Head] | None = None
 
     def add_listener(self, listener: Callable[[Head], None]) -> None:
         self._listeners.append(listener)
@@ -134,9 +136,44 @@ class HeadStore:
         """Every head in the file, in order; a torn last line (a crash) is skipped."""
         return read_heads(self.path)
 
+    def read_from(self, offset: int) -> list[tuple[int, Head]]:
+        """The heads whose lines start at byte ``offset`` or later, each with its line's
+        offset: a reader that keeps its place reads only what is new, however long the file
+        has grown (about 400 bytes a checkpoint)."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in data.split(b"\n")[:-1]:  # after the last newline: nothing, or torn
+            if line.strip():
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    out.append((offset, decode_head(line)))
+            offset += len(line) + 1
+        return out
+
     def latest(self) -> Head | None:
-        heads = self.heads()
-        return heads[-1] if heads else None
+        """The last complete head, read from the file's tail (not the whole file)."""
+        try:
+            with self.path.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(0, size - _TAIL)
+                f.seek(start)
+                tail = f.read()
+        except FileNotFoundError:
+            return None
+        lines = tail.split(b"\n")[:-1]
+        if start > 0:
+            lines = lines[1:]  # the first may be the end of a line that starts earlier
+        for line in reversed(lines):
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                return decode_head(line)
+        if start == 0:
+            return None
+        every = self.heads()  # a tail with no whole head in it: read everything
+        return every[-1] if every else None
 
     def record(self, lines: Iterable[bytes]) -> None:
         heads = [head_of(line) for line in lines]

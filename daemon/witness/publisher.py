@@ -18,6 +18,7 @@ an error and not sent anything else until the operator looks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
-import anyio.from_thread
 import httpx
 import msgspec
 
@@ -59,6 +59,7 @@ class HeadPublisher:
             self.targets.append("syslog:")
         self.targets += [f"url:{u}" for u in config.urls]
         self._wake = anyio.Event()
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._refused: set[str] = set()
         self._failing: set[str] = set()
         #: Deliveries so far, per target (for tests and the benchmark).
@@ -70,17 +71,20 @@ class HeadPublisher:
         return bool(self.targets)
 
     def _on_head(self, head: Head) -> None:
-        # Called from the writer's flusher thread, once the head is in heads.jsonl.
-        try:
-            anyio.from_thread.run_sync(self._wake.set)
-        except RuntimeError:  # not in an anyio worker thread (a test calling record())
-            self._wake.set()
+        # Called from the log's writer thread once the head is in heads.jsonl: the event
+        # loop sets the event (an anyio Event is not thread-safe).
+        loop = self._event_loop
+        if loop is None:
+            return  # not running: the first round reads the file anyway
+        with contextlib.suppress(RuntimeError):  # the loop closed
+            loop.call_soon_threadsafe(lambda: self._wake.set())
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         if not self.enabled:
             yield
             return
+        self._event_loop = asyncio.get_running_loop()
         async with httpx.AsyncClient(timeout=self.config.timeout_seconds,
                                      follow_redirects=False) as client, \
                 anyio.create_task_group() as tg:
@@ -102,15 +106,27 @@ class HeadPublisher:
                 await self._wake.wait()
 
     async def deliver_all(self, client: httpx.AsyncClient) -> bool:
-        """One round over every target; True when some still have heads to deliver."""
-        heads = await anyio.to_thread.run_sync(self.heads.heads)
+        """One round over every target; True when some still have heads to deliver.
+
+        A target's cursor is the byte offset of the last head it took in ``heads.jsonl``
+        (-1: none yet), so a round reads only the heads after it, never the whole file."""
         pending = False
         for target in self.targets:
-            cursor = self._cursor(target)
-            if cursor >= len(heads) or target in self._refused:
+            if target in self._refused:
                 continue
+            cursor = self._cursor(target)
             try:
-                cursor = await self._deliver(client, target, heads, cursor)
+                for _ in range(3):  # a witness holding another head of ours: go on from it
+                    rows = await anyio.to_thread.run_sync(self.heads.read_from, max(cursor, 0))
+                    prev = rows[0][1] if rows and rows[0][0] == cursor else None
+                    todo = rows[1:] if prev is not None else rows
+                    if not todo:
+                        break
+                    moved = await self._deliver(client, target, prev, todo)
+                    if moved is None:
+                        break
+                    cursor = moved
+                    self._save_cursor(target, cursor)
             except (OSError, httpx.HTTPError) as exc:
                 if target not in self._failing:
                     logfmt.warn("witness unreachable; heads stay queued on disk",
@@ -121,52 +137,63 @@ class HeadPublisher:
             if target in self._failing:
                 logfmt.info("witness reachable again", target=_safe(target))
                 self._failing.discard(target)
-            self._save_cursor(target, cursor)
-            pending |= cursor < len(heads) and target not in self._refused
+            pending |= target not in self._refused and bool(
+                self.heads.read_from(max(cursor, 0))[1 if cursor >= 0 else 0:])
         return pending
 
-    async def _deliver(self, client: httpx.AsyncClient, target: str, heads: list[Head],
-                       cursor: int) -> int:
+    async def _deliver(self, client: httpx.AsyncClient, target: str, prev: Head | None,
+                       todo: list[tuple[int, Head]]) -> int | None:
+        """Deliver ``todo``; the new cursor, or None where the target refused (a fork)."""
         kind, _, where = target.partition(":")
-        todo = heads[cursor:]
+        heads = [h for _, h in todo]
         if kind == "file":
-            await anyio.to_thread.run_sync(_append_file, Path(where), todo)
+            await anyio.to_thread.run_sync(_append_file, Path(where), heads)
         elif kind == "syslog":
-            for h in todo:
+            for h in heads:
                 syslog.syslog(syslog.LOG_INFO | syslog.LOG_AUTH,
                               f"bide head log={h.log} seq={h.seq} hash={h.hash} "
                               f"epoch={h.epoch} sig={h.sig}")
         else:
-            return await self._post(client, target, where, heads, cursor)
-        self.delivered[target] = self.delivered.get(target, 0) + len(todo)
-        return len(heads)
+            return await self._post(client, target, where, prev, todo)
+        self.delivered[target] = self.delivered.get(target, 0) + len(heads)
+        return todo[-1][0]
 
-    async def _post(self, client: httpx.AsyncClient, target: str, url: str, heads: list[Head],
-                    cursor: int) -> int:
-        while cursor < len(heads):
+    async def _post(self, client: httpx.AsyncClient, target: str, url: str, prev: Head | None,
+                    todo: list[tuple[int, Head]]) -> int | None:
+        cursor = -1
+        for i in range(0, len(todo), MAX_HEADS_PER_POST):
+            chunk = todo[i:i + MAX_HEADS_PER_POST]
             # The head before the batch goes too: the witness finds the one it holds.
-            start = max(cursor - 1, 0)
-            batch = heads[start:cursor + MAX_HEADS_PER_POST]
-            body = msgspec.json.encode({"heads": batch})
-            response = await self._send(client, url, body)
+            batch = ([prev] if prev is not None else []) + [h for _, h in chunk]
+            response = await self._send(client, url, msgspec.json.encode({"heads": batch}))
             if response.status_code == 200:
                 self.delivered[target] = self.delivered.get(target, 0) + len(batch)
-                cursor = start + len(batch)
+                cursor, prev = chunk[-1]
                 continue
             if response.status_code == 409:
                 refused = msgspec.json.decode(response.content, type=Refused)
-                resume = _after(heads, refused.held)
-                if resume is not None and resume != cursor:
-                    cursor = resume  # it holds an older or newer head of ours: go on from there
-                    continue
+                resume = await anyio.to_thread.run_sync(self._offset_of, refused.held)
+                if resume is not None and resume != todo[0][0] and (
+                        prev is None or resume != cursor):
+                    return resume  # it holds an older or newer head of ours: go on from there
                 logfmt.error("witness refuses our heads: it holds a head this log does not "
                              "extend (a fork or a rollback); nothing more is sent to it",
                              target=_safe(target), reason=refused.reason)
                 self._refused.add(target)
-                return cursor
+                return None
             raise httpx.HTTPStatusError(f"witness answered {response.status_code}",
                                         request=response.request, response=response)
         return cursor
+
+    def _offset_of(self, held: Head | None) -> int | None:
+        """Where ``held`` is in ``heads.jsonl`` (-1 for none held), or None when it is not
+        one of ours. Reads the whole file: only after a witness answered 409."""
+        if held is None:
+            return -1
+        for offset, h in self.heads.read_from(0):
+            if h.seq == held.seq and h.hash == held.hash and h.log == held.log:
+                return offset
+        return None
 
     async def _send(self, client: httpx.AsyncClient, url: str, body: bytes) -> httpx.Response:
         delay = 0.1
@@ -190,24 +217,14 @@ class HeadPublisher:
         try:
             return int(self._cursor_path(target).read_text().split()[0])
         except (FileNotFoundError, ValueError, IndexError):
-            return 0
+            return -1
 
     def _save_cursor(self, target: str, cursor: int) -> None:
         self.cursor_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._cursor_path(target)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(f"{cursor} {_safe(target)}\n")
+        tmp.write_text(f"{cursor} {_safe(target)}\n")  # the byte offset of the last head sent
         os.replace(tmp, path)
-
-
-def _after(heads: list[Head], held: Head | None) -> int | None:
-    """The index after ``held`` in ``heads``, or None when it is not one of ours."""
-    if held is None:
-        return 0
-    for i, h in enumerate(heads):
-        if h.seq == held.seq and h.hash == held.hash and h.log == held.log:
-            return i + 1
-    return None
 
 
 def _append_file(path: Path, heads: list[Head]) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -112,14 +113,13 @@ class WitnessState:
 
 
 def _now_us() -> int:
-    import time
-
     return time.time_ns() // 1000
 
 
 def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "bide-witness"
+        timeout = 10  # seconds per socket operation: a client that stalls loses its thread
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # one line per request would drown the service's own messages
