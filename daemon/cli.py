@@ -80,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        status: int = args.func(args)
+        try:
+            status: int = args.func(args)
+        except BaseExceptionGroup as group:  # the daemon's task groups wrap what they raise
+            raise _alone(group) from None
     except UsageError as exc:
         print(f"bide {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +93,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def _alone(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a group (of groups) holds, when it holds exactly one, so a refusal
+    (a damaged or rolled-back log, a bad key) is one line naming the fix, not a traceback;
+    the group itself otherwise."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return group if isinstance(inner, BaseExceptionGroup) else inner
 
 
 if __name__ == "__main__":

@@ -47,8 +47,9 @@ class LogSigning:
     warnings: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
 
-def log_format(log_dir: Path) -> int | None:
-    """The format the genesis record of the log at ``log_dir`` names; None without one."""
+def _genesis(log_dir: Path) -> Genesis | None:
+    """The genesis record of the log at ``log_dir``; None without one (or where it does not
+    parse: the writer's open names the damage)."""
     try:
         with (log_dir / segment_name(1)).open("rb") as f:
             first = f.readline(1 << 16)
@@ -57,8 +58,20 @@ def log_format(log_dir: Path) -> int | None:
     try:
         rec = decode_record(first.rstrip(b"\n"))
     except (msgspec.DecodeError, ValueError):
-        return None  # the writer's open names the damage
-    return rec.format if isinstance(rec, Genesis) else None
+        return None
+    return rec if isinstance(rec, Genesis) else None
+
+
+def log_format(log_dir: Path) -> int | None:
+    """The format the genesis record of the log at ``log_dir`` names; None without one."""
+    genesis = _genesis(log_dir)
+    return None if genesis is None else genesis.format
+
+
+def log_identity(log_dir: Path) -> str | None:
+    """The id of the log at ``log_dir``; None without one."""
+    genesis = _genesis(log_dir)
+    return None if genesis is None else genesis.log
 
 
 def root_readable(keys_dir: Path) -> bool:

@@ -128,6 +128,9 @@ class HeadStore:
         self.path = path
         self._listeners: list[Callable[[Head], None]] = []
         self._lock = threading.Lock()
+        #: (witness, the latest head it holds for the log about to open), gathered by
+        #: ``bide run`` before the open: :meth:`check` holds the log to those too.
+        self.witnessed: list[tuple[str, Head]] = []
 
     def add_listener(self, listener: Callable[[Head], None]) -> None:
         self._listeners.append(listener)
@@ -195,19 +198,29 @@ class HeadStore:
                 listener(head)
 
     def check(self, log_dir: Path, report: Report) -> None:
-        """Refuse (:class:`RolledBackError`) a log behind or beside the latest head."""
+        """Refuse (:class:`RolledBackError`) a log behind or beside the latest head this
+        daemon recorded, or behind the latest one a witness holds for it (``witnessed``)."""
         latest = self.latest()
-        if latest is None:
-            return
-        finding = judge(log_dir, report, [latest])
-        if finding is not None:
-            raise RolledBackError(
-                f"log {log_dir} {finding.detail}; this daemon published head "
-                f"{latest.seq}:{latest.hash} of log {latest.log} (epoch {latest.epoch}), "
-                f"recorded in {self.path}. Refusing to continue from an older or different "
-                f"state ({finding.kind}): restore the log that holds that head. If the log was "
-                f"replaced on purpose, move {self.path} aside (witnesses keep the head and "
-                f"`bide verify --witness` will still report it)", finding.kind)
+        if latest is not None:
+            finding = judge(log_dir, report, [latest])
+            if finding is not None:
+                raise RolledBackError(
+                    f"log {log_dir} {finding.detail}; this daemon published head "
+                    f"{latest.seq}:{latest.hash} of log {latest.log} (epoch {latest.epoch}), "
+                    f"recorded in {self.path}. Refusing to continue from an older or "
+                    f"different state ({finding.kind}): restore the log that holds that head. "
+                    f"If the log was replaced on purpose, move {self.path} aside (witnesses "
+                    f"keep the head and `bide verify --witness` will still report it)",
+                    finding.kind)
+        for where, held in self.witnessed:
+            finding = judge(log_dir, report, [held], other_log_is_fork=False)
+            if finding is not None:
+                raise RolledBackError(
+                    f"log {log_dir} {finding.detail}; witness {where} holds head "
+                    f"{held.seq}:{held.hash} of this log, which it accepted from this daemon. "
+                    f"Refusing to continue from an older or different state ({finding.kind}): "
+                    f"restore the log that holds that head (`bide verify --witness {where}` "
+                    f"reports the same)", finding.kind)
 
     def check_empty(self, log_dir: Path) -> None:
         """Refuse to start a new log where this daemon already published another's heads."""

@@ -8,10 +8,12 @@ from typing import Any
 import anyio
 
 from daemon import logfmt
-from daemon.config import add_config_flag, load_config
-from daemon.signing import open_signing
+from daemon.config import Config, add_config_flag, load_config
+from daemon.signing import log_identity, open_signing
 from daemon.supervisor import Supervisor
 from daemon.witness.publisher import HeadPublisher
+from daemon.witness.remote import WitnessUnreachable, heads_held
+from eventlog.heads import Head
 from eventlog.keys import Signer, keys_directory, load_keyring
 
 
@@ -33,12 +35,34 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def witnessed_heads(cfg: Config) -> list[tuple[str, Head]]:
+    """The latest head each configured witness holds for the log about to open (file and
+    URL witnesses; syslog keeps nothing to ask). One that cannot be asked is named in a
+    warning and the daemon starts: a witness being down must not stop the waiting."""
+    log_id = log_identity(cfg.log_dir)
+    if log_id is None:
+        return []
+    sources = [str(cfg.witness_file)] if cfg.witness_file is not None else []
+    held = []
+    for source in [*sources, *cfg.witness.urls]:
+        try:
+            heads = heads_held(source, log_id, timeout=cfg.witness.timeout_seconds)
+        except WitnessUnreachable as exc:
+            logfmt.warn("could not ask a witness for the head it holds; the log is checked "
+                        "against the heads this daemon recorded only", error=str(exc))
+            continue
+        if heads:
+            held.append((source, max(heads, key=lambda h: h.seq)))
+    return held
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     keys_dir = keys_directory(cfg.keys_dir)
     chosen = open_signing(cfg, keys_dir)
     for message, fields in chosen.warnings:
         logfmt.warn(message, **fields)
+    chosen.heads.witnessed = witnessed_heads(cfg)
     publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file)
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
     supervisor = Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msgspec import Struct as msgspec_Struct
-
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
-from eventlog.heads import Finding, Head, judge, read_heads
+from daemon.witness.remote import WitnessUnreachable, heads_held
+from eventlog.heads import Finding, Head, judge
 from eventlog.keys import load_verify_key
 from eventlog.verify import Report, verify_log
 
@@ -132,30 +131,12 @@ def run(args: argparse.Namespace) -> int:
 
 def witness_heads(source: str, log_id: str) -> list[Head]:
     """The heads a witness holds: from ``bide witness serve`` at a URL, or from a file."""
-    if source.startswith(("http://", "https://")):
-        import httpx
-        import msgspec
-
-        url = source.rstrip("/")
-        if not url.endswith("/v1/heads"):
-            url += "/v1/heads"
-        try:
-            response = httpx.get(f"{url}/{log_id}", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise UsageError(f"witness {source} cannot be reached ({type(exc).__name__})"
-                             ) from None
-        if response.status_code == 404:
-            return []
-        if response.status_code != 200:
-            raise UsageError(f"witness {source} answered {response.status_code}")
-        try:
-            return msgspec.json.decode(response.content, type=_Heads).heads
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise UsageError(f"witness {source} did not answer with heads") from None
-    path = Path(source)
-    if not path.is_file():
+    if not source.startswith(("http://", "https://")) and not Path(source).is_file():
         raise UsageError(f"--witness {source}: no such file (or give an http(s):// URL)")
-    return read_heads(path)
+    try:
+        return heads_held(source, log_id)
+    except WitnessUnreachable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def finding_json(finding: Finding | None) -> dict[str, object] | None:
@@ -165,9 +146,6 @@ def finding_json(finding: Finding | None) -> dict[str, object] | None:
             "head": {"seq": finding.head.seq, "hash": finding.head.hash,
                      "epoch": finding.head.epoch}}
 
-
-class _Heads(msgspec_Struct, frozen=True):
-    heads: list[Head]
 
 
 def report_json(report: Report) -> dict[str, object]:

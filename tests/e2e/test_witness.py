@@ -35,12 +35,13 @@ def _run(ws: Workspace, start: int, polls: int) -> None:
     assert daemon.stop() == 0, daemon.output()
 
 
-def _refused(ws: Workspace, kind: str) -> str:
+def _refused(ws: Workspace, kind: str, by: str = "this daemon published head") -> str:
     daemon = ws.start_daemon(ready=False)
     assert daemon.proc.wait(30) != 0, daemon.output()
     out = daemon.output()
-    assert f"({kind})" in out, out
-    assert "this daemon published head" in out
+    assert any(f"({k})" in out for k in kind.split("|")), out
+    assert by in out, out
+    assert "Traceback" not in out, out  # one line naming the fix
     return out
 
 
@@ -75,6 +76,13 @@ def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
         assert read_heads(heads)[-1].hash in out  # names the published head ...
         assert "ends at signed checkpoint" in out  # ... and where the log ends
 
+        # 1b. The state directory rolled back with it (heads.jsonl gone or older): the
+        # daemon asks its witnesses before it opens the log, and they remember.
+        heads.rename(tmp_path / "heads.saved")
+        out = _refused(ws, "rolled_back", by=f"witness {witness} holds head")
+        assert read_heads(witness)[-1].hash in out
+        (tmp_path / "heads.saved").replace(heads)
+
         # 2. The signed end cut: the final checkpoint gone, unsigned records left.
         lines = read_lines(newer)
         last_cp = max(i for i, ln in enumerate(lines) if ln.kind == "Checkpoint")
@@ -94,7 +102,11 @@ def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
         shutil.copytree(older, log)
         heads.rename(tmp_path / "heads.saved")
         (tmp_path / "state" / "witness").rename(tmp_path / "cursors.saved")
+        witness.rename(tmp_path / "witness.saved")  # else the daemon would ask it, and stop
         _run(ws, 2, 30)
+        seen = tmp_path / "witness.saved"
+        seen.write_bytes(seen.read_bytes() + witness.read_bytes())
+        seen.replace(witness)  # the file witness saw the real log, then the fork
         result = _verify(ws, witness)
         assert result.returncode == 5, result.stdout
         assert json.loads(result.stdout)["witness"]["kind"] == "forked"
@@ -106,6 +118,9 @@ def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
         shutil.copytree(newer, log)
         assert _verify(ws, before_fork).returncode == 0
         assert _verify(ws, witness).returncode == 5  # the file also saw the fork's heads
+        # The fork's head is the witness's latest: behind it or beside it, an operator decides.
+        _refused(ws, "forked|rolled_back", by=f"witness {witness} holds head")
+        shutil.copyfile(before_fork, witness)
         daemon = ws.start_daemon()
         assert daemon.stop() == 0
 
