@@ -24,8 +24,13 @@ class Sealer:
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCMSIV(key)
 
-    def seal(self, payload: bytes, aad: bytes) -> tuple[str, str]:
-        nonce = os.urandom(NONCE_BYTES)
+    def seal(self, payload: bytes, aad: bytes, nonce: bytes | None = None) -> tuple[str, str]:
+        """(nonce, ciphertext) in base64. ``nonce``, when given, is 12 bytes the caller drew
+        from ``os.urandom`` (the writer draws a whole write's nonces in one call)."""
+        if nonce is None:
+            nonce = os.urandom(NONCE_BYTES)
+        elif len(nonce) != NONCE_BYTES:
+            raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(nonce)}")
         ct = self._aead.encrypt(nonce, payload, aad)
         return base64.b64encode(nonce).decode("ascii"), base64.b64encode(ct).decode("ascii")
 

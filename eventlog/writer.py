@@ -69,7 +69,7 @@ from eventlog.keys import KeyRing, Signer
 from eventlog.lock import WriterLock
 from eventlog.mac import seal_ok, seal_tag
 from eventlog.position import LogPosition
-from eventlog.seal import Sealer
+from eventlog.seal import NONCE_BYTES, Sealer
 from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, list_segments, segment_name
 from eventlog.signing import CheckpointSigning, SingleKey
 from eventlog.verify import Report, verify_log
@@ -395,6 +395,11 @@ class LogWriter:
             sealed = True
             return Appended(cp_seq, h)
 
+        # Every nonce of this write from one os.urandom call: it releases the GIL, and a thread
+        # that gives the GIL up once per record waits to get it back behind a busy event loop
+        # (1000 appenders, paired runs: 68,000-76,000 -> 79,000-90,000 records/s).
+        nonces = os.urandom(NONCE_BYTES * sum(len(b.payloads) for b in batches))
+        drawn = 0
         for batch in batches:
             if batch.checkpoint is not None:
                 batch.results = [emit_checkpoint(final=batch.checkpoint == "final")]
@@ -410,7 +415,9 @@ class LogWriter:
                     emit(encode_record(Segment(seq + 1, prev, self.log_id, index)))
                 kid = self._keyring.active
                 aad = associated_data(self.log_id, seq + 1, prev, kid)
-                nonce, ct = self._sealer.seal(payload, aad)
+                nonce, ct = self._sealer.seal(payload, aad,
+                                              nonces[drawn:drawn + NONCE_BYTES])
+                drawn += NONCE_BYTES
                 h = emit(encode_record(EventRecord(seq + 1, prev, self.log_id, kid, nonce, ct)))
                 results.append(Appended(seq, h))
                 since_cp += 1
