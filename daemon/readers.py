@@ -30,6 +30,7 @@ from replay.events import (
     Event,
     decode_log_event,
 )
+from replay.ledger import Ledger
 from replay.state import Operation, evolve
 
 
@@ -81,10 +82,16 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
 
 
 def load_state(config: Config, keyring: KeyRing) -> dict[str, Operation]:
-    """Every operation's state: from the state snapshot and the events after it when the
-    snapshot is usable (its tag checks with the signing key, and its position still names a
-    record of the log), else by folding the whole log. The same states either way (the
-    snapshot is the fold up to its position); the first is what a large log makes cheap."""
+    """Every operation's state (see :func:`load_ledger`)."""
+    return load_ledger(config, keyring).ops
+
+
+def load_ledger(config: Config, keyring: KeyRing) -> Ledger:
+    """Every operation's and action's state: from the state snapshot and the events after it
+    when the snapshot is usable (its tag checks with the signing key, and its position still
+    names a record of the log), else by folding the whole log. The same states either way
+    (the snapshot is the fold up to its position); the first is what a large log makes
+    cheap."""
     try:
         keys_dir: Path | None = keys_directory(config.keys_dir)
     except EventLogError:
@@ -94,8 +101,8 @@ def load_state(config: Config, keyring: KeyRing) -> dict[str, Operation]:
     if signer is not None:
         snapshot = load_snapshot(config.snapshot_path, keyring, signer)
         if snapshot is not None and mismatch(config.log_dir, snapshot.position) is None:
-            return replay_log(config.log_dir, keyring, snapshot).ops
-    return load_log(config.log_dir, keyring).ops
+            return replay_log(config.log_dir, keyring, snapshot)
+    return replay_log(config.log_dir, keyring)
 
 
 def need_op(ops: Mapping[str, Operation], op_id: str) -> Operation:

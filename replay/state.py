@@ -32,6 +32,7 @@ from replay.errors import ReplayOrderError
 from replay.events import (
     DecisionRecorded,
     DecisionRejected,
+    EscalationContext,
     EscalationRaised,
     Event,
     HintRejected,
@@ -67,12 +68,15 @@ class OpenEscalation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         reason: The stop reason.
         options: The options offered.
         raised_at: When it was raised.
+        context: What the decision needs to know, as raised (so ``bide escalations
+            --offline`` answers from the state snapshot instead of reading the whole log).
     """
 
     escalation_id: int
     reason: StopReason
     options: tuple[Option, ...]
     raised_at: float
+    context: EscalationContext | None = None
 
 
 class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -445,6 +449,7 @@ def evolve(state: Operation | None, event: Event) -> Operation:
                     reason=event.reason,
                     options=event.options,
                     raised_at=event.at,
+                    context=event.context,
                 ),
                 escalations_raised=max(s.escalations_raised, event.escalation_id),
             )

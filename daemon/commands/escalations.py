@@ -12,7 +12,7 @@ from daemon.actions import action_escalation_text
 from daemon.commands.apicall import require
 from daemon.config import Config, add_config_flag, load_config
 from daemon.outbox import escalation_text
-from daemon.readers import load_log, open_keyring
+from daemon.readers import load_ledger, open_keyring
 from replay.events import ActionFailed, EscalationRaised
 
 
@@ -57,25 +57,23 @@ def _text(escalation: dict[str, Any]) -> str:
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
-    log = load_log(cfg.log_dir, open_keyring(cfg))
-    raised: dict[tuple[str, int], EscalationRaised] = {}
-    for _, event in log.events:
-        if isinstance(event, EscalationRaised):
-            raised[(event.operation_id, event.escalation_id)] = event
-    open_: list[EscalationRaised] = []
-    for op in log.ops.values():
-        if op.phase == "escalated" and op.escalation is not None:
-            found = raised.get((op.operation_id, op.escalation.escalation_id))
-            if found is not None:
-                open_.append(found)
+    """From the state snapshot and the events after it (the whole log without one): every
+    open escalation keeps what it was raised with in the operation's state."""
+    ledger = load_ledger(cfg, open_keyring(cfg))
+    open_ = [EscalationRaised(operation_id=op.operation_id, at=e.raised_at,
+                              escalation_id=e.escalation_id, reason=e.reason,
+                              options=e.options, context=e.context)
+             for op in ledger.ops.values()
+             if op.phase == "escalated" and (e := op.escalation) is not None
+             and e.context is not None]
     open_.sort(key=lambda e: e.at)
-    escalated = [a for a in log.actions.values()
+    escalated = [a for a in ledger.actions.values()
                  if a.phase == "escalated" and isinstance(a.outcome, ActionFailed)]
     if args.json:
         print(json.dumps([{**msgspec.to_builtins(ev),
-                           "provider_error": log.ops[ev.operation_id].provider_error,
+                           "provider_error": ledger.ops[ev.operation_id].provider_error,
                            "provider_error_truncated":
-                               log.ops[ev.operation_id].provider_error_truncated}
+                               ledger.ops[ev.operation_id].provider_error_truncated}
                           for ev in open_] + [
             {"action_id": a.action_id, "operation_id": a.operation_id, "kind": a.kind,
              "reason": a.outcome.reason, "detail": a.outcome.detail,
@@ -84,7 +82,7 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     elif not open_ and not escalated:
         print("no open escalations")
     else:
-        texts = [escalation_text(ev, log.ops[ev.operation_id]) for ev in open_]
+        texts = [escalation_text(ev, ledger.ops[ev.operation_id]) for ev in open_]
         texts += [action_escalation_text(a, a.outcome) for a in escalated
                   if isinstance(a.outcome, ActionFailed)]
         print("\n".join(texts), end="")

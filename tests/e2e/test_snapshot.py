@@ -4,6 +4,7 @@ is set aside for a full replay."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import stat
@@ -140,15 +141,27 @@ def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_pat
         assert ws.bide("verify").returncode == 0
 
 
-def test_offline_status_starts_from_the_snapshot_not_from_record_0(tmp_path: Path) -> None:
-    with workspace(tmp_path, {"a": "running, succeeded with result", "b": "running"}) as ws:
+def test_offline_status_and_escalations_start_from_the_snapshot_not_from_record_0(
+        tmp_path: Path) -> None:
+    jobs = {"a": "running, succeeded with result", "b": "running", "c": "queued, manual_review"}
+    with workspace(tmp_path, jobs) as ws:
         daemon = ws.start_daemon()
         assert ws.watch("a", "op-a").returncode == 0
         assert ws.watch("b", "op-b", "--max-requests", "1000").returncode == 0
+        assert ws.watch("c", "op-c").returncode == 0
         assert ws.bide("wait", "op-a", "--timeout", "20s").returncode == 0
+        assert ws.bide("wait", "op-c", "--timeout", "20s").returncode == 3  # escalated
         assert daemon.stop() == 0  # a clean stop writes the snapshot at the head
-        full = ws.bide("status", "--offline", "--json")
-        assert full.returncode == 0
+        readers = (("status", "--offline", "--json"), ("escalations", "--offline", "--json"))
+        full = [ws.bide(*r) for r in readers]
+        assert all(r.returncode == 0 for r in full)
+        [escalation] = json.loads(full[1].stdout)
+        assert (escalation["operation_id"], escalation["reason"]) == ("op-c", "unknown_state")
+        # The same answers from the whole log, with the snapshot moved aside.
+        snapshot = tmp_path / "state" / "snapshot"
+        snapshot.rename(tmp_path / "snapshot.aside")
+        assert [ws.bide(*r).stdout for r in readers] == [r.stdout for r in full]
+        (tmp_path / "snapshot.aside").rename(snapshot)
         # Damage a record before the snapshot's position: a reader from record 0 stops
         # there; one that starts from the snapshot never reads it, and answers the same.
         segment = sorted((tmp_path / "state" / "log").glob("seg-*.jsonl"))[0]
@@ -159,8 +172,8 @@ def test_offline_status_starts_from_the_snapshot_not_from_record_0(tmp_path: Pat
         line[at] = ord("A") if line[at] != ord("A") else ord("B")
         lines[first_event] = bytes(line)
         segment.write_bytes(b"\n".join(lines))
-        again = ws.bide("status", "--offline", "--json")
-        assert again.stdout == full.stdout, again.stderr
+        again = [ws.bide(*r) for r in readers]
+        assert [r.stdout for r in again] == [r.stdout for r in full], again[1].stderr
         broken = ws.bide("story", "op-a", "--offline")
         assert broken.returncode != 0
         assert "run `bide verify`" in broken.stderr
