@@ -1109,7 +1109,7 @@ class Supervisor:
                       else contextlib.nullcontext())
         async with publishing, LogWriter(
                 cfg.log_dir, self.keyring, self.signing or self.signer, heads=self.heads,
-                             segment_bytes=cfg.log.segment_bytes,
+                             on_problem=_log_problem, segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
                              checkpoint_interval=cfg.log.checkpoint_interval_seconds,
                              resume=snapshot.position if snapshot else None) as log:
@@ -1189,6 +1189,10 @@ class Supervisor:
                                            self.ledger)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
 
+
+
+def _log_problem(message: str) -> None:
+    logfmt.error(message)  # from the log's writer thread: one print, one line
 
 
 async def _acquire(semaphore: anyio.Semaphore) -> None:

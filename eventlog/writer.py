@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -96,6 +97,10 @@ class _Batch:
     error: BaseException | None = None
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -118,6 +123,7 @@ class LogWriter:
         signer: Signer | CheckpointSigning,
         *,
         heads: HeadStore | None = None,
+        on_problem: Callable[[str], None] | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
@@ -128,6 +134,9 @@ class LogWriter:
         self._sealer = Sealer(keyring.get(keyring.active))
         self._signing = signer if isinstance(signer, CheckpointSigning) else SingleKey(signer)
         self._heads = heads
+        # Called from the writer thread with a message naming a problem that did not fail a
+        # write (the daemon logs it); stderr by default.
+        self._on_problem = on_problem or _to_stderr
         self._segment_bytes = segment_bytes
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
@@ -360,6 +369,15 @@ class LogWriter:
             self._failed = failure
             for b in batches:
                 b.error = failure
+        except Exception as exc:  # a bug: fail the round loudly rather than leave it waiting
+            failure = LogIOError(
+                f"writing log {self.log_dir} failed: internal error ({type(exc).__name__}); "
+                f"the writer stopped and will re-check the tail before appending again")
+            self._on_problem(f"log {self.log_dir}: the writer thread failed a write: "
+                             f"{type(exc).__name__}: {exc}")
+            self._failed = failure
+            for b in batches:
+                b.error = failure
 
     # -- framing (the writer thread is the only caller) -----------------------------
 
@@ -437,15 +455,34 @@ class LogWriter:
             if not self._roll_back(start_index, start_size) and self._unacked_from is None:
                 self._unacked_from = (start_index, start_size, self.head_seq)
             raise
-        self._signing.durable()
-        if signed and self._heads is not None:
-            self._heads.record(signed)
+        self._after_durable(signed)
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
         self.flushes += 1
         if lines:
             self._head_len = len(lines[-1]) + 1
         self._set_position()
+
+    def _after_durable(self, signed: list[bytes]) -> None:
+        """What follows a durable write: destroying a retired epoch key, recording the signed
+        heads. The records are durable and their callers are told so, so a failure here is
+        reported (``on_problem``), never turned into a failed write: a caller told it failed
+        would append the same records again."""
+        try:
+            self._signing.durable()
+        except OSError as exc:
+            self._on_problem(
+                f"log {self.log_dir}: a retired epoch key could not be destroyed "
+                f"({exc.strerror or exc}); it stays on disk until the next open retries, or "
+                f"remove it by hand from the epochs directory")
+        if signed and self._heads is not None:
+            try:
+                self._heads.record(signed)
+            except OSError as exc:
+                self._on_problem(
+                    f"log {self.log_dir}: {len(signed)} signed head(s) could not be recorded "
+                    f"in {self._heads.path} ({exc.strerror or exc}): they are not published "
+                    f"to witnesses; the next checkpoint recorded covers them")
 
     def _set_position(self) -> None:
         self.position = self._signing.stamp(LogPosition(
@@ -677,9 +714,7 @@ class LogWriter:
         line = encode_record(rec)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
-        self._signing.durable()
-        if self._heads is not None:
-            self._heads.record([line])
+        self._after_durable([line])
         self.head_seq, self.head_hash = seq, record_hash(line)
         self._head_len = len(line) + 1
         self._last_cp_hash, self._last_cp_seq, self._since_cp = self.head_hash, seq, 0

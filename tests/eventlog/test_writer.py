@@ -359,3 +359,43 @@ async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
         await w.append(b"after")
     report = verify(log, ks)
     assert report.verdict == "intact", report.damage
+
+
+async def test_a_heads_file_failure_after_a_durable_write_fails_nothing(
+        tmp_path: Path, ks: KeySet) -> None:
+    """The records are durable before the heads file is written: a failure there is reported,
+    and the callers are told their records landed (told otherwise, they would append them
+    again, and the log would hold them twice)."""
+    from eventlog.heads import HeadStore
+
+    log, blocked = tmp_path / "log", tmp_path / "heads.jsonl"
+    problems: list[str] = []
+    async with LogWriter(log, ks.keyring(), ks.signer(), heads=HeadStore(blocked),
+                         on_problem=problems.append, checkpoint_every=2,
+                         checkpoint_interval=3600) as w:
+        blocked.mkdir()  # from now on, opening it for writing fails (EISDIR)
+        for i in range(5):
+            await w.append(b"p%d" % i)
+        assert w.failed is None
+    assert sorted(payloads(log, ks).values()) == [b"p%d" % i for i in range(5)]
+    assert verify(log, ks).damage is None
+    assert problems
+    assert all("could not be recorded" in p and str(blocked) in p for p in problems)
+
+
+async def test_a_bug_in_the_writer_thread_fails_the_append_instead_of_hanging(
+        tmp_path: Path, ks: KeySet) -> None:
+    from eventlog.signing import SingleKey
+
+    class Broken(SingleKey):
+        def checkpoint(self, *args: object, **kwargs: object) -> Checkpoint:
+            raise ValueError("a bug")
+
+    problems: list[str] = []
+    async with LogWriter(tmp_path / "log", ks.keyring(), Broken(ks.signer()),
+                         on_problem=problems.append, checkpoint_every=1,
+                         checkpoint_interval=3600) as w:
+        with anyio.fail_after(10), pytest.raises(LogIOError, match="internal error"):
+            await w.append(b"x")
+        assert w.failed is not None
+    assert any("ValueError: a bug" in p for p in problems)
