@@ -80,6 +80,7 @@ class WitnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 5.0
     retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 3  # quick retries per attempt
     retry_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # then retry this often
+    ca_file: str = ""  # PEM roots for https witnesses (a private CA); default: certifi's
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -154,6 +155,7 @@ class Config:
         self.api = raw.api
         self.witness = raw.witness
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
+        self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
 
     @property

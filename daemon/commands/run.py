@@ -46,7 +46,8 @@ def witnessed_heads(cfg: Config) -> list[tuple[str, Head]]:
     held = []
     for source in [*sources, *cfg.witness.urls]:
         try:
-            heads = heads_held(source, log_id, timeout=cfg.witness.timeout_seconds)
+            heads = heads_held(source, log_id, timeout=cfg.witness.timeout_seconds,
+                               ca_file=cfg.witness_ca)
         except WitnessUnreachable as exc:
             logfmt.warn("could not ask a witness for the head it holds; the log is checked "
                         "against the heads this daemon recorded only", error=str(exc))
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     for message, fields in chosen.warnings:
         logfmt.warn(message, **fields)
     chosen.heads.witnessed = witnessed_heads(cfg)
-    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file)
+    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file,
+                              cfg.witness_ca)
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
     supervisor = Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,
                             signing=signing, heads=chosen.heads,

@@ -72,6 +72,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--witness", metavar="FILE|URL", action="append", default=[],
                    help="a witness's heads: its state file, a heads file, or the URL of "
                    "`bide witness serve` (repeatable); the log must hold each of its heads")
+    p.add_argument("--witness-ca", metavar="PEM",
+                   help="the CA that signed an https witness's certificate (a private CA; "
+                   "default: the public roots)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
                    default=min(os.cpu_count() or 1, 4),
@@ -112,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor, jobs=args.jobs)
     finding = None
     if args.witness and report.damage is None and report.head_seq >= 0:
-        heads = [h for source in args.witness for h in witness_heads(source, report.log_id)]
+        ca = witness_ca(args)
+        heads = [h for source in args.witness
+                 for h in witness_heads(source, report.log_id, ca)]
         finding = judge(log_dir, report, heads, other_log_is_fork=False)
         if not any(h.log == report.log_id for h in heads):
             report.notes.append(f"the witness holds no head of log {report.log_id}: it was "
@@ -129,12 +134,21 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_status
 
 
-def witness_heads(source: str, log_id: str) -> list[Head]:
+def witness_ca(args: argparse.Namespace) -> Path | None:
+    """--witness-ca, else the config's [witness] ca_file when a config is in use."""
+    if args.witness_ca:
+        return Path(args.witness_ca)
+    if args.config or os.environ.get("BIDE_CONFIG"):
+        return load_config(args.config).witness_ca
+    return None
+
+
+def witness_heads(source: str, log_id: str, ca_file: Path | None = None) -> list[Head]:
     """The heads a witness holds: from ``bide witness serve`` at a URL, or from a file."""
     if not source.startswith(("http://", "https://")) and not Path(source).is_file():
         raise UsageError(f"--witness {source}: no such file (or give an http(s):// URL)")
     try:
-        return heads_held(source, log_id)
+        return heads_held(source, log_id, ca_file=ca_file)
     except WitnessUnreachable as exc:
         raise UsageError(str(exc)) from None
 

@@ -33,6 +33,7 @@ import msgspec
 
 from daemon import logfmt
 from daemon.config import WitnessConfig
+from daemon.witness.remote import tls_context
 from eventlog.fsync import fsync_dir
 from eventlog.heads import Head, HeadStore, encode_head
 
@@ -48,8 +49,9 @@ class Refused(msgspec.Struct, frozen=True):
 
 class HeadPublisher:
     def __init__(self, config: WitnessConfig, state_dir: Path, heads: HeadStore,
-                 witness_file: Path | None) -> None:
+                 witness_file: Path | None, ca_file: Path | None = None) -> None:
         self.config = config
+        self.ca_file = ca_file
         self.heads = heads
         self.cursor_dir = state_dir / CURSOR_DIR
         self.targets: list[str] = []
@@ -86,7 +88,8 @@ class HeadPublisher:
             return
         self._event_loop = asyncio.get_running_loop()
         async with httpx.AsyncClient(timeout=self.config.timeout_seconds,
-                                     follow_redirects=False) as client, \
+                                     follow_redirects=False, trust_env=False,
+                                     verify=tls_context(self.ca_file)) as client, \
                 anyio.create_task_group() as tg:
             tg.start_soon(self._loop, client)
             try:

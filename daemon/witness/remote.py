@@ -5,8 +5,10 @@ directory's own ``heads.jsonl`` went back with it."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
+import certifi
 import httpx
 import msgspec
 
@@ -21,7 +23,15 @@ class _Heads(msgspec.Struct, frozen=True):
     heads: list[Head]
 
 
-def heads_held(source: str, log_id: str, *, timeout: float = 10.0) -> list[Head]:
+def tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """Verification on, against ``ca_file`` (a private CA's PEM) or certifi's roots."""
+    ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else certifi.where())
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def heads_held(source: str, log_id: str, *, timeout: float = 10.0,
+               ca_file: Path | None = None) -> list[Head]:
     """The heads ``source`` (an http(s) URL or a file) holds for ``log_id``."""
     if source.startswith(("http://", "https://")):
         url = source.rstrip("/")
@@ -29,7 +39,7 @@ def heads_held(source: str, log_id: str, *, timeout: float = 10.0) -> list[Head]
             url += "/v1/heads"
         try:
             response = httpx.get(f"{url}/{log_id}", timeout=timeout, follow_redirects=False,
-                                 trust_env=False)
+                                 trust_env=False, verify=tls_context(ca_file))
         except httpx.HTTPError as exc:
             raise WitnessUnreachable(
                 f"witness {_shown(source)} cannot be reached ({type(exc).__name__})") from None

@@ -132,10 +132,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def witness_service(root: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None
+                    ) -> Iterator[subprocess.Popen[str]]:
+    tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     proc = subprocess.Popen(
         [*BIDE, "witness", "serve", "--listen", f"127.0.0.1:{port}",
-         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key")],
+         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key"), *tls_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -216,3 +218,88 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
         # Its state survives a restart: what it held is what it holds.
         state = read_heads(wroot / "state.jsonl")
         assert state[-1].seq == read_heads(heads)[-1].seq
+
+
+def _private_ca(root: Path) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) for 127.0.0.1, as a private CA issues
+    them to a witness host."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test witness CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(hours=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                       False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = root / "ca.pem", root / "cert.pem", root / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    paths[2].chmod(0o600)
+    return paths
+
+
+def test_heads_reach_a_witness_over_https_with_a_private_ca(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"https://127.0.0.1:{port}"
+    wroot = tmp_path / "witness"
+    wroot.mkdir()
+    ca, cert, key = _private_ca(wroot)
+    with workspace(tmp_path, JOBS, config_extra=(
+            f'\n[witness]\nurls = ["{url}/v1/heads"]\nca_file = "{ca}"\n'
+            "retry_seconds = 0.2\ntimeout_seconds = 2\nretries = 1\n")) as ws:
+        ws.write_profile(contract=FAST)
+        heads = tmp_path / "state" / "heads.jsonl"
+        with witness_service(wroot, port, tls=(cert, key)):
+            daemon = ws.start_daemon()
+            drop_registration(ws, "op-0", "job-0")
+            until(lambda: read_heads(heads), what="a first signed head")
+            assert daemon.stop() == 0
+            def held() -> list[tuple[int, str]]:
+                return [(h.seq, h.hash) for h in read_heads(wroot / "state.jsonl")[-1:]]
+
+            until(lambda: held() == [(h.seq, h.hash) for h in read_heads(heads)[-1:]],
+                  what="the witness to hold the final head, over TLS")
+            assert read_heads(wroot / "state.jsonl")[-1].countersig
+            assert "witness unreachable" not in daemon.output()
+            ok = ws.bide("verify", "--json", "--witness", url, "--witness-ca", str(ca))
+            assert ok.returncode == 0, ok.stdout + ok.stderr
+            # Against another CA the witness's certificate does not verify: refused.
+            (tmp_path / "other").mkdir()
+            other_ca = _private_ca(tmp_path / "other")[0]
+            untrusted = ws.bide("verify", "--witness", url, "--witness-ca", str(other_ca))
+            assert untrusted.returncode == 2, untrusted.stdout
+            assert "cannot be reached" in untrusted.stderr
+            # The daemon asks it on open, over TLS too, and opens: the log holds its head.
+            again = ws.start_daemon()
+            assert again.stop() == 0
+            assert "could not ask a witness" not in again.output()
