@@ -205,6 +205,13 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         (str(SCHEMA_VERSION),))
             tables = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
+            cur.execute("SELECT current_schema()")
+            row = cur.fetchone()
+            schema = sql.Identifier(str(row[0]) if row and row[0] else "public")
+            for role in (reader, writer):
+                if role:
+                    cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                        schema, sql.Identifier(role)))
             if reader:
                 for t in tables:
                     cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(

@@ -47,3 +47,18 @@ def schema_dsn() -> Iterator[str]:
             yield psycopg.conninfo.make_conninfo(base, options=f"-csearch_path={schema}")
         finally:
             admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def role(dsn: str, name: str) -> Iterator[str]:
+    """A LOGIN role with no privileges (dropped afterwards, with whatever it was granted), and
+    ``dsn`` rewritten to log in as it."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(base_dsn(), autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        try:
+            yield psycopg.conninfo.make_conninfo(dsn, user=name)
+        finally:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
