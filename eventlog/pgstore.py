@@ -48,6 +48,8 @@ except ImportError as _exc:  # pragma: no cover - the test extra installs it
         "pip install 'bide[postgres]'") from _exc
 
 SCHEMA_VERSION = 1
+#: Every error psycopg raises (for callers that must not import psycopg themselves).
+DatabaseError = psycopg.Error
 NOTIFY_CHANNEL = "bide_records"
 
 _SCHEMA_V1 = """
@@ -146,7 +148,7 @@ def connect(settings: PgSettings, *, read_only: bool = False,
     try:
         conn = psycopg.connect(settings.dsn, autocommit=autocommit, **kwargs)
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to PostgreSQL: {_reason(exc)}") from None
+        raise StoreError(f"cannot connect to PostgreSQL: {reason(exc)}") from None
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW synchronous_commit")
@@ -155,7 +157,7 @@ def connect(settings: PgSettings, *, read_only: bool = False,
             conn.rollback()
     except psycopg.Error as exc:
         conn.close()
-        raise StoreError(f"PostgreSQL failed: {_reason(exc)}") from None
+        raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
     if not read_only and row is not None and row[0] == "off" and not settings.allow_async_commit:
         conn.close()
         raise StoreError(
@@ -166,7 +168,7 @@ def connect(settings: PgSettings, *, read_only: bool = False,
     return conn
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """The server's or libpq's message, first line only (libpq messages name host and port,
     never a password)."""
     text = str(exc).strip().splitlines()
@@ -228,7 +230,7 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
-        raise StoreError(f"bide log init failed: {_reason(exc)}") from None
+        raise StoreError(f"bide log init failed: {reason(exc)}") from None
     return before, SCHEMA_VERSION
 
 
@@ -238,7 +240,7 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
         version = schema_version(conn)
         conn.rollback()
     except psycopg.Error as exc:
-        raise StoreError(f"PostgreSQL failed: {_reason(exc)}") from None
+        raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
     if version is None:
         raise SchemaError("the database holds no bide schema (no bide_meta table in the "
                           "search path); create it with `bide log init --dsn DSN`")
@@ -317,19 +319,19 @@ class PgStore:
             raise
         except psycopg.Error as exc:
             self.close()  # the outcome of a COMMIT cut off is unknown: the caller re-reads
-            raise StoreError(f"appending to PostgreSQL failed: {_reason(exc)}") from None
+            raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
         self.commits += 1
 
     def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
         conn = self._connection()
         try:
-            return _lines_after(conn, seq, limit)
+            return lines_after(conn, seq, limit)
         except psycopg.Error as exc:
             self.close()
-            raise StoreError(f"reading PostgreSQL failed: {_reason(exc)}") from None
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
 
-def _lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[StoredLine]:
+def lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[StoredLine]:
     with conn.cursor() as cur:
         cur.execute("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
                     "ORDER BY seq LIMIT %s", (seq, limit))
@@ -344,9 +346,9 @@ def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
     """Every line after ``after``, in order, read in batches."""
     while True:
         try:
-            got = _lines_after(conn, after, batch)
+            got = lines_after(conn, after, batch)
         except psycopg.Error as exc:
-            raise StoreError(f"reading PostgreSQL failed: {_reason(exc)}") from None
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
         yield from got
         if len(got) < batch:
             return
@@ -395,7 +397,7 @@ def import_lines(conn: psycopg.Connection[Any], lines: Iterator[StoredLine],
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
-        raise StoreError(f"importing into PostgreSQL failed: {_reason(exc)}") from None
+        raise StoreError(f"importing into PostgreSQL failed: {reason(exc)}") from None
     return count
 
 

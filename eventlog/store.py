@@ -119,3 +119,42 @@ def place_lines(first_seq: int, lines: Sequence[bytes], segment: int, size: int,
         out.append(StoredLine(first_seq + i, segment, size, data))
         size += len(data) + 1
     return out
+
+
+def local_head(log_dir: Path) -> tuple[int, str] | None:
+    """(seq, hash) of the last complete line of a local copy, None when it holds none; counts
+    lines (it does not verify: the writer's open does)."""
+    last: StoredLine | None = None
+    for last in file_lines(log_dir):  # noqa: B007 - the last one is wanted
+        pass
+    return None if last is None else (last.seq, last.hash)
+
+
+def append_segments(lines: Iterable[StoredLine], log_dir: Path) -> int:
+    """Append ``lines`` (which follow the copy's last record, at the places the store gives)
+    to the local copy's segment files, each file synced; returns how many."""
+    fd, index, count = -1, 0, 0
+    try:
+        for line in lines:
+            if line.segment != index:
+                if fd >= 0:
+                    os.fsync(fd)
+                    os.close(fd)
+                path = log_dir / segment_name(line.segment)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                index = line.segment
+            if os.fstat(fd).st_size != line.offset:
+                raise DamagedLogError(f"record {line.seq} belongs at offset {line.offset} of "
+                                      f"{segment_name(index)}, which ends elsewhere")
+            data = line.data + b"\n"
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            count += 1
+    finally:
+        if fd >= 0:
+            os.fsync(fd)
+            os.close(fd)
+    if count:
+        fsync_dir(log_dir)
+    return count

@@ -58,6 +58,10 @@ def witnessed_heads(cfg: Config) -> list[tuple[str, Head]]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if cfg.postgres is not None:
+        from daemon.node import run_node  # psycopg only where the log is in PostgreSQL
+
+        return run_node(cfg)
     keys_dir = keys_directory(cfg.keys_dir)
     chosen = open_signing(cfg, keys_dir)
     for message, fields in chosen.warnings:

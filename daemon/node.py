@@ -1,0 +1,109 @@
+"""``bide run`` with the log in PostgreSQL: a standby until the lease is ours, then the
+supervisor under that epoch, and back to standby if another node fences us.
+
+    standby:  follow the log into the local segment files; try the lease every poll
+    active:   open the writer on the local copy (every round committed to the database under
+              our epoch), write a signed checkpoint (the takeover in the chain), replay,
+              recover the previous holder's requests in flight, poll; renew the lease
+    fenced:   an append refused or a renewal refused (or the lease ran out by our clock):
+              the task group ends at once (no request after it), back to standby
+    SIGTERM:  drain and close as always, then hand the lease over at once
+
+Epoch keys (``[log] forward_secure``) live on one host and cannot follow a takeover: a log in
+PostgreSQL is signed with the one signing key (format 2) every node holds.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import anyio
+
+from daemon import logfmt
+from daemon.config import Config
+from daemon.errors import ConfigError
+from daemon.lease import Lease
+from daemon.pgconfig import config_settings
+from daemon.signing import open_signing
+from daemon.supervisor import Supervisor
+from daemon.witness.publisher import HeadPublisher
+from eventlog import pgstore
+from eventlog.errors import FencedError
+from eventlog.keys import Signer, keys_directory, load_keyring
+
+
+def run_node(cfg: Config) -> int:
+    settings = config_settings(cfg)
+    assert settings is not None
+    assert cfg.postgres is not None
+    if cfg.log.forward_secure:
+        raise ConfigError(
+            f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
+            f"host (a standby could not continue the chain): set [log] forward_secure = false "
+            f"and give every node the same keys directory (signing.key, data.key)")
+    with pgstore.connect(settings) as conn:
+        pgstore.require_schema(conn)
+    pg = cfg.postgres
+    lease = Lease(settings, cfg.log_dir, lease_seconds=pg.lease_seconds,
+                  renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
+                  node=pg.node)
+    anyio.run(_node, cfg, lease)
+    return 0
+
+
+async def _node(cfg: Config, lease: Lease) -> None:
+    settings = lease.settings
+    while True:
+        logfmt.info("standby: following the log", node=lease.holder)
+        epoch = await _standby(lease)
+        if epoch is None:
+            return  # SIGTERM while standby: nothing held
+        store = pgstore.PgStore(settings, epoch)
+        supervisor = _supervisor(cfg, store, lease)
+        fenced: list[BaseException] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lease.keep)
+                await supervisor.run()
+                tg.cancel_scope.cancel()
+        except* FencedError as group:
+            fenced.extend(group.exceptions)
+        finally:
+            store.close()
+            lease.forget_head()
+        if fenced:
+            logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
+                        "standby", error=fenced[0], epoch=epoch)
+            lease.valid_until = float("-inf")
+            continue
+        await anyio.to_thread.run_sync(lease.release)
+        logfmt.info("lease handed over", node=lease.holder, epoch=epoch)
+        return
+
+
+async def _standby(lease: Lease) -> int | None:
+    """The lease's epoch once taken; None on SIGTERM/SIGINT first."""
+    got: list[int] = []
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            async def take() -> None:
+                got.append(await lease.acquire())
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(take)
+            async for _ in signals:
+                tg.cancel_scope.cancel()
+                break
+    return got[0] if got else None
+
+
+def _supervisor(cfg: Config, store: pgstore.PgStore, lease: Lease) -> Supervisor:
+    keys_dir = keys_directory(cfg.keys_dir)
+    chosen = open_signing(cfg, keys_dir)
+    for message, fields in chosen.warnings:
+        logfmt.warn(message, **fields)
+    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file)
+    signing = None if isinstance(chosen.signing, Signer) else chosen.signing
+    return Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer, signing=signing,
+                      heads=chosen.heads, publisher=publisher if publisher.enabled else None,
+                      store=store, lease=lease)
