@@ -42,7 +42,31 @@ class LeaseStats:
     renewals: int = 0
     renewal_failures: int = 0
     takeovers: int = 0
+    fenced: int = 0  # times this node was fenced (an append or a renewal refused)
     round_trip: float = 0.0  # seconds, the last lease statement's
+
+
+def render(stats: LeaseStats, epoch: int, remaining: float) -> list[str]:
+    """Prometheus lines for the lease."""
+    out: list[str] = []
+    for name, kind, help_, value in (
+        ("bide_lease_renewals_total", "counter", "Lease renewals that succeeded.",
+         stats.renewals),
+        ("bide_lease_renewal_failures_total", "counter",
+         "Lease renewals that could not reach the database.", stats.renewal_failures),
+        ("bide_lease_takeovers_total", "counter", "Times this process took the lease.",
+         stats.takeovers),
+        ("bide_lease_fenced_total", "counter",
+         "Times this process was fenced (an append or renewal refused: another epoch).",
+         stats.fenced),
+        ("bide_lease_epoch", "gauge", "The lease epoch this node acts under.", epoch),
+        ("bide_lease_remaining_seconds", "gauge",
+         "Lease time left by this node's monotonic clock.", round(max(remaining, 0.0), 3)),
+        ("bide_db_round_trip_seconds", "gauge", "The last lease statement's round trip.",
+         round(stats.round_trip, 6)),
+    ):
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return out
 
 
 @dataclass
@@ -75,6 +99,13 @@ class Lease:
 
     def allows(self, request_seconds: float) -> bool:
         return self.remaining() >= request_seconds + self.margin
+
+    def health(self) -> tuple[str, int, float]:
+        """(holder, epoch, seconds left by this node's clock) for the API's health answer."""
+        return self.holder, self.epoch, max(self.remaining(), 0.0)
+
+    def metrics_lines(self) -> list[str]:
+        return render(self.stats, self.epoch, self.remaining())
 
     async def wait_allows(self, request_seconds: float) -> None:
         """Wait until a request of ``request_seconds`` fits in the lease (a renewal lands);

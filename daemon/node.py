@@ -72,6 +72,7 @@ async def _node(cfg: Config, lease: Lease) -> None:
             store.close()
             lease.forget_head()
         if fenced:
+            lease.stats.fenced += 1
             logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
                         "standby", error=fenced[0], epoch=epoch)
             lease.valid_until = float("-inf")

@@ -123,6 +123,10 @@ class RequestGate(Protocol):
 
     def allows(self, request_seconds: float) -> bool: ...
 
+    def health(self) -> tuple[str, int, float]: ...
+
+    def metrics_lines(self) -> list[str]: ...
+
     async def wait_allows(self, request_seconds: float) -> None: ...
 
 
@@ -1065,7 +1069,10 @@ class Supervisor:
 
     def render_metrics(self) -> str:
         flushes = self._log.flushes if self._log is not None else 0
-        return self.metrics.render(self.ops, self.config.log_dir, flushes)
+        text = self.metrics.render(self.ops, self.config.log_dir, flushes)
+        if self.lease is not None:
+            text = text.rstrip("\n") + "\n" + "\n".join(self.lease.metrics_lines()) + "\n"
+        return text
 
     def status_line(self, *, alarm: bool = False) -> str:
         live = sum(1 for op in self.ops.values() if op.phase == "live")

@@ -10,12 +10,14 @@ request leaves); no request made under an epoch arrives after the next epoch's f
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from daemon.spool import Spool
@@ -150,6 +152,19 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
             start(ws, current)  # the killed node comes back, as a standby
             until(lambda n=current: standby(n.daemon), 20, "the restarted node to stand by")
             current = nxt
+        status = subprocess.run([*BIDE, "status", "--node", "--json", "--config",
+                                 str(current.config)], capture_output=True, text=True,
+                                check=False, timeout=60)
+        assert status.returncode == 0, status.stderr
+        info = json.loads(status.stdout)
+        assert info["active_node"].startswith(f"{current.name}/")
+        assert info["lease_remaining_seconds"] > 0
+        transport = httpx.HTTPTransport(uds=str(current.state / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://bide") as api:
+            health = api.get("/v1/health").json()
+        assert health["log_store"] == "postgresql"
+        assert health["lease"]["epoch"] == info["epoch"]
+        assert health["lease"]["remaining_seconds"] > 0
         for n in nodes:  # the standbys first: they hold nothing and stop at once
             if n is not current and n.daemon is not None:
                 assert n.daemon.stop() == 0
