@@ -153,6 +153,14 @@ class Lease:
         """Copy the records committed since the local copy's head (all of them into an empty
         copy); a copy that is not a prefix of the database's is moved aside and rebuilt.
         Returns how many records were copied."""
+        try:
+            return self._follow()
+        except pgstore.DatabaseError as exc:
+            self.close()
+            raise StoreError(f"reading the log from PostgreSQL failed: "
+                             f"{pgstore.reason(exc)}") from None
+
+    def _follow(self) -> int:
         conn = self._connection()
         head = self._known
         if head is None and self.log_dir.is_dir():

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from daemon.spool import Spool
@@ -33,6 +34,7 @@ from tests.e2e.harness import (
 from tests.e2e.pgnodes import (
     LEASE,
     Node,
+    active,
     epoch_starts,
     epochs_of,
     loaded,
@@ -41,6 +43,8 @@ from tests.e2e.pgnodes import (
     start,
     wait_active,
 )
+from tests.e2e.tcpproxy import proxy_to
+from tests.pgcluster import private_cluster
 
 CONTRACT = """\
 state_pointer = "/status"
@@ -86,6 +90,14 @@ def drop_registration_to(spool: Spool, job: str) -> None:
 
 def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
     """The invariants of the docstring; returns requests per epoch."""
+    per_epoch: dict[int, int] = {}
+    for _, epoch in _requests_by_epoch(ws, dsn, name):
+        per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+    return per_epoch
+
+
+def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, int]]:
+    """The invariants of the docstring; (arrival, epoch of its intent) of every request."""
     export, log = loaded(dsn, ws, name)
     out = subprocess.run([*BIDE, "verify", str(export), "--verify-key",
                           str(ws.root / "keys" / "verify.pub")], capture_output=True,
@@ -96,7 +108,7 @@ def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
                          text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     epochs, starts = epochs_of(dsn), epoch_starts(dsn)
-    per_epoch: dict[int, int] = {}
+    arrivals: list[tuple[float, int]] = []
     for job in JOBS:
         op = f"op-{job}"
         received = ws.sim.requests(kind="status", job_id=job)
@@ -106,12 +118,12 @@ def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
         for record in received:
             seq, _ = [(s, i) for s, i in intents if i.at <= record.wall][-1]
             epoch = epochs[seq]
-            per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+            arrivals.append((record.wall, epoch))
             later = starts.get(epoch + 1)
             assert later is None or record.wall < later, (
                 f"{op}: a request made under epoch {epoch} arrived "
                 f"{record.wall - later:.3f}s after epoch {epoch + 1} began")
-    return per_epoch
+    return arrivals
 
 
 def _replay_check(ws: Workspace, node: Node) -> None:
@@ -121,22 +133,24 @@ def _replay_check(ws: Workspace, node: Node) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("kills", [3])
+@pytest.mark.parametrize(("count", "kills"), [
+    pytest.param(2, 3, id="2-nodes-3-kills"),
+    pytest.param(3, 10, id="3-nodes-10-kills", marks=pytest.mark.slow),
+])
 def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Path,
-                                                      kills: int) -> None:
+                                                      count: int, kills: int) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         _init(ws, pg_dsn)
-        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
-        start(ws, a)
-        first = wait_active([a])
-        start(ws, b)
-        assert b.daemon is not None
-        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        nodes = [node_config(ws, "abcdefgh"[i], pg_dsn) for i in range(count)]
+        start(ws, nodes[0])
+        first = wait_active(nodes[:1])
+        for n in nodes[1:]:
+            start(ws, n)
+            until(lambda n=n: standby(n.daemon), 20, f"node {n.name} to stand by")
         _register(ws, first)
         until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
         takeovers: list[float] = []
-        nodes = [a, b]
         current = first
         for _ in range(kills):
             seen = len(ws.sim.requests(kind="status"))
@@ -223,3 +237,83 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
                     assert by_seq[seq] >= b_epoch, f"{op}: node a sent after resuming"
         assert per_epoch.get(b_epoch, 0) > 0
         _replay_check(ws, b)
+
+
+def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
+        pg_dsn: str, tmp_path: Path) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
+            str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
+                                                   port=str(proxy.port))
+        a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
+        start(ws, a)
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        a_epoch = max(epochs_of(pg_dsn).values())
+        proxy.cut()
+        cut_at, cut_mono = time.time(), time.monotonic()
+        wait_active([b], timeout=LEASE + 15)
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+        took_over = time.monotonic() - cut_mono
+        proxy.restore()
+        until(lambda: "fenced" in a.daemon.output(), 20,  # type: ignore[union-attr]
+              "the cut node to stop as fenced")
+        until(lambda: a.daemon.output().count("standby") >= 2, 20,  # type: ignore[union-attr]
+              "the cut node to stand by again")
+        assert a.daemon.stop() == 0
+        assert b.daemon.stop() == 0
+        arrivals = _requests_by_epoch(ws, pg_dsn, "cut")
+        late = [wall - cut_at for wall, epoch in arrivals if epoch == a_epoch
+                and wall >= cut_at + LEASE]
+        assert not late, f"node a sent {len(late)} requests more than a lease after the cut"
+        assert any(epoch > a_epoch for _, epoch in arrivals)
+        # Nothing node a acknowledged is lost: its local copy is a prefix of the database's.
+        export = ws.root / "export-cut"
+        for seg in sorted((a.state / "log").glob("seg-*.jsonl")):
+            mine = seg.read_bytes()
+            assert (export / seg.name).read_bytes()[:len(mine)] == mine
+        _replay_check(ws, b)
+        print(f"\ntakeover after a lost link (cut -> first request by the other node), lease "
+              f"{LEASE}s: {took_over:.2f}s")
+
+
+def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
+    with private_cluster() as cluster, workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, cluster.dsn)
+        a, b = node_config(ws, "a", cluster.dsn), node_config(ws, "b", cluster.dsn)
+        start(ws, a)
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        cluster.restart_immediate()
+        restarted = len(ws.sim.requests(kind="status"))
+        # Polling goes on after the restart (whichever node holds the lease then).
+        ws.sim.wait_for_requests(restarted + 2 * len(JOBS), kind="status", timeout=30)
+        for d in (b.daemon, a.daemon):  # a standby first, if one is
+            if not active(d):
+                assert d.stop() == 0
+        for d in (a.daemon, b.daemon):
+            if d.proc.poll() is None:
+                assert d.stop() == 0
+        _check_run(ws, cluster.dsn, "restart")
+        export = ws.root / "export-restart"
+        for node in (a, b):
+            for seg in sorted((node.state / "log").glob("seg-*.jsonl")):
+                mine = seg.read_bytes()
+                assert (export / seg.name).read_bytes()[:len(mine)] == mine, (
+                    f"node {node.name}'s copy holds records the database lost")
+        _replay_check(ws, a if "lease handed over" in a.daemon.output() else b)
