@@ -66,7 +66,15 @@ def active(daemon: Daemon) -> bool:
 def standby(daemon: Daemon) -> bool:
     if daemon.proc.poll() is not None:
         raise AssertionError(f"node exited {daemon.proc.returncode}:\n{daemon.output()}")
-    return "msg=\"standby" in daemon.output() or "msg=standby" in daemon.output()
+    return STANDBY in daemon.output()
+
+
+STANDBY = 'msg="standby: following the log"'
+
+
+def standbys(daemon: Daemon) -> int:
+    """How many times the node went (back) to standby."""
+    return daemon.output().count(STANDBY)
 
 
 def wait_active(nodes: list[Node], timeout: float = 20.0) -> Node:

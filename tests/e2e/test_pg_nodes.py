@@ -40,6 +40,7 @@ from tests.e2e.pgnodes import (
     loaded,
     node_config,
     standby,
+    standbys,
     start,
     wait_active,
 )
@@ -218,7 +219,7 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         a.daemon.proc.send_signal(signal.SIGCONT)
         until(lambda: "fenced" in a.daemon.output(), 15,  # type: ignore[union-attr]
               "the resumed node to find itself fenced")
-        until(lambda: a.daemon.output().count("standby") >= 2, 15,  # type: ignore[union-attr]
+        until(lambda: standbys(a.daemon) >= 2, 15,  # type: ignore[union-attr]
               "the resumed node to stand by again")
         assert a.daemon.stop() == 0  # a standby stops at once, holding nothing
         assert b.daemon.stop() == 0
@@ -267,7 +268,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         proxy.restore()
         until(lambda: "fenced" in a.daemon.output(), 20,  # type: ignore[union-attr]
               "the cut node to stop as fenced")
-        until(lambda: a.daemon.output().count("standby") >= 2, 20,  # type: ignore[union-attr]
+        until(lambda: standbys(a.daemon) >= 2, 20,  # type: ignore[union-attr]
               "the cut node to stand by again")
         assert a.daemon.stop() == 0
         assert b.daemon.stop() == 0
