@@ -28,7 +28,7 @@ from daemon.signing import open_signing
 from daemon.supervisor import Supervisor
 from daemon.witness.publisher import HeadPublisher
 from eventlog import pgstore
-from eventlog.errors import FencedError
+from eventlog.errors import DivergedError, FencedError
 from eventlog.keys import Signer, keys_directory, load_keyring
 
 
@@ -73,6 +73,12 @@ async def _node(cfg: Config, lease: Lease) -> None:
             lease.forget_head()
         if fenced:
             lease.stats.fenced += 1
+            if any(isinstance(e, DivergedError) for e in fenced):
+                # Our epoch, but our copy is not the database's: hand over, rebuild as standby.
+                logfmt.warn("this node's copy of the log diverged from the database; handing "
+                            "the lease over and re-syncing", error=fenced[0], epoch=epoch)
+                await anyio.to_thread.run_sync(lease.release)
+                continue
             logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
                         "standby", error=fenced[0], epoch=epoch)
             lease.valid_until = float("-inf")

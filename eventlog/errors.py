@@ -9,6 +9,7 @@
      +-- LogIOError             an fsync or write failed; the writer stops and must reopen
      |    +-- StoreError        the database store failed; nothing of the round was acknowledged
      |         +-- FencedError  another node holds the lease (a higher epoch): stop, go standby
+     |              +-- DivergedError  the round does not follow the stored head: re-sync
      +-- SchemaError            no bide schema in the database, or an unknown version
 """
 
@@ -55,6 +56,12 @@ class FencedError(StoreError):
     send anything more, and falls back to standby."""
 
     exit_status = 1
+
+
+class DivergedError(FencedError):
+    """This node's round does not follow the record the database holds (a commit whose outcome
+    was lost, or records only the local copy has): the node stops, hands the lease over and
+    rebuilds its copy from the database as a standby."""
 
 
 class SchemaError(EventLogError):

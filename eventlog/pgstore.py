@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventlog.errors import EventLogError, FencedError, SchemaError, StoreError
+from eventlog.errors import DivergedError, EventLogError, FencedError, SchemaError, StoreError
 from eventlog.store import StoredLine
 
 
@@ -303,7 +303,7 @@ class PgStore:
                         f"falls back to standby")
                 if first > 0 and stored_prev != prev_hash:
                     conn.rollback()
-                    raise StoreError(
+                    raise DivergedError(
                         f"append refused: record {first - 1} in the database is "
                         f"{'missing' if stored_prev is None else 'another record'}; this "
                         f"node's copy of the log is not the database's (re-sync it)")
@@ -317,6 +317,12 @@ class PgStore:
             conn.commit()
         except StoreError:
             raise
+        except psycopg.errors.UniqueViolation:
+            self.close()
+            raise DivergedError(
+                f"append refused: the database already holds record {first} (a commit whose "
+                f"outcome was lost?); this node's copy of the log is not the database's "
+                f"(re-sync it)") from None
         except psycopg.Error as exc:
             self.close()  # the outcome of a COMMIT cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None

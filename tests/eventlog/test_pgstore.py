@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from eventlog import pgstore
-from eventlog.errors import FencedError, SchemaError, StoreError
+from eventlog.errors import DivergedError, FencedError, SchemaError, StoreError
 from eventlog.segments import list_segments
 from eventlog.store import file_lines, write_segments
 from eventlog.verify import verify_log
@@ -124,7 +124,7 @@ def test_a_round_that_does_not_follow_the_stored_head_is_refused(
     async def run() -> None:
         async with LogWriter(tmp_path / "other", ks.keyring(), ks.signer(),
                              checkpoint_interval=3600, store=store) as w:
-            with pytest.raises(StoreError, match="missing"):
+            with pytest.raises(DivergedError, match="missing"):
                 await w.append(b"x")
 
     try:
@@ -193,3 +193,25 @@ def test_without_psycopg_the_error_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
     assert "pip install 'bide[postgres]'" in out.stdout
+
+
+def test_a_round_already_in_the_database_is_a_divergence(pg_dsn: str) -> None:
+    """A commit whose outcome was lost leaves its records in the database; the node's retry
+    of other bytes at the same places is refused as diverged (it re-syncs), never doubled."""
+    from eventlog.envelope import ZERO_HASH
+    from eventlog.store import StoredLine
+
+    _init(pg_dsn)
+    with pgstore.connect(_settings(pg_dsn)) as conn:
+        epoch = pgstore.take_lease(conn, "node-a", 30)
+    assert epoch is not None
+    store = pgstore.PgStore(_settings(pg_dsn), epoch)
+    try:
+        store.commit([StoredLine(0, 1, 0, b'{"a":1}')], ZERO_HASH)
+        with pytest.raises(DivergedError, match="already holds record 0"):
+            store.commit([StoredLine(0, 1, 0, b'{"b":2}')], ZERO_HASH)
+        store.commit([StoredLine(1, 1, 8, b'{"c":3}')], StoredLine(0, 1, 0, b'{"a":1}').hash)
+    finally:
+        store.close()
+    with pgstore.connect(_settings(pg_dsn)) as conn:
+        assert [ln.data for ln in pgstore.iter_all(conn)] == [b'{"a":1}', b'{"c":3}']
