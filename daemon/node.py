@@ -16,6 +16,7 @@ PostgreSQL is signed with the one signing key (format 2) every node holds.
 from __future__ import annotations
 
 import signal
+from typing import Protocol
 
 import anyio
 
@@ -24,15 +25,21 @@ from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.lease import Lease
 from daemon.pgconfig import config_settings
-from daemon.signing import open_signing
-from daemon.supervisor import Supervisor
-from daemon.witness.publisher import HeadPublisher
+from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DivergedError, FencedError
-from eventlog.keys import Signer, keys_directory, load_keyring
+from eventlog.store import LineStore
 
 
-def run_node(cfg: Config) -> int:
+class Build(Protocol):
+    def __call__(self, cfg: Config, *, store: LineStore | None = None,
+                 lease: RequestGate | None = None, ask_witnesses: bool = True
+                 ) -> Supervisor: ...
+
+
+def run_node(cfg: Config, build: Build) -> int:
+    """``build`` makes the supervisor of one term (``daemon.commands.run``'s, so both paths
+    start the same daemon)."""
     settings = config_settings(cfg)
     assert settings is not None
     assert cfg.postgres is not None
@@ -47,11 +54,11 @@ def run_node(cfg: Config) -> int:
     lease = Lease(settings, cfg.log_dir, lease_seconds=pg.lease_seconds,
                   renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
                   node=pg.node)
-    anyio.run(_node, cfg, lease)
+    anyio.run(_node, cfg, lease, build)
     return 0
 
 
-async def _node(cfg: Config, lease: Lease) -> None:
+async def _node(cfg: Config, lease: Lease, build: Build) -> None:
     settings = lease.settings
     while True:
         logfmt.info("standby: following the log", node=lease.holder)
@@ -59,7 +66,8 @@ async def _node(cfg: Config, lease: Lease) -> None:
         if epoch is None:
             return  # SIGTERM while standby: nothing held
         store = pgstore.PgStore(settings, epoch)
-        supervisor = _supervisor(cfg, store, lease)
+        # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
+        supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
         fenced: list[BaseException] = []
         try:
             async with anyio.create_task_group() as tg:
@@ -104,13 +112,3 @@ async def _standby(lease: Lease) -> int | None:
     return got[0] if got else None
 
 
-def _supervisor(cfg: Config, store: pgstore.PgStore, lease: Lease) -> Supervisor:
-    keys_dir = keys_directory(cfg.keys_dir)
-    chosen = open_signing(cfg, keys_dir)
-    for message, fields in chosen.warnings:
-        logfmt.warn(message, **fields)
-    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file)
-    signing = None if isinstance(chosen.signing, Signer) else chosen.signing
-    return Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer, signing=signing,
-                      heads=chosen.heads, publisher=publisher if publisher.enabled else None,
-                      store=store, lease=lease)
