@@ -18,6 +18,15 @@ Example::
     forward_secure = true                 # new logs: checkpoints signed by evolving epoch keys
     epoch_seconds = 3600                  # a new epoch key (the old one destroyed) this often
     epoch_checkpoints = 0                 # or every N checkpoints, whichever first (0: off)
+    store = "files"                       # or "postgresql://bide@db.example/bide": see [postgres]
+
+    [postgres]                            # the log in PostgreSQL (pip install 'bide[postgres]')
+    dsn = "postgresql://bide@db.example/bide"   # never a password here: password_file
+    password_file = "/etc/bide/db.password"     # 0600; or libpq's PGPASSFILE
+    lease_seconds = 10                    # how long a node's lease runs without renewal
+    renew_seconds = 3                     # how often the active node renews it
+    request_margin_seconds = 1            # a request needs its timeout plus this left on the lease
+    node = "host-a"                       # this node's name (default: the host name)
 
     [witness]                             # every signed head leaves the host (see README)
     file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
@@ -69,6 +78,19 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     forward_secure: bool = True  # new logs: epoch keys certified from the root (format 3)
     epoch_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # a new epoch key this often
     epoch_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0  # or every N checkpoints (0 off)
+    store: str = "files"  # "files", or a postgresql:// DSN (the [postgres] table says more)
+
+
+class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The log in PostgreSQL (``daemon.pgconfig``); a password only from ``password_file``."""
+
+    dsn: str = ""
+    password_file: str | None = None
+    allow_async_commit: bool = False  # accept synchronous_commit = off (acks may be lost)
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    renew_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 3.0
+    request_margin_seconds: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.0
+    node: str = ""  # default: the host name
 
 
 class WitnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -131,6 +153,7 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     witness: WitnessConfig = msgspec.field(default_factory=WitnessConfig)
+    postgres: PostgresConfig | None = None
 
 
 class Config:
@@ -157,6 +180,10 @@ class Config:
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
+        self.postgres = _postgres(path, raw)
+        self.password_file = (
+            (base / self.postgres.password_file).resolve()
+            if self.postgres is not None and self.postgres.password_file else None)
 
     @property
     def log_dir(self) -> Path:
@@ -197,6 +224,28 @@ class Config:
             f"{self.path}: no [paths] keys_dir and no $CREDENTIALS_DIRECTORY; set keys_dir to "
             f"the directory `bide keygen` wrote"
         )
+
+
+def _postgres(path: Path, raw: ConfigFile) -> PostgresConfig | None:
+    """The PostgreSQL store's settings, or None for the file store; the DSN from ``[log]
+    store`` or ``[postgres] dsn`` (both: they must agree)."""
+    store, pg = raw.log.store, raw.postgres
+    in_log = store.startswith(("postgresql://", "postgres://"))
+    if store != "files" and not in_log:
+        raise ConfigError(f'{path}: [log] store = "{store.split(":")[0]}:..." is neither '
+                          f'"files" nor a postgresql:// DSN')
+    if pg is None:
+        return PostgresConfig(dsn=store) if in_log else None
+    if in_log and pg.dsn and pg.dsn != store:
+        raise ConfigError(f"{path}: [log] store and [postgres] dsn name two databases; "
+                          f"keep one of them")
+    if not (in_log or pg.dsn):
+        raise ConfigError(f"{path}: a [postgres] table without a dsn; set dsn there (or "
+                          f'[log] store = "postgresql://...")')
+    if pg.renew_seconds >= pg.lease_seconds:
+        raise ConfigError(f"{path}: [postgres] renew_seconds ({pg.renew_seconds}) must be "
+                          f"shorter than lease_seconds ({pg.lease_seconds})")
+    return msgspec.structs.replace(pg, dsn=pg.dsn or store)
 
 
 def config_path(explicit: str | None) -> Path:

@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -74,11 +74,12 @@ from daemon.spool import (
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from daemon.witness.publisher import HeadPublisher
-from eventlog.errors import EventLogError, LogIOError
+from eventlog.errors import EventLogError, FencedError, LogIOError
 from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
 from eventlog.signing import CheckpointSigning
+from eventlog.store import LineStore
 from eventlog.writer import Appended, LogWriter
 from replay.decide import decide, register
 from replay.events import (
@@ -117,6 +118,18 @@ MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their tur
 _JITTER = random.Random(os.urandom(32))
 
 
+class RequestGate(Protocol):
+    """What the supervisor asks of a lease before each provider request."""
+
+    def allows(self, request_seconds: float) -> bool: ...
+
+    def health(self) -> tuple[str, int, float]: ...
+
+    def metrics_lines(self) -> list[str]: ...
+
+    async def wait_allows(self, request_seconds: float) -> None: ...
+
+
 class Supervisor:
     def __init__(
         self,
@@ -130,8 +143,12 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = _JITTER.random,
         drain_seconds: float | None = None,
+        store: LineStore | None = None,
+        lease: RequestGate | None = None,
     ) -> None:
         self.config = config
+        self.store = store  # the log in PostgreSQL: every write round committed there too
+        self.lease = lease  # no request unless the lease outlives it (daemon.lease)
         self.keyring = keyring
         self.signer = signer  # tags the state snapshot (and signs the log without ``signing``)
         self.signing = signing  # forward-secure checkpoint signing (eventlog.epochs)
@@ -343,6 +360,8 @@ class Supervisor:
         while True:
             try:
                 landed = await self.log.append_many(payloads, on_durable=on_durable)
+            except FencedError:
+                raise  # another node is active: stop everything, never retry (daemon.node)
             except LogIOError as exc:
                 self._append_failed(exc)
                 await anyio.sleep(delay)
@@ -534,6 +553,8 @@ class Supervisor:
         except CredentialError as exc:
             logfmt.error("credential unreadable; not polling", op=op.operation_id, error=exc)
             return  # rescheduled at next_poll_at; the deadline still bounds the wait
+        if self.lease is not None:  # the lease must outlive the request (daemon.lease)
+            await self.lease.wait_allows(client.profile.status.timeout_seconds)
         slot = self.in_flight[op.provider]
         await _acquire(slot)
         try:
@@ -560,6 +581,13 @@ class Supervisor:
                     request_number=intent.request_number, kind="pool_timeout",
                     detail=f"not sent: less than {SEND_MARGIN:g}s to the deadline once the "
                            f"intent was durable")
+            elif self.lease is not None and not self.lease.allows(
+                    client.profile.status.timeout_seconds):
+                fact = TransportFailed(
+                    operation_id=op.operation_id, at=self.clock(),
+                    request_number=intent.request_number, kind="not_sent",
+                    detail="not sent: the lease would not outlive the request once the intent "
+                           "was durable")
             else:
                 url = op.status_location or client.profile.status_url(op.provider_job_id)
                 fact = await client.fetch(operation_id=op.operation_id, url=url,
@@ -1041,7 +1069,10 @@ class Supervisor:
 
     def render_metrics(self) -> str:
         flushes = self._log.flushes if self._log is not None else 0
-        return self.metrics.render(self.ops, self.config.log_dir, flushes)
+        text = self.metrics.render(self.ops, self.config.log_dir, flushes)
+        if self.lease is not None:
+            text = text.rstrip("\n") + "\n" + "\n".join(self.lease.metrics_lines()) + "\n"
+        return text
 
     def status_line(self, *, alarm: bool = False) -> str:
         live = sum(1 for op in self.ops.values() if op.phase == "live")
@@ -1112,8 +1143,13 @@ class Supervisor:
                              on_problem=_log_problem, segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
                              checkpoint_interval=cfg.log.checkpoint_interval_seconds,
-                             resume=snapshot.position if snapshot else None) as log:
+                             resume=snapshot.position if snapshot else None,
+                             store=self.store) as log:
             self._log = log
+            if self.store is not None:
+                # The takeover in the chain: a signed checkpoint committed under the new epoch
+                # (bide_records.epoch) before anything else this node does.
+                await log.checkpoint()
             for cut in log.recoveries:
                 logfmt.warn("torn log tail quarantined" if cut.reason == "torn" else
                             "log records no seal covers quarantined (not acted on)",

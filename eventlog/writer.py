@@ -63,7 +63,7 @@ from eventlog.envelope import (
     encode_record,
     record_hash,
 )
-from eventlog.errors import DamagedLogError, LogIOError
+from eventlog.errors import DamagedLogError, LogIOError, StoreError
 from eventlog.fsync import fsync_dir
 from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
@@ -73,6 +73,7 @@ from eventlog.position import LogPosition
 from eventlog.seal import NONCE_BYTES, Sealer
 from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, list_segments, segment_name
 from eventlog.signing import CheckpointSigning, SingleKey
+from eventlog.store import LineStore, StoredLine, place_lines
 from eventlog.verify import Report, verify_log
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -128,8 +129,12 @@ class LogWriter:
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
         resume: LogPosition | None = None,
+        store: LineStore | None = None,
     ) -> None:
         self.log_dir = log_dir
+        #: Where each round is made durable beyond this host (PostgreSQL), after the local
+        #: fdatasync and before any append returns; None: the segment files are the truth.
+        self.store = store
         self._keyring = keyring
         self._sealer = Sealer(keyring.get(keyring.active))
         self._signing = signer if isinstance(signer, CheckpointSigning) else SingleKey(signer)
@@ -450,7 +455,10 @@ class LogWriter:
         start_index, start_size = self._segment_index, self._segment_size
         try:
             self._write_lines(lines, rotate_at, index)
-        except OSError:
+            if self.store is not None:
+                self.store.commit(place_lines(self.head_seq + 1, lines, start_index,
+                                              start_size, rotate_at), self.head_hash)
+        except (OSError, StoreError):
             self._signing.abandoned()
             if not self._roll_back(start_index, start_size) and self._unacked_from is None:
                 self._unacked_from = (start_index, start_size, self.head_seq)
@@ -699,6 +707,8 @@ class LogWriter:
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
         fsync_dir(self.log_dir)
+        if self.store is not None:
+            self.store.commit([StoredLine(0, 1, 0, line)], ZERO_HASH)
         self.head_seq, self.head_hash = 0, record_hash(line)
         self._head_len = len(line) + 1
         self._segment_size = len(line) + 1

@@ -190,6 +190,14 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     roles: list[Literal["agent", "approver", "operator"]]
 
 
+class LeaseHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """The log in PostgreSQL: this node holds the lease (it answers only while active)."""
+
+    node: str
+    epoch: int
+    remaining_seconds: float
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
     status: Literal["ok", "log_failing"]
     version: str
@@ -198,6 +206,8 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     live: int
     escalated: int
     you: Principal
+    log_store: Literal["files", "postgresql"] = "files"
+    lease: LeaseHealth | None = None
 
 
 class ApiError(msgspec.Struct, frozen=True, kw_only=True):

@@ -40,6 +40,7 @@ from daemon.api.schema import (
     EscalationList,
     EscalationView,
     Health,
+    LeaseHealth,
     OperationPage,
     OperationView,
     OptionView,
@@ -71,6 +72,10 @@ from replay.state import Operation
 from replay.story import story_json
 
 
+class LeaseView(Protocol):
+    def health(self) -> tuple[str, int, float]: ...
+
+
 class Daemon(Protocol):
     """What the API takes from the supervisor (which imports this module: no cycle)."""
 
@@ -84,6 +89,8 @@ class Daemon(Protocol):
 
     @property
     def position(self) -> LogPosition | None: ...
+    @property
+    def lease(self) -> LeaseView | None: ...
     def clock(self) -> float: ...
     async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
                                  ) -> tuple[Operation, bool]: ...
@@ -333,7 +340,16 @@ class Api:
                       version=__version__,
                       log_head_sequence=position.seq if position is not None else -1,
                       log_head_hash=position.hash if position is not None else "",
-                      live=live, escalated=escalated, you=caller.principal())
+                      live=live, escalated=escalated, you=caller.principal(),
+                      **self._lease_health())
+
+    def _lease_health(self) -> dict[str, Any]:
+        if self.sup.lease is None:
+            return {}
+        node, epoch, remaining = self.sup.lease.health()
+        return {"log_store": "postgresql",
+                "lease": LeaseHealth(node=node, epoch=epoch,
+                                     remaining_seconds=round(remaining, 3))}
 
     async def _get(self, caller: Caller, op_id: str, query: dict[str, str]) -> OperationView:
         found = self._visible_op(caller, op_id)

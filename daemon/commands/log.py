@@ -1,4 +1,5 @@
-"""``bide log head``: print the current head, for operators who anchor it elsewhere."""
+"""``bide log head``: print the current head, for operators who anchor it elsewhere;
+``bide log init|export|import``: the log in PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,16 +10,24 @@ from typing import Any
 
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
+from daemon.pgconfig import add_dsn_flags, settings_for
+from eventlog.keys import load_verify_key
 from eventlog.reader import LogReader
+from eventlog.store import file_lines, write_segments
+from eventlog.verify import verify_log
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "log",
-        help="log maintenance: `bide log head`",
+        help="log maintenance: `bide log head`, and init/export/import for PostgreSQL",
         description="Inspect the event log without keys.",
         epilog="examples:\n  bide log head --config /etc/bide/bide.toml\n"
-        "  bide log head /var/lib/bide/log >> /mnt/worm/bide-anchors   # then verify --anchor",
+        "  bide log head /var/lib/bide/log >> /mnt/worm/bide-anchors   # then verify --anchor\n"
+        "  bide log init --dsn postgresql://admin@db/bide --writer-role bide --reader-role audit\n"
+        "  bide log export --dsn postgresql://audit@db/bide ./export && bide verify ./export "
+        "--verify-key verify.pub\n"
+        "  bide log import /var/lib/bide/log --verify-key verify.pub --dsn postgresql://bide@db/bide",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub2 = p.add_subparsers(dest="log_command", metavar="SUBCOMMAND", required=True)
@@ -27,6 +36,7 @@ def add_parser(sub: Any) -> None:
     head.add_argument("--json", action="store_true")
     add_config_flag(head)
     head.set_defaults(func=run_head)
+    add_database_parsers(sub2)
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -42,4 +52,84 @@ def run_head(args: argparse.Namespace) -> int:
         print(json.dumps({"seq": head.seq, "hash": head.hash}))
     else:
         print(f"{head.seq}:{head.hash}")
+    return 0
+
+
+# -- the log in PostgreSQL ---------------------------------------------------------------------
+
+
+def add_database_parsers(sub2: Any) -> None:
+    init = sub2.add_parser(
+        "init", help="create or upgrade the log's tables in PostgreSQL (bide_*)",
+        description="Create the bide_ tables in the DSN's search path, or upgrade them to this "
+        "version's schema; idempotent. Optionally grant the daemon's read-write role and an "
+        "auditor's read-only role what they need.")
+    add_dsn_flags(init)
+    init.add_argument("--writer-role", metavar="ROLE", help="grant the daemon's role")
+    init.add_argument("--reader-role", metavar="ROLE", help="grant an auditor's read-only role")
+    add_config_flag(init)
+    init.set_defaults(func=run_init)
+
+    export = sub2.add_parser(
+        "export", help="write the database's log as segment files (byte-identical)",
+        description="Write every record in the database to segment files in DIR, byte for byte "
+        "as the file store writes them: `bide verify DIR --verify-key verify.pub` then checks "
+        "them with no database. Needs only SELECT (an auditor's read-only role).")
+    export.add_argument("out_dir", metavar="DIR", help="an empty or new directory")
+    add_dsn_flags(export)
+    add_config_flag(export)
+    export.set_defaults(func=run_export)
+
+    imp = sub2.add_parser(
+        "import", help="move a file log into an empty database log, chain intact",
+        description="Verify LOGDIR with the public key, then copy its records, byte for byte, "
+        "into the database (which must be initialized and empty, with no daemon holding it).")
+    imp.add_argument("log_dir", metavar="LOGDIR")
+    imp.add_argument("--verify-key", metavar="FILE", required=True,
+                     help="verify.pub: the log is verified before anything is copied")
+    add_dsn_flags(imp)
+    add_config_flag(imp)
+    imp.set_defaults(func=run_import)
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from eventlog import pgstore
+
+    with pgstore.connect(settings_for(args)) as conn:
+        before, after = pgstore.init_schema(conn, reader=args.reader_role,
+                                            writer=args.writer_role)
+    if before is None:
+        print(f"created the bide schema, version {after}")
+    elif before == after:
+        print(f"the bide schema is at version {after}; nothing to upgrade")
+    else:
+        print(f"upgraded the bide schema from version {before} to {after}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from eventlog import pgstore
+
+    out = Path(args.out_dir)
+    with pgstore.connect(settings_for(args), read_only=True) as conn:
+        pgstore.require_schema(conn)
+        n = write_segments(pgstore.iter_all(conn), out)
+    print(f"wrote {n} records to {out}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from eventlog import pgstore
+
+    log_dir = Path(args.log_dir)
+    if not log_dir.is_dir():
+        raise UsageError(f"log directory {log_dir} does not exist")
+    report = verify_log(log_dir, load_verify_key(Path(args.verify_key)))
+    if report.damage is not None or report.torn is not None or report.writer_live:
+        raise UsageError(f"{log_dir} is not a clean, closed log ({report.summary()}); run "
+                         f"`bide verify {log_dir}` and stop its daemon first: nothing copied")
+    with pgstore.connect(settings_for(args)) as conn:
+        pgstore.require_schema(conn)
+        n = pgstore.import_lines(conn, file_lines(log_dir))
+    print(f"imported {n} records (head {report.head_seq}:{report.head_hash})")
     return 0

@@ -10,11 +10,12 @@ import anyio
 from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
 from daemon.signing import log_identity, open_signing
-from daemon.supervisor import Supervisor
+from daemon.supervisor import RequestGate, Supervisor
 from daemon.witness.publisher import HeadPublisher
 from daemon.witness.remote import WitnessUnreachable, heads_held
 from eventlog.heads import Head
 from eventlog.keys import Signer, keys_directory, load_keyring
+from eventlog.store import LineStore
 
 
 def add_parser(sub: Any) -> None:
@@ -59,16 +60,29 @@ def witnessed_heads(cfg: Config) -> list[tuple[str, Head]]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if cfg.postgres is not None:
+        from daemon.node import run_node  # psycopg only where the log is in PostgreSQL
+
+        return run_node(cfg, build_supervisor)
+    anyio.run(build_supervisor(cfg).run)
+    return 0
+
+
+def build_supervisor(cfg: Config, *, store: LineStore | None = None,
+                     lease: RequestGate | None = None, ask_witnesses: bool = True
+                     ) -> Supervisor:
+    """The supervisor of one run (of one term as the active node, with the log in
+    PostgreSQL: ``store`` and ``lease``)."""
     keys_dir = keys_directory(cfg.keys_dir)
     chosen = open_signing(cfg, keys_dir)
     for message, fields in chosen.warnings:
         logfmt.warn(message, **fields)
-    chosen.heads.witnessed = witnessed_heads(cfg)
+    if ask_witnesses:
+        chosen.heads.witnessed = witnessed_heads(cfg)
     publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file,
                               cfg.witness_ca)
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
-    supervisor = Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,
-                            signing=signing, heads=chosen.heads,
-                            publisher=publisher if publisher.enabled else None)
-    anyio.run(supervisor.run)
-    return 0
+    return Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,
+                      signing=signing, heads=chosen.heads,
+                      publisher=publisher if publisher.enabled else None,
+                      store=store, lease=lease)

@@ -23,6 +23,7 @@ examples:
   bide status --all                # everyone's (approvers and operators)
   bide status nightly-export --json
   bide status nightly-export --offline --config /etc/bide/bide.toml   # from the log, with keys
+  bide status --node --config /etc/bide/bide.toml   # the log in PostgreSQL: which node is active
 
 The running daemon answers from memory through its local API (no key needed; agents see
 their own operations). --offline replays the log with its data key instead.
@@ -45,8 +46,36 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--offline", action="store_true",
                    help="read the log directly with its data key (operators, forensics); "
                         "without it the running daemon answers, and no key is needed")
+    p.add_argument("--node", action="store_true",
+                   help="the log in PostgreSQL: which node holds the lease, its epoch and the "
+                        "time left (asked of the database; works on any node)")
     add_config_flag(p)
     p.set_defaults(func=run)
+
+
+def run_node(cfg: Config, args: argparse.Namespace) -> int:
+    from daemon.pgconfig import config_settings
+
+    settings = config_settings(cfg)
+    if settings is None:
+        info: dict[str, object] = {"log_store": "files"}
+        text = f"the log is in files ({cfg.log_dir}): one node, no lease"
+    else:
+        from eventlog import pgstore
+
+        with pgstore.connect(settings, read_only=True) as conn:
+            pgstore.require_schema(conn)
+            row = pgstore.lease_row(conn)
+            head = pgstore.head(conn)
+        held = row.remaining > 0 and bool(row.holder)
+        info = {"log_store": "postgresql", "active_node": row.holder if held else None,
+                "epoch": row.epoch, "lease_remaining_seconds": round(max(row.remaining, 0), 3),
+                "log_head_sequence": head[0] if head else -1}
+        text = (f"active node {row.holder}, epoch {row.epoch}, lease {row.remaining:.1f}s left"
+                if held else f"no active node (epoch {row.epoch}; the lease is free)")
+        text += f"; log head {head[0] if head else -1}"
+    print(json.dumps(info) if args.json else text)
+    return 0
 
 
 def op_summary(op: Operation) -> dict[str, object]:
@@ -82,6 +111,8 @@ def op_line(op: Operation) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if args.node:
+        return run_node(cfg, args)
     if args.offline:
         return run_offline(cfg, args)
     with require(cfg, "status") as client:

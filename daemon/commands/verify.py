@@ -8,12 +8,14 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
+from daemon.pgconfig import add_dsn_flags, settings_for
 from daemon.witness.remote import WitnessUnreachable, heads_held
 from eventlog.heads import Finding, Head, judge
 from eventlog.keys import load_verify_key
@@ -53,6 +55,7 @@ examples:
   bide verify /var/lib/bide/log --verify-key verify.pub --json | jq .verdict
   bide verify --config /etc/bide/bide.toml --witness https://witness.example:8443
   bide verify /var/lib/bide/log --verify-key verify.pub --witness /mnt/audit/heads.jsonl
+  bide verify --dsn postgresql://audit@db.example/bide --verify-key verify.pub  # read-only role
 """
 
 
@@ -79,6 +82,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
                    default=min(os.cpu_count() or 1, 4),
                    help="worker processes for large logs (default: CPUs, at most 4)")
+    add_dsn_flags(p, what="verify the log in this database (a read-only role suffices) "
+                  "instead of LOGDIR")
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -106,7 +111,31 @@ def parse_anchor(text: str) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dsn:
+        return run_database(args)
     log_dir, key_path = resolve_log_and_key(args)
+    return verify_dir(args, log_dir, key_path)
+
+
+def run_database(args: argparse.Namespace) -> int:
+    """The log in PostgreSQL: its records exported read-only to a private temporary directory,
+    byte for byte as segment files, then verified there like any log."""
+    from eventlog import pgstore
+    from eventlog.store import write_segments
+
+    if args.log_dir:
+        raise UsageError("give LOGDIR or --dsn, not both")
+    if not args.verify_key:
+        raise UsageError("--dsn needs --verify-key FILE (the verify.pub from `bide keygen`)")
+    with tempfile.TemporaryDirectory(prefix="bide-verify-") as tmp:
+        log_dir = Path(tmp) / "log"
+        with pgstore.connect(settings_for(args), read_only=True) as conn:
+            pgstore.require_schema(conn)
+            write_segments(pgstore.iter_all(conn), log_dir)
+        return verify_dir(args, log_dir, Path(args.verify_key))
+
+
+def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path) -> int:
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
     anchor = parse_anchor(args.anchor) if args.anchor else None

@@ -1,4 +1,4 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals] [--seconds S]
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals|pg] [--seconds S]
 [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C]``.
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
     p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "epochs",
-                                      "goals"],
+                                      "goals", "pg"],
                    help="one benchmark; 'goals' is issue 17's table (10,000 operations "
                    "saturated, appends, the 1M-event replay), not part of the default run")
     p.add_argument("--repeat", type=int, default=3,
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8,
                    help="the profile's max_in_flight, and the bare loop's (default 8)")
     p.add_argument("--keep", action="store_true", help="keep each scale run's directory")
+    p.add_argument("--dsn", help="--only pg: the PostgreSQL server (default: "
+                   "$BIDE_TEST_POSTGRES_DSN, else the local one); a schema is made and dropped")
+    p.add_argument("--takeovers", type=int, default=10,
+                   help="--only pg: SIGKILLs and link cuts timed (default %(default)s)")
     p.add_argument("--out", default="bench-out",
                    help="results and cached logs (default: %(default)s)")
     args = p.parse_args(argv)
@@ -105,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
                               100_000 if args.quick else 1_000_000))
         results["goals"] = table
         goals.print_table(table)
+    if args.only == "pg":  # needs a PostgreSQL server: not part of the default run
+        from tests.bench import bench_pg
+
+        work = Path(tempfile.mkdtemp(prefix="pg-", dir=out))
+        try:
+            pg = bench_pg.run(work, seconds, args.dsn, 3 if args.quick else args.takeovers)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        results["pg"] = pg
+        bench_pg.print_table(pg)
     if args.only in (None, "api"):
         api = bench_api.run(out, args.quick, args.keep)
         results["api"] = api

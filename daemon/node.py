@@ -1,0 +1,114 @@
+"""``bide run`` with the log in PostgreSQL: a standby until the lease is ours, then the
+supervisor under that epoch, and back to standby if another node fences us.
+
+    standby:  follow the log into the local segment files; try the lease every poll
+    active:   open the writer on the local copy (every round committed to the database under
+              our epoch), write a signed checkpoint (the takeover in the chain), replay,
+              recover the previous holder's requests in flight, poll; renew the lease
+    fenced:   an append refused or a renewal refused (or the lease ran out by our clock):
+              the task group ends at once (no request after it), back to standby
+    SIGTERM:  drain and close as always, then hand the lease over at once
+
+Epoch keys (``[log] forward_secure``) live on one host and cannot follow a takeover: a log in
+PostgreSQL is signed with the one signing key (format 2) every node holds.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Protocol
+
+import anyio
+
+from daemon import logfmt
+from daemon.config import Config
+from daemon.errors import ConfigError
+from daemon.lease import Lease
+from daemon.pgconfig import config_settings
+from daemon.supervisor import RequestGate, Supervisor
+from eventlog import pgstore
+from eventlog.errors import DivergedError, FencedError
+from eventlog.store import LineStore
+
+
+class Build(Protocol):
+    def __call__(self, cfg: Config, *, store: LineStore | None = None,
+                 lease: RequestGate | None = None, ask_witnesses: bool = True
+                 ) -> Supervisor: ...
+
+
+def run_node(cfg: Config, build: Build) -> int:
+    """``build`` makes the supervisor of one term (``daemon.commands.run``'s, so both paths
+    start the same daemon)."""
+    settings = config_settings(cfg)
+    assert settings is not None
+    assert cfg.postgres is not None
+    if cfg.log.forward_secure:
+        raise ConfigError(
+            f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
+            f"host (a standby could not continue the chain): set [log] forward_secure = false "
+            f"and give every node the same keys directory (signing.key, data.key)")
+    with pgstore.connect(settings) as conn:
+        pgstore.require_schema(conn)
+    pg = cfg.postgres
+    lease = Lease(settings, cfg.log_dir, lease_seconds=pg.lease_seconds,
+                  renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
+                  node=pg.node)
+    anyio.run(_node, cfg, lease, build)
+    return 0
+
+
+async def _node(cfg: Config, lease: Lease, build: Build) -> None:
+    settings = lease.settings
+    while True:
+        logfmt.info("standby: following the log", node=lease.holder)
+        epoch = await _standby(lease)
+        if epoch is None:
+            return  # SIGTERM while standby: nothing held
+        store = pgstore.PgStore(settings, epoch)
+        # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
+        supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
+        fenced: list[BaseException] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lease.keep)
+                await supervisor.run()
+                tg.cancel_scope.cancel()
+        except* FencedError as group:
+            fenced.extend(group.exceptions)
+        finally:
+            store.close()
+            lease.forget_head()
+        if fenced:
+            lease.stats.fenced += 1
+            if any(isinstance(e, DivergedError) for e in fenced):
+                # Our epoch, but our copy is not the database's: hand over, rebuild as standby.
+                logfmt.warn("this node's copy of the log diverged from the database; handing "
+                            "the lease over and re-syncing", error=fenced[0], epoch=epoch)
+                await anyio.to_thread.run_sync(lease.release)
+                continue
+            logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
+                        "standby", error=fenced[0], epoch=epoch)
+            lease.valid_until = float("-inf")
+            continue
+        await anyio.to_thread.run_sync(lease.release)
+        logfmt.info("lease handed over", node=lease.holder, epoch=epoch)
+        return
+
+
+async def _standby(lease: Lease) -> int | None:
+    """The lease's epoch once taken; None on SIGTERM/SIGINT first."""
+    got: list[int] = []
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            async def take() -> None:
+                got.append(await lease.acquire())
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(take)
+            async for _ in signals:
+                tg.cancel_scope.cancel()
+                break
+    return got[0] if got else None
+
+

@@ -1,0 +1,54 @@
+"""Which PostgreSQL a command or the daemon uses: ``--dsn`` / ``--password-file``, else the
+config's ``[postgres]`` (or ``[log] store``), else ``$BIDE_POSTGRES_DSN``.
+
+psycopg is imported only here, when a database is named, so the core install never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from daemon.config import Config, load_config
+from daemon.errors import UsageError
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
+
+
+def add_dsn_flags(parser: argparse.ArgumentParser, *, what: str = "the log's database") -> None:
+    parser.add_argument("--dsn", metavar="DSN",
+                        help=f"{what}: a postgresql:// URL or conninfo, without a password "
+                        "(default: the config's [postgres] dsn, else $BIDE_POSTGRES_DSN)")
+    parser.add_argument("--password-file", metavar="FILE",
+                        help="the database password, in a 0600 file (or use PGPASSFILE)")
+
+
+def settings_for(args: argparse.Namespace) -> PgSettings:
+    """The database a command was pointed at, or a usage error naming the flags."""
+    from eventlog.pgstore import PgSettings
+
+    pw = Path(args.password_file) if getattr(args, "password_file", None) else None
+    if args.dsn:
+        return PgSettings(args.dsn, password_file=pw)
+    if getattr(args, "config", None) or os.environ.get("BIDE_CONFIG"):
+        settings = config_settings(load_config(args.config))
+        if settings is not None:
+            return settings if pw is None else PgSettings(settings.dsn, password_file=pw)
+    env = os.environ.get("BIDE_POSTGRES_DSN")
+    if env:
+        return PgSettings(env, password_file=pw)
+    raise UsageError("name the database: --dsn DSN, a config with [postgres] dsn (--config), "
+                     "or $BIDE_POSTGRES_DSN")
+
+
+def config_settings(cfg: Config) -> PgSettings | None:
+    """The config's database, or None when the log is in files."""
+    if cfg.postgres is None:
+        return None
+    from eventlog.pgstore import PgSettings
+
+    return PgSettings(cfg.postgres.dsn, password_file=cfg.password_file,
+                      allow_async_commit=cfg.postgres.allow_async_commit)

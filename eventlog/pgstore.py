@@ -1,0 +1,478 @@
+"""The log in PostgreSQL: the same record lines as the segment files, fenced by a lease epoch.
+
+Needs psycopg 3 (``pip install 'bide[postgres]'``); the core install does not.
+
+Tables (schema version :data:`SCHEMA_VERSION`, created and upgraded only by ``bide log init``):
+
+    bide_meta       key/value: ``schema_version``
+    bide_records    seq (primary key), segment, byte_offset, line (the exact stored bytes),
+                    hash (the record hash), epoch (the lease epoch it was committed under);
+                    append-only: a trigger refuses UPDATE, DELETE and TRUNCATE
+    bide_lease      one row: holder, epoch (only grows), expires_at (the database's clock)
+    bide_snapshots  reserved for state snapshots (not written by this version)
+
+Fencing: a node takes an expired lease by raising the epoch in the same ``UPDATE``; every append
+transaction reads the lease row ``FOR SHARE`` and refuses (:class:`FencedError`) when the epoch
+is not the node's own, so a takeover (which must update that row) waits for an append in flight
+and every append after it is refused. The first line of a round must follow the stored head
+(its ``prev`` is the hash of the record before it): a node never forks the chain in the
+database. Committed rounds are announced with ``NOTIFY bide_records`` for standbys.
+
+Passwords come from a file (``password_file``) or libpq's own ``PGPASSFILE``; a DSN that holds
+one is refused, and no message here ever includes a DSN.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eventlog.errors import DivergedError, EventLogError, FencedError, SchemaError, StoreError
+from eventlog.store import StoredLine
+
+
+class MissingExtraError(EventLogError, ImportError):
+    """psycopg is not installed."""
+
+
+try:
+    import psycopg
+    from psycopg import sql
+except ImportError as _exc:  # pragma: no cover - the test extra installs it
+    raise MissingExtraError(
+        "the PostgreSQL store needs psycopg 3, which the core install leaves out: "
+        "pip install 'bide[postgres]'") from _exc
+
+SCHEMA_VERSION = 1
+#: Every error psycopg raises (for callers that must not import psycopg themselves).
+DatabaseError = psycopg.Error
+NOTIFY_CHANNEL = "bide_records"
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS bide_meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS bide_records (
+    seq bigint PRIMARY KEY CHECK (seq >= 0),
+    segment integer NOT NULL CHECK (segment >= 1),
+    byte_offset bigint NOT NULL CHECK (byte_offset >= 0),
+    line bytea NOT NULL,
+    hash text NOT NULL,
+    epoch bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (segment, byte_offset)
+);
+CREATE TABLE IF NOT EXISTS bide_lease (
+    id integer PRIMARY KEY CHECK (id = 1),
+    holder text NOT NULL,
+    epoch bigint NOT NULL CHECK (epoch >= 0),
+    expires_at timestamptz NOT NULL
+);
+INSERT INTO bide_lease (id, holder, epoch, expires_at) VALUES (1, '', 0, '-infinity')
+    ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS bide_snapshots (
+    name text PRIMARY KEY,
+    seq bigint NOT NULL,
+    data bytea NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE OR REPLACE FUNCTION bide_records_append_only() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'bide_records is append-only (% refused)', TG_OP;
+END $$;
+DROP TRIGGER IF EXISTS bide_records_append_only ON bide_records;
+CREATE TRIGGER bide_records_append_only BEFORE UPDATE OR DELETE ON bide_records
+    FOR EACH ROW EXECUTE FUNCTION bide_records_append_only();
+DROP TRIGGER IF EXISTS bide_records_no_truncate ON bide_records;
+CREATE TRIGGER bide_records_no_truncate BEFORE TRUNCATE ON bide_records
+    FOR EACH STATEMENT EXECUTE FUNCTION bide_records_append_only();
+"""
+
+#: Each version's upgrade from the one before (index 0 creates version 1).
+_UPGRADES: tuple[str, ...] = (_SCHEMA_V1,)
+
+
+@dataclass(frozen=True)
+class PgSettings:
+    """How to reach the database. ``dsn`` never holds a password."""
+
+    dsn: str
+    password_file: Path | None = None
+    allow_async_commit: bool = False  # synchronous_commit=off accepted (acks may be lost)
+    connect_timeout: float = 5.0
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that is not one, or that holds a password (passwords come from a file)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise StoreError("the PostgreSQL DSN is not valid conninfo or a postgresql:// URL "
+                         "(its text is not repeated here: it may hold a secret)") from None
+    if params.get("password"):
+        raise StoreError("the PostgreSQL DSN holds a password; remove it and put the password "
+                         "in a file (0600) named by password_file / --password-file, or in "
+                         "PGPASSFILE")
+
+
+def read_password(path: Path) -> str:
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StoreError(f"cannot read the database password file {path}: "
+                         f"{exc.strerror}") from None
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise StoreError(f"the database password file {path} is readable by others "
+                         f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}")
+    return text.strip("\n")
+
+
+def connect(settings: PgSettings, *, read_only: bool = False,
+            autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A connection, checked: ``synchronous_commit`` must not be off unless allowed."""
+    check_dsn(settings.dsn)
+    kwargs: dict[str, Any] = {"connect_timeout": max(1, round(settings.connect_timeout)),
+                              "application_name": "bide"}
+    if settings.password_file is not None:
+        kwargs["password"] = read_password(settings.password_file)
+    if read_only:  # added to the DSN's own options (a search_path, say), not replacing them
+        given = psycopg.conninfo.conninfo_to_dict(settings.dsn).get("options") or ""
+        kwargs["options"] = f"{given} -c default_transaction_read_only=on".strip()
+    try:
+        conn = psycopg.connect(settings.dsn, autocommit=autocommit, **kwargs)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to PostgreSQL: {reason(exc)}") from None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW synchronous_commit")
+            row = cur.fetchone()
+        if not autocommit:
+            conn.rollback()
+    except psycopg.Error as exc:
+        conn.close()
+        raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
+    if not read_only and row is not None and row[0] == "off" and not settings.allow_async_commit:
+        conn.close()
+        raise StoreError(
+            "PostgreSQL has synchronous_commit = off for this connection: a commit could be "
+            "acknowledged and then lost. Turn it on for the daemon's role (ALTER ROLE ... SET "
+            "synchronous_commit = on), or set allow_async_commit = true under [postgres] if "
+            "you accept that")
+    return conn
+
+
+def reason(exc: BaseException) -> str:
+    """The server's or libpq's message, first line only (libpq messages name host and port,
+    never a password)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- schema --------------------------------------------------------------------------------
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The schema version in the connection's search path; None where there is none."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('bide_meta') IS NOT NULL")
+        row = cur.fetchone()
+        if row is None or not row[0]:
+            return None
+        cur.execute("SELECT value FROM bide_meta WHERE key = 'schema_version'")
+        got = cur.fetchone()
+    return int(got[0]) if got else None
+
+
+def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
+                writer: str | None = None) -> tuple[int | None, int]:
+    """Create or upgrade the schema to :data:`SCHEMA_VERSION` in one transaction; grant
+    ``reader`` (SELECT) and ``writer`` (what the daemon needs). Returns (before, after)."""
+    try:
+        before = schema_version(conn)
+        if before is not None and before > SCHEMA_VERSION:
+            raise SchemaError(f"the database holds bide schema version {before}, newer than "
+                              f"this bide knows ({SCHEMA_VERSION}); upgrade bide")
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('bide_log_init'))")
+            for script in _UPGRADES[(before or 0):]:
+                cur.execute(script)
+            cur.execute("INSERT INTO bide_meta (key, value) VALUES ('schema_version', %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (str(SCHEMA_VERSION),))
+            tables = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
+            cur.execute("SELECT current_schema()")
+            row = cur.fetchone()
+            schema = sql.Identifier(str(row[0]) if row and row[0] else "public")
+            for role in (reader, writer):
+                if role:
+                    cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                        schema, sql.Identifier(role)))
+            if reader:
+                for t in tables:
+                    cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                        sql.Identifier(t), sql.Identifier(reader)))
+            if writer:
+                cur.execute(sql.SQL("GRANT SELECT, INSERT ON bide_records, bide_snapshots "
+                                    "TO {}").format(sql.Identifier(writer)))
+                cur.execute(sql.SQL("GRANT SELECT, UPDATE ON bide_lease TO {}").format(
+                    sql.Identifier(writer)))
+                cur.execute(sql.SQL("GRANT SELECT ON bide_meta TO {}").format(
+                    sql.Identifier(writer)))
+                cur.execute(sql.SQL("GRANT UPDATE (data, seq, written_at) ON bide_snapshots "
+                                    "TO {}").format(sql.Identifier(writer)))
+        conn.commit()
+    except psycopg.Error as exc:
+        conn.rollback()
+        raise StoreError(f"bide log init failed: {reason(exc)}") from None
+    return before, SCHEMA_VERSION
+
+
+def require_schema(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a database whose schema this version does not know, naming the fix."""
+    try:
+        version = schema_version(conn)
+        conn.rollback()
+    except psycopg.Error as exc:
+        raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
+    if version is None:
+        raise SchemaError("the database holds no bide schema (no bide_meta table in the "
+                          "search path); create it with `bide log init --dsn DSN`")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"the database holds bide schema version {version}; this bide "
+                          f"needs {SCHEMA_VERSION}: run `bide log init --dsn DSN` to upgrade"
+                          if version < SCHEMA_VERSION else
+                          f"the database holds bide schema version {version}, newer than "
+                          f"this bide knows ({SCHEMA_VERSION}); upgrade bide")
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+class PgStore:
+    """The :class:`~eventlog.store.LineStore` of one node: appends under ``epoch``.
+
+    Not thread-safe: the log writer's thread is its only caller. A failure closes the
+    connection; the next call opens a new one.
+    """
+
+    def __init__(self, settings: PgSettings, epoch: int) -> None:
+        self.settings = settings
+        self.epoch = epoch
+        self._conn: psycopg.Connection[Any] | None = None
+        #: Rounds refused because another node's epoch was in force.
+        self.fenced = 0
+        #: Committed rounds (one transaction each).
+        self.commits = 0
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.settings)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def commit(self, lines: Sequence[StoredLine], prev_hash: str) -> None:
+        if not lines:
+            return
+        conn = self._connection()
+        first = lines[0].seq
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),"
+                    " (SELECT hash FROM bide_records WHERE seq = %s)", (first - 1,))
+                row = cur.fetchone()
+                assert row is not None
+                epoch, stored_prev = row
+                if epoch != self.epoch:
+                    conn.rollback()
+                    self.fenced += 1
+                    raise FencedError(
+                        f"append refused: the log's lease epoch is {epoch}, not this node's "
+                        f"{self.epoch} (another node took over); this node stops sending and "
+                        f"falls back to standby")
+                if first > 0 and stored_prev != prev_hash:
+                    conn.rollback()
+                    raise DivergedError(
+                        f"append refused: record {first - 1} in the database is "
+                        f"{'missing' if stored_prev is None else 'another record'}; this "
+                        f"node's copy of the log is not the database's (re-sync it)")
+                cur.executemany(
+                    "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch) "
+                    "VALUES (%s, %s, %s, %s, %s, %s)",
+                    [(ln.seq, ln.segment, ln.offset, ln.data, ln.hash, self.epoch)
+                     for ln in lines])
+                cur.execute(sql.SQL("NOTIFY {}, {}").format(
+                    sql.Identifier(NOTIFY_CHANNEL), sql.Literal(str(lines[-1].seq))))
+            conn.commit()
+        except StoreError:
+            raise
+        except psycopg.errors.UniqueViolation:
+            self.close()
+            raise DivergedError(
+                f"append refused: the database already holds record {first} (a commit whose "
+                f"outcome was lost?); this node's copy of the log is not the database's "
+                f"(re-sync it)") from None
+        except psycopg.Error as exc:
+            self.close()  # the outcome of a COMMIT cut off is unknown: the caller re-reads
+            raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
+        self.commits += 1
+
+    def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
+        conn = self._connection()
+        try:
+            return lines_after(conn, seq, limit)
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
+
+
+def lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[StoredLine]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
+                    "ORDER BY seq LIMIT %s", (seq, limit))
+        rows = cur.fetchall()
+    if not conn.autocommit:
+        conn.rollback()
+    return [StoredLine(int(s), int(g), int(o), bytes(d)) for s, g, o, d in rows]
+
+
+def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
+             batch: int = 10_000) -> Iterator[StoredLine]:
+    """Every line after ``after``, in order, read in batches."""
+    while True:
+        try:
+            got = lines_after(conn, after, batch)
+        except psycopg.Error as exc:
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
+        yield from got
+        if len(got) < batch:
+            return
+        after = got[-1].seq
+
+
+def head(conn: psycopg.Connection[Any]) -> tuple[int, str] | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT seq, hash FROM bide_records ORDER BY seq DESC LIMIT 1")
+        row = cur.fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def import_lines(conn: psycopg.Connection[Any], lines: Iterator[StoredLine],
+                 batch: int = 5_000) -> int:
+    """Copy a file log's lines into an empty database log, in one transaction (epoch 0)."""
+    count = 0
+    try:
+        with conn.cursor() as cur:
+            cur.execute("LOCK TABLE bide_records IN EXCLUSIVE MODE")
+            cur.execute("SELECT count(*) FROM bide_records")
+            row = cur.fetchone()
+            if row is not None and row[0]:
+                conn.rollback()
+                raise StoreError(f"the database log already holds {row[0]} records; import "
+                                 f"goes only into an empty one (`bide log init` on a new "
+                                 f"schema)")
+            cur.execute("SELECT holder, expires_at > now() FROM bide_lease WHERE id = 1")
+            lease = cur.fetchone()
+            if lease is not None and lease[1]:
+                conn.rollback()
+                raise StoreError("a daemon holds the database log's lease; stop it before "
+                                 "importing")
+            pending: list[tuple[int, int, int, bytes, str, int]] = []
+            for ln in lines:
+                pending.append((ln.seq, ln.segment, ln.offset, ln.data, ln.hash, 0))
+                if len(pending) >= batch:
+                    _insert(cur, pending)
+                    count += len(pending)
+                    pending = []
+            if pending:
+                _insert(cur, pending)
+                count += len(pending)
+        conn.commit()
+    except psycopg.Error as exc:
+        conn.rollback()
+        raise StoreError(f"importing into PostgreSQL failed: {reason(exc)}") from None
+    return count
+
+
+def _insert(cur: psycopg.Cursor[Any], rows: list[tuple[int, int, int, bytes, str, int]]) -> None:
+    with cur.copy("COPY bide_records (seq, segment, byte_offset, line, hash, epoch) "
+                  "FROM STDIN") as copy:
+        for r in rows:
+            copy.write_row(r)
+
+
+# -- the lease -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    holder: str
+    epoch: int
+    remaining: float  # seconds until expiry by the database's clock (negative: expired)
+
+
+def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
+    with conn.cursor() as cur:
+        cur.execute("SELECT holder, epoch, EXTRACT(EPOCH FROM (expires_at - now()))::float8 "
+                    "FROM bide_lease WHERE id = 1")
+        row = cur.fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    if row is None:
+        raise SchemaError("bide_lease has no row; run `bide log init --dsn DSN`")
+    remaining = float(row[2]) if row[2] is not None else float("-inf")
+    return LeaseRow(str(row[0]), int(row[1]), remaining)
+
+
+def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> int | None:
+    """Take the lease if it has expired (or was handed over), raising the epoch in the same
+    statement. Returns the new epoch, or None while another node holds it."""
+    with conn.cursor() as cur:
+        cur.execute("UPDATE bide_lease SET holder = %s, epoch = epoch + 1, "
+                    "expires_at = now() + make_interval(secs => %s) "
+                    "WHERE id = 1 AND expires_at <= now() RETURNING epoch", (holder, seconds))
+        row = cur.fetchone()
+    conn.commit()
+    return None if row is None else int(row[0])
+
+
+def renew_lease(conn: psycopg.Connection[Any], holder: str, epoch: int,
+                seconds: float) -> bool:
+    """Extend our own lease; False when it is no longer ours (another epoch is in force)."""
+    with conn.cursor() as cur:
+        cur.execute("UPDATE bide_lease SET expires_at = now() + make_interval(secs => %s) "
+                    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+                    (seconds, holder, epoch))
+        row = cur.fetchone()
+    conn.commit()
+    return row is not None
+
+
+def release_lease(conn: psycopg.Connection[Any], holder: str, epoch: int) -> bool:
+    """Hand the lease over at once (graceful stop): expire it now; the epoch stays, the next
+    taker raises it."""
+    with conn.cursor() as cur:
+        cur.execute("UPDATE bide_lease SET expires_at = now() - interval '1 microsecond' "
+                    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+                    (holder, epoch))
+        row = cur.fetchone()
+    conn.commit()
+    return row is not None
+
+
+def env_dsn() -> str | None:
+    """``$BIDE_POSTGRES_DSN``, for commands given no --dsn."""
+    return os.environ.get("BIDE_POSTGRES_DSN") or None

@@ -1,0 +1,320 @@
+"""Two daemons on one PostgreSQL log against the simulator: SIGKILL the active node again and
+again, SIGSTOP one past its lease; each run checked from the simulator's request log.
+
+For every run: every request the provider saw has an earlier durable intent, within budget
+(``assert_provider_invariants``, non-strict: an intent may die with its node before its
+request leaves); no request made under an epoch arrives after the next epoch's first record
+(no job polled by two nodes at once); the database's chain verifies with ``verify.pub`` alone
+(``bide verify --dsn``) and ``bide replay --check`` re-derives every decision.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from daemon.spool import Spool
+from replay.events import StatusRequestIntended
+from tests.e2e.harness import (
+    BIDE,
+    Workspace,
+    assert_provider_invariants,
+    until,
+    workspace,
+    write_status_profile,
+)
+from tests.e2e.pgnodes import (
+    LEASE,
+    Node,
+    active,
+    epoch_starts,
+    epochs_of,
+    loaded,
+    node_config,
+    standby,
+    standbys,
+    start,
+    wait_active,
+)
+from tests.e2e.tcpproxy import proxy_to
+from tests.pgcluster import private_cluster
+
+CONTRACT = """\
+state_pointer = "/status"
+job_id_pointer = "/id"
+results = [{ name = "result_url", pointer = "/result_url", kind = "url" }]
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 0.3
+rate_limited_delay_seconds = 1.0
+min_hint_seconds = 0.05
+not_found_grace_seconds = 5
+default_deadline_seconds = 120
+default_max_status_requests = 400
+default_max_transport_failures = 50
+default_max_rate_limited = 10
+"""
+JOBS: dict[str, str | list[object]] = {f"long-{i}": "running" for i in range(6)}
+
+
+def _init(ws: Workspace, dsn: str) -> None:
+    out = subprocess.run([*BIDE, "log", "init", "--dsn", dsn], capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def _register(ws: Workspace, node: Node) -> None:
+    spool = Spool(node.state / "spool")
+    until(lambda: spool.incoming.is_dir(), 10, "the spool")
+    for job in JOBS:
+        drop_registration_to(spool, job)
+
+
+def drop_registration_to(spool: Spool, job: str) -> None:
+    import msgspec
+
+    from daemon.spool import RegistrationFile, new_request_id
+    from replay.observations import Registration
+
+    rid = new_request_id()
+    reg = msgspec.convert({"operation_id": f"op-{job}", "provider": "sim",
+                           "provider_job_id": job}, Registration)
+    spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
+
+
+def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
+    """The invariants of the docstring; returns requests per epoch."""
+    per_epoch: dict[int, int] = {}
+    for _, epoch in _requests_by_epoch(ws, dsn, name):
+        per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+    return per_epoch
+
+
+def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, int]]:
+    """The invariants of the docstring; (arrival, epoch of its intent) of every request."""
+    export, log = loaded(dsn, ws, name)
+    out = subprocess.run([*BIDE, "verify", str(export), "--verify-key",
+                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--verify-key",
+                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    epochs, starts = epochs_of(dsn), epoch_starts(dsn)
+    arrivals: list[tuple[float, int]] = []
+    for job in JOBS:
+        op = f"op-{job}"
+        received = ws.sim.requests(kind="status", job_id=job)
+        assert_provider_invariants(log, received, op, strict=False)
+        intents = [(seq, ev) for seq, ev in log.events
+                   if isinstance(ev, StatusRequestIntended) and ev.operation_id == op]
+        for record in received:
+            seq, _ = [(s, i) for s, i in intents if i.at <= record.wall][-1]
+            epoch = epochs[seq]
+            arrivals.append((record.wall, epoch))
+            later = starts.get(epoch + 1)
+            assert later is None or record.wall < later, (
+                f"{op}: a request made under epoch {epoch} arrived "
+                f"{record.wall - later:.3f}s after epoch {epoch + 1} began")
+    return arrivals
+
+
+def _replay_check(ws: Workspace, node: Node) -> None:
+    out = subprocess.run([*BIDE, "replay", "--check", "--config", str(node.config)],
+                         capture_output=True, text=True, check=False, timeout=120,
+                         cwd=ws.root)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("count", "kills"), [
+    pytest.param(2, 3, id="2-nodes-3-kills"),
+    pytest.param(3, 10, id="3-nodes-10-kills", marks=pytest.mark.slow),
+])
+def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Path,
+                                                      count: int, kills: int) -> None:
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        nodes = [node_config(ws, "abcdefgh"[i], pg_dsn) for i in range(count)]
+        start(ws, nodes[0])
+        first = wait_active(nodes[:1])
+        for n in nodes[1:]:
+            start(ws, n)
+            until(lambda n=n: standby(n.daemon), 20, f"node {n.name} to stand by")
+        _register(ws, first)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        takeovers: list[float] = []
+        current = first
+        for _ in range(kills):
+            seen = len(ws.sim.requests(kind="status"))
+            ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+            assert current.daemon is not None
+            current.daemon.kill()
+            killed_at = time.monotonic()
+            others = [n for n in nodes if n is not current]
+            nxt = wait_active(others, timeout=LEASE + 15)
+            after = len(ws.sim.requests(kind="status"))
+            ws.sim.wait_for_requests(after + 1, kind="status", timeout=10)
+            takeovers.append(time.monotonic() - killed_at)
+            start(ws, current)  # the killed node comes back, as a standby
+            until(lambda n=current: standby(n.daemon), 20, "the restarted node to stand by")
+            current = nxt
+        status = subprocess.run([*BIDE, "status", "--node", "--json", "--config",
+                                 str(current.config)], capture_output=True, text=True,
+                                check=False, timeout=60)
+        assert status.returncode == 0, status.stderr
+        info = json.loads(status.stdout)
+        assert info["active_node"].startswith(f"{current.name}/")
+        assert info["lease_remaining_seconds"] > 0
+        transport = httpx.HTTPTransport(uds=str(current.state / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://bide") as api:
+            health = api.get("/v1/health").json()
+        assert health["log_store"] == "postgresql"
+        assert health["lease"]["epoch"] == info["epoch"]
+        assert health["lease"]["remaining_seconds"] > 0
+        for n in nodes:  # the standbys first: they hold nothing and stop at once
+            if n is not current and n.daemon is not None:
+                assert n.daemon.stop() == 0
+        assert current.daemon is not None
+        assert current.daemon.stop() == 0
+        per_epoch = _check_run(ws, pg_dsn, "kills")
+        _replay_check(ws, current)
+        print(f"\ntakeover after SIGKILL (kill -> first request by the new node), lease "
+              f"{LEASE}s: median {statistics.median(takeovers):.2f}s, max "
+              f"{max(takeovers):.2f}s over {len(takeovers)}; requests per epoch {per_epoch}")
+        assert len(per_epoch) >= kills  # every takeover polled
+        for t in takeovers:
+            assert t < LEASE + 5
+
+
+def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
+        pg_dsn: str, tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        start(ws, a)
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        a.daemon.proc.send_signal(signal.SIGSTOP)
+        wait_active([b], timeout=LEASE + 15)
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+        epochs = epochs_of(pg_dsn)
+        b_epoch = max(epochs.values())
+        resumed = time.time()
+        a.daemon.proc.send_signal(signal.SIGCONT)
+        until(lambda: "fenced" in a.daemon.output(), 15,  # type: ignore[union-attr]
+              "the resumed node to find itself fenced")
+        until(lambda: standbys(a.daemon) >= 2, 15,  # type: ignore[union-attr]
+              "the resumed node to stand by again")
+        assert a.daemon.stop() == 0  # a standby stops at once, holding nothing
+        assert b.daemon.stop() == 0
+        per_epoch = _check_run(ws, pg_dsn, "pause")
+        # From the request log: nothing under node a's epoch arrived after it resumed.
+        export, log = loaded(pg_dsn, ws, "pause-2")
+        del export
+        by_seq = epochs_of(pg_dsn)
+        for job in JOBS:
+            op = f"op-{job}"
+            intents = [(s, e) for s, e in log.events
+                       if isinstance(e, StatusRequestIntended) and e.operation_id == op]
+            for record in ws.sim.requests(kind="status", job_id=job):
+                if record.wall >= resumed:
+                    seq = [s for s, i in intents if i.at <= record.wall][-1]
+                    assert by_seq[seq] >= b_epoch, f"{op}: node a sent after resuming"
+        assert per_epoch.get(b_epoch, 0) > 0
+        _replay_check(ws, b)
+
+
+def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
+        pg_dsn: str, tmp_path: Path) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
+            str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
+                                                   port=str(proxy.port))
+        a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
+        start(ws, a)
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        a_epoch = max(epochs_of(pg_dsn).values())
+        proxy.cut()
+        cut_at, cut_mono = time.time(), time.monotonic()
+        wait_active([b], timeout=LEASE + 15)
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+        took_over = time.monotonic() - cut_mono
+        proxy.restore()
+        until(lambda: "fenced" in a.daemon.output(), 20,  # type: ignore[union-attr]
+              "the cut node to stop as fenced")
+        until(lambda: standbys(a.daemon) >= 2, 20,  # type: ignore[union-attr]
+              "the cut node to stand by again")
+        assert a.daemon.stop() == 0
+        assert b.daemon.stop() == 0
+        arrivals = _requests_by_epoch(ws, pg_dsn, "cut")
+        late = [wall - cut_at for wall, epoch in arrivals if epoch == a_epoch
+                and wall >= cut_at + LEASE]
+        assert not late, f"node a sent {len(late)} requests more than a lease after the cut"
+        assert any(epoch > a_epoch for _, epoch in arrivals)
+        # Nothing node a acknowledged is lost: its local copy is a prefix of the database's.
+        export = ws.root / "export-cut"
+        for seg in sorted((a.state / "log").glob("seg-*.jsonl")):
+            mine = seg.read_bytes()
+            assert (export / seg.name).read_bytes()[:len(mine)] == mine
+        _replay_check(ws, b)
+        print(f"\ntakeover after a lost link (cut -> first request by the other node), lease "
+              f"{LEASE}s: {took_over:.2f}s")
+
+
+def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
+    with private_cluster() as cluster, workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, cluster.dsn)
+        a, b = node_config(ws, "a", cluster.dsn), node_config(ws, "b", cluster.dsn)
+        start(ws, a)
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+        cluster.restart_immediate()
+        restarted = len(ws.sim.requests(kind="status"))
+        # Polling goes on after the restart (whichever node holds the lease then).
+        ws.sim.wait_for_requests(restarted + 2 * len(JOBS), kind="status", timeout=30)
+        for d in (b.daemon, a.daemon):  # a standby first, if one is
+            if not active(d):
+                assert d.stop() == 0
+        for d in (a.daemon, b.daemon):
+            if d.proc.poll() is None:
+                assert d.stop() == 0
+        _check_run(ws, cluster.dsn, "restart")
+        export = ws.root / "export-restart"
+        for node in (a, b):
+            for seg in sorted((node.state / "log").glob("seg-*.jsonl")):
+                mine = seg.read_bytes()
+                assert (export / seg.name).read_bytes()[:len(mine)] == mine, (
+                    f"node {node.name}'s copy holds records the database lost")
+        _replay_check(ws, a if "lease handed over" in a.daemon.output() else b)
