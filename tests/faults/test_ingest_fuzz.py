@@ -102,7 +102,7 @@ def test_any_spool_file_and_any_answer_leave_the_daemon_up_and_the_log_whole(
             counter = iter(range(10**6))
             registered: list[str] = []
 
-            @settings(max_examples=40, deadline=None, database=None,
+            @settings(max_examples=40, deadline=None, database=None, derandomize=True,
                       suppress_health_check=list(HealthCheck))
             @given(reg=registrations(), reply=replies(),
                    op_id=st.text(string.ascii_letters, max_size=8))
