@@ -195,20 +195,26 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
             assert t < LEASE + 5
 
 
+def _a_active_b_standing_by_jobs_polled(ws: Workspace, a: Node, b: Node) -> None:
+    """Node a active, node b its standby, every job registered and polled twice."""
+    start(ws, a)
+    wait_active([a])
+    start(ws, b)
+    assert b.daemon is not None
+    until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+    _register(ws, a)
+    until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
+
+
 def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         pg_dsn: str, tmp_path: Path) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         _init(ws, pg_dsn)
         a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
-        start(ws, a)
-        wait_active([a])
-        start(ws, b)
+        _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
         assert b.daemon is not None
-        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
-        _register(ws, a)
-        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
         a.daemon.proc.send_signal(signal.SIGSTOP)
         wait_active([b], timeout=LEASE + 15)
         seen = len(ws.sim.requests(kind="status"))
@@ -250,14 +256,9 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
                                                    port=str(proxy.port))
         a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
-        start(ws, a)
-        wait_active([a])
-        start(ws, b)
+        _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
         assert b.daemon is not None
-        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
-        _register(ws, a)
-        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
         a_epoch = max(epochs_of(pg_dsn).values())
         proxy.cut()
         cut_at, cut_mono = time.time(), time.monotonic()
@@ -292,14 +293,9 @@ def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: 
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         _init(ws, cluster.dsn)
         a, b = node_config(ws, "a", cluster.dsn), node_config(ws, "b", cluster.dsn)
-        start(ws, a)
-        wait_active([a])
-        start(ws, b)
+        _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
         assert b.daemon is not None
-        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
-        _register(ws, a)
-        until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
         cluster.restart_immediate()
         restarted = len(ws.sim.requests(kind="status"))
         # Polling goes on after the restart (whichever node holds the lease then).
