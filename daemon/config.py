@@ -26,6 +26,7 @@ Example::
     lease_seconds = 10                    # how long a node's lease runs without renewal
     renew_seconds = 3                     # how often the active node renews it
     request_margin_seconds = 1            # a request needs its timeout plus this left on the lease
+    standby_poll_seconds = 0.5            # standbys also wake on every commit and handover (NOTIFY)
     node = "host-a"                       # this node's name (default: the host name)
 
     [witness]                             # every signed head leaves the host (see README)
@@ -90,6 +91,9 @@ class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     renew_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 3.0
     request_margin_seconds: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.0
+    #: A standby wakes on every committed round and handover (NOTIFY); this poll is the floor,
+    #: and what finds a lease that expired without a handover (its holder killed).
+    standby_poll_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.5
     node: str = ""  # default: the host name
 
 

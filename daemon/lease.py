@@ -3,9 +3,10 @@
 The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows, and an expiry
 on the database's clock. This module is the node's side:
 
-    * :meth:`Lease.acquire` is the standby loop: every ``poll`` seconds it copies the records
-      committed since its last look into the local segment files (so a takeover replays only
-      the tail) and tries to take the lease; taking it raises the epoch.
+    * :meth:`Lease.acquire` is the standby loop: it copies the records committed since its
+      last look into the local segment files (so a takeover replays only the tail) and tries
+      to take the lease (taking it raises the epoch) whenever a round is committed or the
+      lease handed over (``LISTEN``/``NOTIFY``), and at least every ``poll`` seconds.
     * :meth:`Lease.keep` renews every ``renew_seconds``. A renewal that succeeds extends the
       lease to (when the renewal was *sent*, by ``time.monotonic()``) + ``lease_seconds``:
       never later than the database's expiry. A renewal the database refuses (another epoch)
@@ -16,7 +17,10 @@ on the database's clock. This module is the node's side:
       process paused) stops sending before another node can take over.
     * :meth:`Lease.release` hands the lease over at once on a graceful stop.
 
-The database calls run in worker threads on connections of their own (never the writer's).
+The lease's statements and the standby's reads run on the loop through psycopg's async pool
+(autocommit: one round trip per statement), so a renewal that hangs is cancelled cleanly by its
+deadline. Appends do not use it: the log writer's thread owns its own connection
+(``eventlog.pgstore.PgStore``), as it owns the local files and their fsync.
 """
 
 from __future__ import annotations
@@ -25,16 +29,25 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from daemon import logfmt
 from eventlog import pgstore
 from eventlog.errors import DamagedLogError, FencedError, StoreError
-from eventlog.store import append_segments, local_head, write_segments
+from eventlog.store import StoredLine, append_segments, local_head, write_segments
+
+#: Lines read per statement while following.
+FOLLOW_BATCH = 10_000
+#: The least time between two follows: a burst of commits is copied once, not per NOTIFY.
+FOLLOW_SPACING = 0.02
 
 
 @dataclass
@@ -82,7 +95,7 @@ class Lease:
     epoch: int = field(init=False, default=0)
     valid_until: float = field(init=False, default=float("-inf"))
     stats: LeaseStats = field(init=False, default_factory=LeaseStats)
-    _conn: Any = field(init=False, default=None)
+    _pool: AsyncConnectionPool[Any] | None = field(init=False, default=None)
     _known: tuple[int, str] | None = field(init=False, default=None)  # the local copy's head
     _renewed: anyio.Event | None = field(init=False, default=None)
 
@@ -90,7 +103,6 @@ class Lease:
         name = self.node or socket.gethostname()
         # Unique per process: a restarted node is a new holder and must wait out the old lease.
         self.holder = f"{name}/{os.getpid()}/{secrets.token_hex(3)}"
-        self.poll = min(self.poll, self.renew_seconds)
 
     # -- the node's clock ------------------------------------------------------------------
 
@@ -99,6 +111,13 @@ class Lease:
 
     def allows(self, request_seconds: float) -> bool:
         return self.remaining() >= request_seconds + self.margin
+
+    @property
+    def longest_request(self) -> float:
+        """The longest request timeout that never waits on more than a renewal's round trip:
+        just before a renewal only ``lease_seconds - renew_seconds`` is left, and the margin
+        comes off that."""
+        return self.lease_seconds - self.renew_seconds - self.margin
 
     def health(self) -> tuple[str, int, float]:
         """(holder, epoch, seconds left by this node's clock) for the API's health answer."""
@@ -125,96 +144,163 @@ class Lease:
     def active(self) -> bool:
         return self.remaining() > 0
 
-    # -- database calls (worker threads) -----------------------------------------------------
+    # -- database calls (the pool) --------------------------------------------------------
 
-    def _connection(self) -> Any:
-        if self._conn is None or self._conn.closed:
-            self._conn = pgstore.connect(self.settings)
-        return self._conn
+    async def open(self) -> None:
+        """Open the node's connection pool (it connects in the background and keeps
+        reconnecting while the database is away)."""
+        kwargs = pgstore.connect_kwargs(self.settings)
+        settings = self.settings
 
-    def _call(self, what: str, *args: Any) -> Any:
-        started = time.monotonic()
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            cur = await conn.execute(pgstore.SHOW_SYNCHRONOUS_COMMIT)
+            row = await cur.fetchone()
+            pgstore.require_synchronous_commit(row[0] if row else None, settings)
+
+        self._pool = AsyncConnectionPool(
+            self.settings.dsn, kwargs={**kwargs, "autocommit": True}, min_size=1, max_size=2,
+            open=False, configure=configure, name="bide-lease",
+            timeout=max(1.0, self.settings.connect_timeout), reconnect_timeout=86_400.0)
+        await self._pool.open(wait=False)
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection (autocommit: each lease statement is its own transaction);
+        a database error becomes :class:`StoreError`, and a broken connection goes back to
+        the pool, which replaces it."""
+        if self._pool is None:
+            raise StoreError("the lease's connection pool is not open")
         try:
-            conn = self._connection()
-            fn = getattr(pgstore, what)
-            result = fn(conn, *args)
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
         except pgstore.DatabaseError as exc:
-            self.close()
-            raise StoreError(f"the lease statement failed: {pgstore.reason(exc)}") from None
+            raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
+
+    async def _returned(self, statement: str, params: tuple[object, ...]) -> int | None:
+        """Run one lease statement; the first column of its row (an epoch), None for no row."""
+        started = time.monotonic()
+        async with self._connection() as conn:
+            cur = await conn.execute(statement, params)
+            row = await cur.fetchone()
         self.stats.round_trip = time.monotonic() - started
-        return result
+        return None if row is None else int(row[0])
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    async def _lines_after(self, seq: int, limit: int) -> list[StoredLine]:
+        async with self._connection() as conn:
+            cur = await conn.execute(pgstore.LINES_AFTER, (seq, limit))
+            return pgstore.stored_lines(await cur.fetchall())
 
-    def follow(self) -> int:
+    # -- following the log -----------------------------------------------------------------
+
+    async def follow(self) -> int:
         """Copy the records committed since the local copy's head (all of them into an empty
         copy); a copy that is not a prefix of the database's is moved aside and rebuilt.
         Returns how many records were copied."""
-        try:
-            return self._follow()
-        except pgstore.DatabaseError as exc:
-            self.close()
-            raise StoreError(f"reading the log from PostgreSQL failed: "
-                             f"{pgstore.reason(exc)}") from None
-
-    def _follow(self) -> int:
-        conn = self._connection()
         head = self._known
         if head is None and self.log_dir.is_dir():
-            head = local_head(self.log_dir)
-        if head is not None:
-            got = pgstore.lines_after(conn, head[0] - 1, 1)
-            if not got or got[0].seq != head[0] or got[0].hash != head[1]:
-                aside = self.log_dir.with_name(f"{self.log_dir.name}.stale-{time.time_ns()}")
-                self.log_dir.rename(aside)
-                logfmt.warn("the local copy of the log is not the database's; moved aside and "
-                            "rebuilt", moved_to=aside, local_head=head[0])
-                head = None
-        if head is None:
-            if self.log_dir.is_dir() and any(self.log_dir.glob("seg-*")):
+            head = await anyio.to_thread.run_sync(local_head, self.log_dir)
+            if head is not None:
+                await self._check_prefix(head)
+                head = self._known
+            elif any(self.log_dir.glob("seg-*")):
                 raise DamagedLogError(f"{self.log_dir}: segment files with no complete record")
-            copied = list(pgstore.iter_all(conn))
-            write_segments(copied, self.log_dir)
-            self._known = (copied[-1].seq, copied[-1].hash) if copied else None
-            return len(copied)
         count = 0
         while True:
-            lines = pgstore.lines_after(conn, head[0], 10_000)
-            count += append_segments(lines, self.log_dir)
+            lines = await self._lines_after(-1 if head is None else head[0], FOLLOW_BATCH)
             if lines:
+                write = write_segments if head is None else append_segments
+                count += await anyio.to_thread.run_sync(write, lines, self.log_dir)
                 head = (lines[-1].seq, lines[-1].hash)
             self._known = head
-            if len(lines) < 10_000:
+            if len(lines) < FOLLOW_BATCH:
                 return count
+
+    async def _check_prefix(self, head: tuple[int, str]) -> None:
+        """Keep a local copy read from disk only if the database holds its last record;
+        otherwise move it aside, to be rebuilt. Sets what is known of the copy."""
+        got = await self._lines_after(head[0] - 1, 1)
+        if got and got[0].seq == head[0] and got[0].hash == head[1]:
+            self._known = head
+            return
+        aside = self.log_dir.with_name(f"{self.log_dir.name}.stale-{time.time_ns()}")
+        self.log_dir.rename(aside)
+        logfmt.warn("the local copy of the log is not the database's; moved aside and "
+                    "rebuilt", moved_to=aside, local_head=head[0])
+        self._known = None
 
     def forget_head(self) -> None:
         """The local copy changed under us (this node wrote it as the active node)."""
         self._known = None
 
+    @asynccontextmanager
+    async def _news(self) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        """A wait that ends when a round is committed or the lease is handed over (``LISTEN``
+        on a connection of its own), or after the given seconds. Without that connection
+        (the database away) the wait is the plain poll."""
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings))
+            await conn.execute(f"LISTEN {pgstore.NOTIFY_CHANNEL}")
+        except (pgstore.DatabaseError, StoreError) as exc:
+            logfmt.warn("cannot listen for new records; following by polling",
+                        error=pgstore.reason(exc))
+            if conn is not None:
+                await conn.close()
+            conn = None
+
+        async def wait(seconds: float) -> None:
+            nonlocal conn
+            if conn is None or conn.closed:
+                await anyio.sleep(seconds)
+                return
+            try:
+                async for _ in conn.notifies(timeout=seconds, stop_after=1):
+                    pass
+            except pgstore.DatabaseError:
+                await conn.close()
+                conn = None
+
+        try:
+            yield wait
+        finally:
+            if conn is not None:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+
     # -- the loops --------------------------------------------------------------------------
 
     async def acquire(self) -> int:
         """Follow the log as a standby until the lease is ours; returns the new epoch (the
-        local copy then holds every record committed before it)."""
-        while True:
-            try:
-                await anyio.to_thread.run_sync(self.follow)
-                sent = time.monotonic()
-                epoch = await anyio.to_thread.run_sync(
-                    self._call, "take_lease", self.holder, self.lease_seconds)
-                if epoch is not None:
-                    self.epoch = int(epoch)
-                    self._extended(sent + self.lease_seconds)
-                    self.stats.takeovers += 1
-                    await anyio.to_thread.run_sync(self.follow)  # what came before the take
-                    logfmt.info("took the log's lease", node=self.holder, epoch=self.epoch)
-                    return self.epoch
-            except StoreError as exc:
-                logfmt.warn("standby cannot reach the database; retrying", error=exc)
-            await anyio.sleep(self.poll)
+        local copy then holds every record committed before it). Wakes on every committed
+        round and on a handover (``NOTIFY``), and at least every ``poll`` seconds."""
+        async with self._news() as news:
+            while True:
+                try:
+                    await self.follow()
+                    sent = time.monotonic()
+                    epoch = await self._returned(pgstore.TAKE_LEASE,
+                                                 (self.holder, self.lease_seconds))
+                    if epoch is not None:
+                        self.epoch = epoch
+                        self._extended(sent + self.lease_seconds)
+                        self.stats.takeovers += 1
+                        await self.follow()  # what came before the take
+                        logfmt.info("took the log's lease", node=self.holder, epoch=epoch)
+                        return epoch
+                except StoreError as exc:
+                    logfmt.warn("standby cannot reach the database; retrying", error=exc)
+                    await anyio.sleep(self.poll)
+                    continue
+                await news(self.poll)
+                await anyio.sleep(FOLLOW_SPACING)  # a burst of commits: one follow, not many
 
     async def keep(self) -> None:
         """Renew until cancelled; raises :class:`FencedError` once the lease is lost or has
@@ -224,33 +310,31 @@ class Lease:
             sent = time.monotonic()
             try:
                 with anyio.fail_after(max(0.1, self.remaining())):
-                    ok = await anyio.to_thread.run_sync(
-                        self._call, "renew_lease", self.holder, self.epoch,
-                        self.lease_seconds, abandon_on_cancel=True)
+                    epoch = await self._returned(pgstore.RENEW_LEASE,
+                                                 (self.lease_seconds, self.holder, self.epoch))
             except (StoreError, TimeoutError) as exc:
                 self.stats.renewal_failures += 1
-                self._conn = None  # a thread abandoned on it may still hold it
                 if self.remaining() <= 0:
                     raise FencedError(f"the lease ran out by this node's clock (epoch "
                                       f"{self.epoch}) while the database could not be "
                                       f"reached; back to standby") from None
                 logfmt.warn("lease renewal failed; requests stop once too little is left",
-                            error=exc, remaining=f"{self.remaining():.1f}s")
+                            error=str(exc) or "timed out", remaining=f"{self.remaining():.1f}s")
                 continue
-            if not ok:
+            if epoch is None:
                 self.valid_until = float("-inf")
                 raise FencedError(f"the lease is no longer this node's (epoch {self.epoch}); "
                                   f"back to standby")
             self._extended(sent + self.lease_seconds)
             self.stats.renewals += 1
 
-    def release(self) -> None:
-        """Hand the lease over now (graceful stop); a failure only means the next node waits
-        out the lease."""
+    async def release(self) -> None:
+        """Hand the lease over now (graceful stop), waking the standbys; a failure only means
+        the next node waits out the lease."""
         self.valid_until = float("-inf")
         try:
-            self._call("release_lease", self.holder, self.epoch)
-        except StoreError as exc:
+            with anyio.fail_after(max(1.0, self.settings.connect_timeout)):
+                await self._returned(pgstore.RELEASE_LEASE, (self.holder, self.epoch))
+        except (StoreError, TimeoutError) as exc:
             logfmt.warn("could not hand the lease over; the next node waits for it to expire",
-                        error=exc)
-        self.close()
+                        error=str(exc) or "timed out")

@@ -25,6 +25,7 @@ from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.lease import Lease
 from daemon.pgconfig import config_settings
+from daemon.profile import load_profiles, too_long_for_lease
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DivergedError, FencedError
@@ -48,17 +49,40 @@ def run_node(cfg: Config, build: Build) -> int:
             f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
             f"host (a standby could not continue the chain): set [log] forward_secure = false "
             f"and give every node the same keys directory (signing.key, data.key)")
-    with pgstore.connect(settings) as conn:
-        pgstore.require_schema(conn)
     pg = cfg.postgres
     lease = Lease(settings, cfg.log_dir, lease_seconds=pg.lease_seconds,
                   renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
-                  node=pg.node)
+                  node=pg.node, poll=pg.standby_poll_seconds)
+    _check_profiles_fit(cfg, lease.longest_request)
+    with pgstore.connect(settings) as conn:
+        pgstore.require_schema(conn)
     anyio.run(_node, cfg, lease, build)
     return 0
 
 
+def _check_profiles_fit(cfg: Config, longest: float) -> None:
+    """Refuse to start where a profile's requests could never be sent under the lease (the
+    supervisor also refuses such a profile on a reload, keeping the last good one)."""
+    if cfg.profiles_dir is None or not cfg.profiles_dir.is_dir():
+        return  # the supervisor names the missing directory
+    good, _ = load_profiles(cfg.profiles_dir)
+    problems = too_long_for_lease(good, longest)
+    if problems:
+        raise ConfigError("; ".join(f"{cfg.profiles_dir / name}.toml: {message}"
+                                    for name, message in sorted(problems.items())))
+
+
 async def _node(cfg: Config, lease: Lease, build: Build) -> None:
+    await lease.open()
+    try:
+        await _terms(cfg, lease, build)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await lease.aclose()
+
+
+async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
+    """Standby, active, and back, until a graceful stop."""
     settings = lease.settings
     while True:
         logfmt.info("standby: following the log", node=lease.holder)
@@ -85,13 +109,13 @@ async def _node(cfg: Config, lease: Lease, build: Build) -> None:
                 # Our epoch, but our copy is not the database's: hand over, rebuild as standby.
                 logfmt.warn("this node's copy of the log diverged from the database; handing "
                             "the lease over and re-syncing", error=fenced[0], epoch=epoch)
-                await anyio.to_thread.run_sync(lease.release)
+                await lease.release()
                 continue
             logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
                         "standby", error=fenced[0], epoch=epoch)
             lease.valid_until = float("-inf")
             continue
-        await anyio.to_thread.run_sync(lease.release)
+        await lease.release()
         logfmt.info("lease handed over", node=lease.holder, epoch=epoch)
         return
 

@@ -51,4 +51,5 @@ def config_settings(cfg: Config) -> PgSettings | None:
     from eventlog.pgstore import PgSettings
 
     return PgSettings(cfg.postgres.dsn, password_file=cfg.password_file,
-                      allow_async_commit=cfg.postgres.allow_async_commit)
+                      allow_async_commit=cfg.postgres.allow_async_commit,
+                      link_timeout=cfg.postgres.lease_seconds)

@@ -325,3 +325,18 @@ def load_profiles(directory: Path) -> tuple[dict[str, Profile], dict[Path, str]]
         except ConfigError as exc:
             bad[path] = str(exc)
     return good, bad
+
+
+def too_long_for_lease(profiles: dict[str, Profile], longest: float) -> dict[str, str]:
+    """With the log in PostgreSQL, a request is sent only while the node's lease has its
+    timeout plus ``request_margin_seconds`` left; a profile whose status timeout exceeds
+    ``longest`` (:attr:`daemon.lease.Lease.longest_request`) would stall or never send. Returns
+    the message for each such profile, by name."""
+    return {
+        name: (f"[status] timeout_seconds = {p.status.timeout_seconds:g} does not fit in the "
+               f"log's lease: a request is sent only while the lease has its timeout plus "
+               f"request_margin_seconds left, and just before a renewal lease_seconds - "
+               f"renew_seconds is left, so at most {longest:g} s; lower timeout_seconds to "
+               f"{max(longest, 0):g} or less, or raise [postgres] lease_seconds")
+        for name, p in profiles.items() if p.status.timeout_seconds > longest
+    }

@@ -55,7 +55,7 @@ from daemon.history import Histories
 from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
-from daemon.profile import Profile, load_profiles
+from daemon.profile import Profile, load_profiles, too_long_for_lease
 from daemon.snapshots import load_snapshot, replay_log, write_snapshot_in_thread
 from daemon.spool import (
     DOTS,
@@ -122,6 +122,9 @@ class RequestGate(Protocol):
     """What the supervisor asks of a lease before each provider request."""
 
     def allows(self, request_seconds: float) -> bool: ...
+
+    @property
+    def longest_request(self) -> float: ...
 
     def health(self) -> tuple[str, int, float]: ...
 
@@ -418,6 +421,10 @@ class Supervisor:
         if self.config.profiles_dir is None:
             raise ConfigError(f"{self.config.path}: [paths] profiles_dir is not set")
         good, bad = load_profiles(self.config.profiles_dir)
+        if self.lease is not None:
+            for name, message in too_long_for_lease(good, self.lease.longest_request).items():
+                bad[self.config.profiles_dir / f"{name}.toml"] = message
+                del good[name]
         for path, message in bad.items():
             kept = " (keeping the last good version)" if path.stem in self.profiles else ""
             logfmt.error("profile refused" + kept, profile=path, error=message)

@@ -106,6 +106,20 @@ class PgSettings:
     password_file: Path | None = None
     allow_async_commit: bool = False  # synchronous_commit=off accepted (acks may be lost)
     connect_timeout: float = 5.0
+    #: How long a TCP connection may go unanswered before libpq drops it: sent data left
+    #: unacknowledged (``tcp_user_timeout``) or a silent peer (keepalives). Without it a
+    #: silently dropped link stalls a commit for the kernel's ~15 minutes; a node sets it to
+    #: its lease, so a stalled commit ends about when the node stops sending anyway.
+    link_timeout: float = 30.0
+
+
+def link_options(seconds: float) -> dict[str, Any]:
+    """libpq's TCP options that bound a dead link to about ``seconds`` (ignored on a Unix
+    socket, where the kernel reports a dead peer at once)."""
+    idle = max(1, round(seconds / 3))
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1,
+            "keepalives_count": max(1, round(seconds) - idle),
+            "tcp_user_timeout": max(1000, round(seconds * 1000))}
 
 
 def check_dsn(dsn: str) -> None:
@@ -134,37 +148,57 @@ def read_password(path: Path) -> str:
     return text.strip("\n")
 
 
-def connect(settings: PgSettings, *, read_only: bool = False,
-            autocommit: bool = False) -> psycopg.Connection[Any]:
-    """A connection, checked: ``synchronous_commit`` must not be off unless allowed."""
+def connect_kwargs(settings: PgSettings, *, read_only: bool = False) -> dict[str, Any]:
+    """libpq parameters beyond the DSN: timeouts, the password from its file, read-only."""
     check_dsn(settings.dsn)
     kwargs: dict[str, Any] = {"connect_timeout": max(1, round(settings.connect_timeout)),
-                              "application_name": "bide"}
+                              "application_name": "bide", **link_options(settings.link_timeout)}
     if settings.password_file is not None:
         kwargs["password"] = read_password(settings.password_file)
     if read_only:  # added to the DSN's own options (a search_path, say), not replacing them
         given = psycopg.conninfo.conninfo_to_dict(settings.dsn).get("options") or ""
         kwargs["options"] = f"{given} -c default_transaction_read_only=on".strip()
+    return kwargs
+
+
+#: Asked of every connection that writes (records or the lease).
+SHOW_SYNCHRONOUS_COMMIT = "SHOW synchronous_commit"
+
+
+def require_synchronous_commit(value: object, settings: PgSettings) -> None:
+    """Refuse a connection whose commits could be acknowledged and then lost: a lost lease
+    update could even hand an epoch out twice."""
+    if value == "off" and not settings.allow_async_commit:
+        raise StoreError(
+            "PostgreSQL has synchronous_commit = off for this connection: a commit could be "
+            "acknowledged and then lost. Turn it on for the daemon's role (ALTER ROLE ... SET "
+            "synchronous_commit = on), or set allow_async_commit = true under [postgres] if "
+            "you accept that")
+
+
+def connect(settings: PgSettings, *, read_only: bool = False,
+            autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A connection, checked: ``synchronous_commit`` must not be off unless allowed."""
+    kwargs = connect_kwargs(settings, read_only=read_only)
     try:
         conn = psycopg.connect(settings.dsn, autocommit=autocommit, **kwargs)
     except psycopg.Error as exc:
         raise StoreError(f"cannot connect to PostgreSQL: {reason(exc)}") from None
     try:
         with conn.cursor() as cur:
-            cur.execute("SHOW synchronous_commit")
+            cur.execute(SHOW_SYNCHRONOUS_COMMIT)
             row = cur.fetchone()
         if not autocommit:
             conn.rollback()
     except psycopg.Error as exc:
         conn.close()
         raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
-    if not read_only and row is not None and row[0] == "off" and not settings.allow_async_commit:
-        conn.close()
-        raise StoreError(
-            "PostgreSQL has synchronous_commit = off for this connection: a commit could be "
-            "acknowledged and then lost. Turn it on for the daemon's role (ALTER ROLE ... SET "
-            "synchronous_commit = on), or set allow_async_commit = true under [postgres] if "
-            "you accept that")
+    if not read_only:
+        try:
+            require_synchronous_commit(row[0] if row else None, settings)
+        except StoreError:
+            conn.close()
+            raise
     return conn
 
 
@@ -337,14 +371,22 @@ class PgStore:
             raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
 
+#: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
+LINES_AFTER = ("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
+               "ORDER BY seq LIMIT %s")
+
+
+def stored_lines(rows: Sequence[tuple[Any, ...]]) -> list[StoredLine]:
+    return [StoredLine(int(s), int(g), int(o), bytes(d)) for s, g, o, d in rows]
+
+
 def lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[StoredLine]:
     with conn.cursor() as cur:
-        cur.execute("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
-                    "ORDER BY seq LIMIT %s", (seq, limit))
+        cur.execute(LINES_AFTER, (seq, limit))
         rows = cur.fetchall()
     if not conn.autocommit:
         conn.rollback()
-    return [StoredLine(int(s), int(g), int(o), bytes(d)) for s, g, o, d in rows]
+    return stored_lines(rows)
 
 
 def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
@@ -437,40 +479,44 @@ def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     return LeaseRow(str(row[0]), int(row[1]), remaining)
 
 
-def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> int | None:
-    """Take the lease if it has expired (or was handed over), raising the epoch in the same
-    statement. Returns the new epoch, or None while another node holds it."""
+#: Take an expired (or handed-over) lease, raising the epoch in the same statement; returns
+#: the new epoch, or no row while another node holds it. Parameters: holder, seconds.
+TAKE_LEASE = ("UPDATE bide_lease SET holder = %s, epoch = epoch + 1, "
+              "expires_at = now() + make_interval(secs => %s) "
+              "WHERE id = 1 AND expires_at <= now() RETURNING epoch")
+#: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch.
+RENEW_LEASE = ("UPDATE bide_lease SET expires_at = now() + make_interval(secs => %s) "
+               "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch")
+#: Hand the lease over at once (graceful stop): expire it now and wake the standbys; the
+#: epoch stays, the next taker raises it. Parameters: holder, epoch.
+RELEASE_LEASE = ("WITH released AS (UPDATE bide_lease "
+                 "SET expires_at = now() - interval '1 microsecond' "
+                 "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch) "
+                 f"SELECT epoch, pg_notify('{NOTIFY_CHANNEL}', 'lease') FROM released")
+
+
+def _returned(conn: psycopg.Connection[Any], statement: str,
+              params: tuple[object, ...]) -> int | None:
     with conn.cursor() as cur:
-        cur.execute("UPDATE bide_lease SET holder = %s, epoch = epoch + 1, "
-                    "expires_at = now() + make_interval(secs => %s) "
-                    "WHERE id = 1 AND expires_at <= now() RETURNING epoch", (holder, seconds))
+        cur.execute(statement, params)
         row = cur.fetchone()
     conn.commit()
     return None if row is None else int(row[0])
 
 
+def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> int | None:
+    """:data:`TAKE_LEASE` on a plain connection (tools and tests; the daemon's
+    :class:`daemon.lease.Lease` runs the same statements on its pool)."""
+    return _returned(conn, TAKE_LEASE, (holder, seconds))
+
+
 def renew_lease(conn: psycopg.Connection[Any], holder: str, epoch: int,
                 seconds: float) -> bool:
-    """Extend our own lease; False when it is no longer ours (another epoch is in force)."""
-    with conn.cursor() as cur:
-        cur.execute("UPDATE bide_lease SET expires_at = now() + make_interval(secs => %s) "
-                    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
-                    (seconds, holder, epoch))
-        row = cur.fetchone()
-    conn.commit()
-    return row is not None
+    return _returned(conn, RENEW_LEASE, (seconds, holder, epoch)) is not None
 
 
 def release_lease(conn: psycopg.Connection[Any], holder: str, epoch: int) -> bool:
-    """Hand the lease over at once (graceful stop): expire it now; the epoch stays, the next
-    taker raises it."""
-    with conn.cursor() as cur:
-        cur.execute("UPDATE bide_lease SET expires_at = now() - interval '1 microsecond' "
-                    "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
-                    (holder, epoch))
-        row = cur.fetchone()
-    conn.commit()
-    return row is not None
+    return _returned(conn, RELEASE_LEASE, (holder, epoch)) is not None
 
 
 def env_dsn() -> str | None:

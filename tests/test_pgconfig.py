@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,24 @@ def test_postgres_table_with_a_password_file(tmp_path: Path) -> None:
 def test_refusals(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(str(_cfg(tmp_path, text)))
+
+
+def test_run_refuses_a_profile_whose_requests_could_never_fit_in_the_lease(
+        tmp_path: Path) -> None:
+    """Defaults: a 10 s lease renewed every 3 s with a 1 s margin leaves 6 s for a request;
+    a profile with the default 10 s status timeout would never be sent. Refused before any
+    connection is tried (the database here does not exist)."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "slow.toml").write_text(
+        '[status]\nurl = "http://127.0.0.1:9/jobs/{job_id}"\n\n[contract]\n'
+        'state_pointer = "/status"\n[contract.states]\npending = ["running"]\n'
+        'success = ["done"]\n')
+    path = _cfg(tmp_path, 'profiles_dir = "profiles"\n[log]\nforward_secure = false\n'
+                          '[postgres]\ndsn = "postgresql://bide@127.0.0.1:9/nowhere"\n')
+    out = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0
+    assert "slow.toml" in out.stderr
+    assert "timeout_seconds = 10 does not fit in the log's lease" in out.stderr
+    assert "lower timeout_seconds to 6 or less" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from daemon.spool import Spool
+from eventlog.store import local_head
 from replay.events import StatusRequestIntended
 from tests.e2e.harness import (
     BIDE,
@@ -244,6 +245,45 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
                     assert by_seq[seq] >= b_epoch, f"{op}: node a sent after resuming"
         assert per_epoch.get(b_epoch, 0) > 0
         _replay_check(ws, b)
+
+
+def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """With a 20 s lease and a 30 s standby poll, only NOTIFY can make the standby's copy
+    keep up and let it take over within seconds of a SIGTERM."""
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        a, b = (node_config(ws, name, pg_dsn, lease=20.0) for name in "ab")
+        for n in (a, b):
+            n.config.write_text(n.config.read_text().replace(
+                "[postgres]\n", "[postgres]\nstandby_poll_seconds = 30\n"))
+        _a_active_b_standing_by_jobs_polled(ws, a, b)
+        with psycopg.connect(pg_dsn) as conn:
+            row = conn.execute("SELECT max(seq) FROM bide_records").fetchone()
+        assert row is not None
+        committed = int(row[0])
+
+        def b_has_it() -> bool:
+            held = local_head(b.state / "log")
+            return held is not None and held[0] >= committed
+
+        until(b_has_it, 10, "the standby's copy to reach what the active node committed")
+        assert a.daemon is not None
+        assert b.daemon is not None
+        stopped = time.monotonic()
+        assert a.daemon.stop() == 0
+        assert "lease handed over" in a.daemon.output()
+        wait_active([b], timeout=10)
+        handover = time.monotonic() - stopped
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+        assert b.daemon.stop() == 0
+        per_epoch = _check_run(ws, pg_dsn, "handover")
+        _replay_check(ws, b)
+        print(f"\ngraceful handover (SIGTERM -> the standby active): {handover:.2f}s; "
+              f"requests per epoch {per_epoch}")
+        assert sorted(per_epoch) == [1, 2]
 
 
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
