@@ -19,10 +19,18 @@ import anyio
 
 import replay
 from daemon import logfmt
+from eventlog.errors import StoreError
 from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
 from eventlog.reader import LogReader
-from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
+from eventlog.snapshot import (
+    SnapshotError,
+    open_snapshot,
+    seal_snapshot,
+    snapshot_seq,
+    write_atomically,
+)
+from eventlog.store import LineStore
 from replay.ledger import Ledger, SnapshotFormatError
 
 
@@ -44,22 +52,42 @@ def model_digest() -> str:
 MODEL = model_digest()
 
 
-def load_snapshot(path: Path, keyring: KeyRing, signer: Signer) -> Snapshot | None:
-    """The state snapshot at ``path``; None (and a warning) when there is none or it is
-    unusable (damaged, or not tagged with ``signer``'s MAC key: rewritten by someone holding
-    only the data key): the log is the truth, and a full replay rebuilds everything it held."""
+def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
+                  store: LineStore | None = None) -> Snapshot | None:
+    """The state snapshot at ``path``, or the one ``store`` keeps (the log in PostgreSQL:
+    whichever node wrote it last) when that one is later; None (and a warning) when there is
+    none or none is usable (damaged, or not tagged with ``signer``'s MAC key: rewritten by
+    someone holding only the data key): the log is the truth, and a full replay rebuilds
+    everything a snapshot held."""
+    found: list[tuple[int, str, bytes]] = []
     try:
-        position, body = read_snapshot(path, keyring, signer.mac_key)
-        snapshot = Snapshot(position, Ledger.load(body, MODEL))
-        del body
-        release_freed_heap()
-        return snapshot
+        local = path.read_bytes()
+        found.append((snapshot_seq(local) or -1, str(path), local))
     except FileNotFoundError:
-        return None
-    except (SnapshotError, SnapshotFormatError, OSError) as exc:
-        logfmt.warn("state snapshot not used; replaying the whole log", snapshot=path,
-                    error=exc)
-        return None
+        pass
+    except OSError as exc:
+        logfmt.warn("state snapshot not readable", snapshot=path, error=exc)
+    if store is not None:
+        try:
+            stored = store.load_snapshot()
+        except StoreError as exc:
+            logfmt.warn("the database's state snapshot not read", error=exc)
+            stored = None
+        if stored is not None:
+            found.append((snapshot_seq(stored) or -1, "the database's snapshot", stored))
+    for _, where, data in sorted(found, key=lambda f: f[0], reverse=True):
+        try:
+            position, body = open_snapshot(data, keyring, signer.mac_key, where)
+            del data
+            snapshot = Snapshot(position, Ledger.load(body, MODEL))
+            del body
+            release_freed_heap()
+            return snapshot
+        except (SnapshotError, SnapshotFormatError) as exc:
+            logfmt.warn("state snapshot not used", snapshot=where, error=exc)
+    if found:
+        logfmt.warn("no state snapshot usable; replaying the whole log")
+    return None
 
 
 def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
@@ -103,18 +131,31 @@ def release_freed_heap() -> None:
 
 
 def save_snapshot(path: Path, keyring: KeyRing, signer: Signer, position: LogPosition,
-                  ledger: Ledger) -> int:
-    return write_snapshot(path, keyring, signer.mac_key, position, ledger.dump(MODEL))
+                  ledger: Ledger, store: LineStore | None = None) -> int:
+    """Write the snapshot to ``path`` and, with the log in a database, keep the same bytes
+    there for the next node (a failure there is logged: the local file is written)."""
+    data = seal_snapshot(keyring, signer.mac_key, position, ledger.dump(MODEL))
+    write_atomically(path, data)
+    if store is not None:
+        try:
+            if not store.save_snapshot(position.seq, position.hash, data):
+                logfmt.info("state snapshot not kept in the database (a later one is there, "
+                            "or this node no longer holds the log)", seq=position.seq)
+        except StoreError as exc:
+            logfmt.warn("state snapshot not kept in the database; the next node replays "
+                        "more", error=exc)
+    return len(data)
 
 
 async def write_snapshot_in_thread(path: Path, keyring: KeyRing, signer: Signer,
-                                   position: LogPosition, ledger: Ledger) -> None:
+                                   position: LogPosition, ledger: Ledger,
+                                   store: LineStore | None = None) -> None:
     """Encode, seal and write ``ledger`` at ``position`` in a worker thread. A failure is
     logged, not raised: the log is unaffected, and the next start replays more of it."""
     started = time.monotonic()
     try:
         size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, signer, position,
-                                              ledger)
+                                              ledger, store)
     except OSError as exc:
         logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
         return

@@ -338,7 +338,7 @@ class Supervisor:
         async def write() -> None:
             try:
                 await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
-                                               self.signer, position, copy)
+                                               self.signer, position, copy, self.store)
             finally:
                 self._snapshot_writing = False
 
@@ -1142,7 +1142,7 @@ class Supervisor:
         self.load_profiles()
         started = time.monotonic()
         snapshot = await anyio.to_thread.run_sync(load_snapshot, cfg.snapshot_path,
-                                                  self.keyring, self.signer)
+                                                  self.keyring, self.signer, self.store)
         publishing = (self.publisher.running() if self.publisher is not None
                       else contextlib.nullcontext())
         async with publishing, LogWriter(
@@ -1228,8 +1228,7 @@ class Supervisor:
         if log.position is not None and log.failed is None:
             # The log is closed and nothing changes any more: snapshot what it holds.
             await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, self.signer,
-                                           log.position,
-                                           self.ledger)
+                                           log.position, self.ledger, self.store)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
 
 

@@ -9,7 +9,9 @@ Tables (schema version :data:`SCHEMA_VERSION`, created and upgraded only by ``bi
                     hash (the record hash), epoch (the lease epoch it was committed under);
                     append-only: a trigger refuses UPDATE, DELETE and TRUNCATE
     bide_lease      one row: holder, epoch (only grows), expires_at (the database's clock)
-    bide_snapshots  reserved for state snapshots (not written by this version)
+    bide_snapshots  the latest state snapshot (name ``state``): the snapshot file's exact
+                    bytes (sealed and tagged, see ``eventlog.snapshot``) and the record seq it
+                    was taken at; a node taking the log over starts from it
 
 Fencing: a node takes an expired lease by raising the epoch in the same ``UPDATE``; every append
 transaction reads the lease row ``FOR SHARE`` and refuses (:class:`FencedError`) when the epoch
@@ -361,6 +363,37 @@ class PgStore:
             self.close()  # the outcome of a COMMIT cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
         self.commits += 1
+
+    def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
+        """Kept only under this node's epoch, at a record the database holds, and over an
+        older snapshot only (on a connection of its own: the writer's is not thread-safe)."""
+        try:
+            with connect(self.settings) as conn, conn.cursor() as cur:
+                cur.execute("SELECT (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),"
+                            " (SELECT hash FROM bide_records WHERE seq = %s)", (seq,))
+                row = cur.fetchone()
+                if row is None or row[0] != self.epoch or row[1] != record_hash:
+                    conn.rollback()
+                    return False
+                cur.execute("INSERT INTO bide_snapshots (name, seq, data) VALUES ('state', %s, %s) "
+                            "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, "
+                            "data = excluded.data, written_at = now() "
+                            "WHERE bide_snapshots.seq < excluded.seq RETURNING seq", (seq, data))
+                kept = cur.fetchone() is not None
+                conn.commit()
+                return kept
+        except psycopg.Error as exc:
+            raise StoreError(f"keeping the snapshot in PostgreSQL failed: {reason(exc)}") from None
+
+    def load_snapshot(self) -> bytes | None:
+        try:
+            with connect(self.settings, read_only=True) as conn:
+                row = conn.execute("SELECT data FROM bide_snapshots WHERE name = 'state'"
+                                   ).fetchone()
+        except psycopg.Error as exc:
+            raise StoreError(f"reading the snapshot from PostgreSQL failed: "
+                             f"{reason(exc)}") from None
+        return None if row is None else bytes(row[0])
 
     def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
         conn = self._connection()

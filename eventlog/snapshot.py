@@ -48,30 +48,51 @@ class _Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _header_decoder = msgspec.json.Decoder(_Header)
 
 
-def write_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
-                   body: bytes) -> int:
-    """Seal ``body`` under the active data key, bound to ``position``, and tag the file with
-    ``mac_key`` (:attr:`eventlog.keys.Signer.mac_key`); returns bytes written."""
+def seal_snapshot(keyring: KeyRing, mac_key: bytes, position: LogPosition,
+                  body: bytes) -> bytes:
+    """A snapshot's bytes: ``body`` sealed under the active data key, bound to ``position``,
+    tagged with ``mac_key`` (:attr:`eventlog.keys.Signer.mac_key`)."""
     kid = keyring.active
     nonce = os.urandom(NONCE_BYTES)
     header = msgspec.json.encode(_Header(SNAPSHOT_FORMAT, position, kid, nonce))
     ct = Sealer(keyring.get(kid)).seal_with(nonce, body, _AAD_DOMAIN + header)
-    mac = _tag(mac_key, header, ct)
+    return b"".join((header, b"\n", ct, _tag(mac_key, header, ct)))
+
+
+def write_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
+                   body: bytes) -> int:
+    """:func:`seal_snapshot` written to ``path``; returns bytes written."""
+    data = seal_snapshot(keyring, mac_key, position, body)
+    write_atomically(path, data)
+    return len(data)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all (temporary file, fsync, rename, fsync of the
+    directory), mode 0600."""
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(header + b"\n")
-            f.write(ct)
-            f.write(mac)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-    return len(header) + 1 + len(ct) + len(mac)
+
+
+def snapshot_seq(data: bytes) -> int | None:
+    """The log position a snapshot claims, read from its header without authenticating it
+    (only to choose which of two snapshots to open first); None when unreadable."""
+    end = data.find(b"\n", 0, _MAX_HEADER)
+    try:
+        return _header_decoder.decode(data[:end]).position.seq if end > 0 else None
+    except (msgspec.DecodeError, ValueError):
+        return None
 
 
 def _tag(mac_key: bytes, header: bytes, ct: bytes) -> bytes:
@@ -84,7 +105,13 @@ def read_snapshot(path: Path, keyring: KeyRing, mac_key: bytes) -> tuple[LogPosi
     Raises :class:`SnapshotError` naming what is wrong (missing, malformed, another format,
     unknown key, failed authentication); :class:`FileNotFoundError` when there is none.
     """
-    data = path.read_bytes()
+    return open_snapshot(path.read_bytes(), keyring, mac_key, where=str(path))
+
+
+def open_snapshot(data: bytes, keyring: KeyRing, mac_key: bytes,
+                  where: str) -> tuple[LogPosition, bytes]:
+    """:func:`read_snapshot` of bytes held elsewhere (``where`` names them in errors)."""
+    path = where
     end = data.find(b"\n", 0, _MAX_HEADER)
     if end < 0:
         raise SnapshotError(f"snapshot {path} has no header line; it will be rebuilt")

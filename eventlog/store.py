@@ -56,6 +56,17 @@ class LineStore(Protocol):
         """Up to ``limit`` lines with a sequence number above ``seq``, in order."""
         ...
 
+    def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
+        """Keep a state snapshot's bytes (:mod:`eventlog.snapshot`) taken at record ``seq``
+        (whose hash is ``record_hash``) for whichever node takes the log next; False when it
+        was not kept (a newer one is there, or another node holds the log). Any thread: it
+        does not use the writer's connection. Raises :class:`~eventlog.errors.StoreError`."""
+        ...
+
+    def load_snapshot(self) -> bytes | None:
+        """The latest snapshot kept by :meth:`save_snapshot`, None when there is none."""
+        ...
+
 
 def file_lines(log_dir: Path) -> Iterator[StoredLine]:
     """The complete lines of a segment-file log, with their places (a torn final fragment is

@@ -286,6 +286,42 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
         assert sorted(per_epoch) == [1, 2]
 
 
+def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_database(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """Node b never held the log, so it has no snapshot of its own: after node a is killed,
+    b replays from the snapshot a kept in bide_snapshots, plus the records after it."""
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        _init(ws, pg_dsn)
+        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        for n in (a, b):
+            n.config.write_text(n.config.read_text().replace("[log]\n",
+                                                             "[log]\nsnapshot_every = 20\n"))
+        _a_active_b_standing_by_jobs_polled(ws, a, b)
+
+        def kept() -> int:
+            with psycopg.connect(pg_dsn) as conn:
+                row = conn.execute("SELECT seq FROM bide_snapshots WHERE name = 'state'"
+                                   ).fetchone()
+            return -1 if row is None else int(row[0])
+
+        until(lambda: kept() >= 0, 20, "node a to keep a snapshot in the database")
+        assert not (b.state / "snapshot").exists()
+        assert a.daemon is not None
+        assert b.daemon is not None
+        a.daemon.kill()
+        wait_active([b], timeout=LEASE + 15)
+        replayed = [ln for ln in b.daemon.output().splitlines() if 'msg=replayed' in ln]
+        assert replayed, b.daemon.output()
+        from_snapshot = int(replayed[-1].split("from_snapshot=")[1].split()[0])
+        assert from_snapshot > 0, replayed[-1]
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
+        assert b.daemon.stop() == 0
+        _check_run(ws, pg_dsn, "snapshot")
+        _replay_check(ws, b)
+
+
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         pg_dsn: str, tmp_path: Path) -> None:
     params = psycopg.conninfo.conninfo_to_dict(pg_dsn)

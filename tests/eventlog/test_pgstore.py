@@ -215,3 +215,27 @@ def test_a_round_already_in_the_database_is_a_divergence(pg_dsn: str) -> None:
         store.close()
     with pgstore.connect(_settings(pg_dsn)) as conn:
         assert [ln.data for ln in pgstore.iter_all(conn)] == [b'{"a":1}', b'{"c":3}']
+
+
+def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_goes_back(
+        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    _init(pg_dsn)
+    with pgstore.connect(_settings(pg_dsn)) as conn:
+        epoch = pgstore.take_lease(conn, "node-a", 30)
+    assert epoch is not None
+    store = pgstore.PgStore(_settings(pg_dsn), epoch)
+    _write(tmp_path / "log", ks, store, 12)
+    lines = list(file_lines(tmp_path / "log"))
+    early, late = lines[3], lines[-1]
+    try:
+        assert store.load_snapshot() is None
+        assert store.save_snapshot(late.seq, late.hash, b"late")
+        assert store.load_snapshot() == b"late"
+        assert not store.save_snapshot(early.seq, early.hash, b"early")  # older: kept out
+        assert not store.save_snapshot(late.seq + 1, late.hash, b"ahead")  # not committed
+        assert not store.save_snapshot(late.seq, early.hash, b"forged")  # not that record
+        stale = pgstore.PgStore(_settings(pg_dsn), epoch - 1)
+        assert not stale.save_snapshot(late.seq, late.hash, b"stale")  # another epoch
+        assert store.load_snapshot() == b"late"
+    finally:
+        store.close()
