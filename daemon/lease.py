@@ -26,6 +26,7 @@ deadline. Appends do not use it: the log writer's thread owns its own connection
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import time
@@ -100,7 +101,9 @@ class Lease:
     _renewed: anyio.Event | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        name = self.node or socket.gethostname()
+        # The holder is written into the signed takeover record and printed by verify: one
+        # short line of plain characters, whatever the config or the host name holds.
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.node or socket.gethostname())[:64]
         # Unique per process: a restarted node is a new holder and must wait out the old lease.
         self.holder = f"{name}/{os.getpid()}/{secrets.token_hex(3)}"
 

@@ -74,6 +74,7 @@ from daemon.spool import (
 from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from daemon.witness.publisher import HeadPublisher
+from eventlog.envelope import Takeover
 from eventlog.errors import EventLogError, FencedError, LogIOError
 from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
@@ -1153,10 +1154,11 @@ class Supervisor:
                              resume=snapshot.position if snapshot else None,
                              store=self.store) as log:
             self._log = log
-            if self.store is not None:
-                # The takeover in the chain: a signed checkpoint committed under the new epoch
-                # (bide_records.epoch) before anything else this node does.
-                await log.checkpoint()
+            if self.store is not None and self.lease is not None:
+                # The takeover in the chain: a signed checkpoint naming this node and the
+                # lease epoch it took, committed under that epoch before anything else.
+                holder, epoch, _ = self.lease.health()
+                await log.checkpoint(Takeover(lease_epoch=epoch, holder=holder))
             for cut in log.recoveries:
                 logfmt.warn("torn log tail quarantined" if cut.reason == "torn" else
                             "log records no seal covers quarantined (not acted on)",

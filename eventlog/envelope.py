@@ -31,7 +31,7 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -46,6 +46,7 @@ _CHECKPOINT_DOMAIN = b"bide.checkpoint.v1\n"
 _GENESIS_DOMAIN = b"bide.genesis.v2\n"
 _GENESIS_V3_DOMAIN = b"bide.genesis.v3\n"
 _CHECKPOINT_V2_DOMAIN = b"bide.checkpoint.v2\n"
+_TAKEOVER_DOMAIN = b"bide.takeover.v1\n"
 _SEAL_DOMAIN = b"bide.seal.v1\n"
 #: The longest record line a writer produces (the largest payload, a profile's 16 MiB
 #: ``max_body_bytes``, grows by a third in base64): anything longer is damage, never read whole.
@@ -94,7 +95,11 @@ class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind"
                  forbid_unknown_fields=True, omit_defaults=True):
     """Format 3 adds ``epoch`` (whose key signs it) and, at an epoch boundary, ``next_key``:
     the public key of epoch ``epoch + 1``, certified by this signature. Both are omitted in
-    format 2, so its records keep their bytes."""
+    format 2, so its records keep their bytes.
+
+    ``lease_epoch`` and ``holder`` mark a takeover (the log in PostgreSQL): the first record a
+    node writes after taking the lease names the node and the epoch it took, under the
+    signature. Omitted in every other checkpoint."""
 
     seq: int
     prev: str
@@ -105,6 +110,15 @@ class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind"
     sig: str
     epoch: int = 0
     next_key: str = ""
+    lease_epoch: int = 0
+    holder: str = ""
+
+
+class Takeover(msgspec.Struct, frozen=True):
+    """Who took the log (the lease's holder) and the lease epoch it took."""
+
+    lease_epoch: int
+    holder: str
 
 
 class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
@@ -205,23 +219,47 @@ def seal_message(log_id: str, seq: int, head: str) -> bytes:
 
 
 def checkpoint_message(
-    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool
+    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool,
+    takeover: Takeover | None = None,
 ) -> bytes:
     """The bytes a checkpoint signature covers. ``head`` is the hash of record ``seq - 1``."""
     return b"".join(
         (_CHECKPOINT_DOMAIN, bytes.fromhex(log_id), struct.pack(">Qq", seq, t_us),
-         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00")
+         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00",
+         _takeover_bytes(takeover))
     )
 
 
 def checkpoint_message_v2(
     log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool, epoch: int,
-    next_key: bytes,
+    next_key: bytes, takeover: Takeover | None = None,
 ) -> bytes:
     """The bytes a format-3 checkpoint signature covers: also its epoch and the next epoch's
     public key, when it certifies one (empty otherwise)."""
     return b"".join(
         (_CHECKPOINT_V2_DOMAIN, bytes.fromhex(log_id), struct.pack(">QqQ", seq, t_us, epoch),
          bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00",
-         struct.pack(">B", len(next_key)), next_key)
+         struct.pack(">B", len(next_key)), next_key, _takeover_bytes(takeover))
     )
+
+
+def checkpoint_takeover(cp: Checkpoint) -> Takeover | None:
+    """The takeover a checkpoint records, if it records one."""
+    if cp.lease_epoch == 0 and not cp.holder:
+        return None
+    return Takeover(cp.lease_epoch, cp.holder)
+
+
+def takeover_fields(takeover: Takeover | None) -> dict[str, Any]:
+    """The :class:`Checkpoint` keyword arguments that record ``takeover`` (none for None)."""
+    return {} if takeover is None else {"lease_epoch": takeover.lease_epoch,
+                                        "holder": takeover.holder}
+
+
+def _takeover_bytes(takeover: Takeover | None) -> bytes:
+    """Nothing for an ordinary checkpoint, so earlier signatures keep verifying."""
+    if takeover is None:
+        return b""
+    holder = takeover.holder.encode()
+    return b"".join((_TAKEOVER_DOMAIN, struct.pack(">QH", takeover.lease_epoch, len(holder)),
+                     holder))

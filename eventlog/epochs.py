@@ -54,8 +54,10 @@ from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
     Genesis,
+    Takeover,
     checkpoint_message_v2,
     genesis_message_v3,
+    takeover_fields,
 )
 from eventlog.errors import KeyFileError
 from eventlog.fsync import fsync_dir
@@ -293,9 +295,11 @@ class EpochSigning(CheckpointSigning):
         return p.every_seconds > 0 and t_us - self._s.t_us >= p.every_seconds * 1e6
 
     def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True) -> Checkpoint:
+                   final: bool, *, may_rotate: bool = True,
+                   takeover: Takeover | None = None) -> Checkpoint:
         if self._legacy is not None:
-            return self._legacy.checkpoint(log_id, seq, head, t_us, prev_cp, final)
+            return self._legacy.checkpoint(log_id, seq, head, t_us, prev_cp, final,
+                                           takeover=takeover)
         signer = self._current()
         if self._before is None:
             self._before = _State(**vars(self._s))
@@ -314,9 +318,10 @@ class EpochSigning(CheckpointSigning):
             self.rotations += 1
         else:
             self._s.checkpoints += 1
-        msg = checkpoint_message_v2(log_id, seq, head, t_us, prev_cp, final, epoch, next_key)
+        msg = checkpoint_message_v2(log_id, seq, head, t_us, prev_cp, final, epoch, next_key,
+                                    takeover)
         return Checkpoint(seq, head, log_id, t_us, prev_cp, final, b64(signer.sign(msg)),
-                          epoch, b64(next_key) if next_key else "")
+                          epoch, b64(next_key) if next_key else "", **takeover_fields(takeover))
 
     def durable(self) -> None:
         self._before = None

@@ -31,8 +31,10 @@ from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
     Genesis,
+    Takeover,
     checkpoint_message,
     genesis_message,
+    takeover_fields,
 )
 from eventlog.keys import Signer, VerifyKey
 from eventlog.position import LogPosition
@@ -85,8 +87,10 @@ class CheckpointSigning(ABC):
 
     @abstractmethod
     def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True) -> Checkpoint:
-        """A signed checkpoint; perhaps one that certifies the next epoch's key."""
+                   final: bool, *, may_rotate: bool = True,
+                   takeover: Takeover | None = None) -> Checkpoint:
+        """A signed checkpoint; perhaps one that certifies the next epoch's key, or one that
+        records a takeover."""
 
     def durable(self) -> None:  # noqa: B027 - nothing to do without key evolution
         """The write holding the checkpoints returned since the last call is durable."""
@@ -126,6 +130,9 @@ class SingleKey(CheckpointSigning):
                 f"signing.key; open it with the epoch keys (`bide run` does)")
 
     def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True) -> Checkpoint:
-        msg = checkpoint_message(log_id, seq, head, t_us, prev_cp, final)
-        return Checkpoint(seq, head, log_id, t_us, prev_cp, final, b64(self._signer.sign(msg)))
+                   final: bool, *, may_rotate: bool = True,
+                   takeover: Takeover | None = None) -> Checkpoint:
+        msg = checkpoint_message(log_id, seq, head, t_us, prev_cp, final, takeover)
+        return Checkpoint(seq, head, log_id, t_us, prev_cp, final, b64(self._signer.sign(msg)),
+                          **takeover_fields(takeover))
+

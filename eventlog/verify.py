@@ -78,6 +78,7 @@ from eventlog.envelope import (
     Segment,
     checkpoint_message,
     checkpoint_message_v2,
+    checkpoint_takeover,
     decode_record,
     genesis_message,
     genesis_message_v3,
@@ -156,6 +157,9 @@ class Report:
     epoch_checkpoints: int = 0  # checkpoints signed in it so far
     #: The root public key verified with (format 2 checks every checkpoint with it).
     root_key: bytes = field(default=b"", repr=False)
+    #: (seq, lease epoch, holder) of every checkpoint that records a takeover (the log in
+    #: PostgreSQL), in order; each takes a higher lease epoch than the one before.
+    takeovers: list[tuple[int, int, str]] = field(default_factory=list)
 
     def position(self) -> LogPosition:
         """Where a later verification of this log may resume (only for an intact report)."""
@@ -556,16 +560,21 @@ def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
     its epoch's key; on success the report's epoch state moves past them."""
     state = (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
              report.epoch_checkpoints)
+    takeovers = len(report.takeovers)
     for cp in cps:
         if _cp_problem(report, cp) is not None:
             (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
              report.epoch_checkpoints) = state
+            del report.takeovers[takeovers:]
             return False
         _advance_epoch(report, cp)
     return True
 
 
 def _advance_epoch(report: Report, cp: Checkpoint) -> None:
+    """Move the report past a checkpoint that verified: its takeover, its epoch key."""
+    if cp.lease_epoch or cp.holder:
+        report.takeovers.append((cp.seq, cp.lease_epoch, cp.holder))
     if report.format == FORMAT_SINGLE_KEY:
         return
     if cp.next_key:
@@ -578,6 +587,12 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
 
 def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
     """Why checkpoint ``cp`` does not verify at the report's epoch; None when it does."""
+    if (cp.lease_epoch or cp.holder) and report.takeovers and (
+            cp.lease_epoch <= report.takeovers[-1][1]):
+        seq, epoch, _ = report.takeovers[-1]
+        return (f"checkpoint {cp.seq} records a takeover at lease epoch {cp.lease_epoch}, "
+                f"not above the one checkpoint {seq} recorded ({epoch}): lease epochs only "
+                f"grow, so one of the two was forged or replayed")
     if report.format == FORMAT_SINGLE_KEY:
         if cp.epoch or cp.next_key:
             return ("a format-2 (single-key) log holds a checkpoint with epoch fields: it was "
@@ -610,7 +625,7 @@ def _signature_v2_ok(key: bytes, log_id: str, cp: Checkpoint, next_key: bytes) -
         if base64.b64encode(sig).decode("ascii") != cp.sig:
             return False
         message = checkpoint_message_v2(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp,
-                                        cp.final, cp.epoch, next_key)
+                                        cp.final, cp.epoch, next_key, checkpoint_takeover(cp))
         public.verify(sig, message)
     except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
         return False
@@ -658,7 +673,8 @@ def _signature_ok(raw_key: bytes, log_id: str, cp: Checkpoint) -> bool:
         sig = base64.b64decode(cp.sig, validate=True)
         if base64.b64encode(sig).decode("ascii") != cp.sig:
             return False  # a non-canonical encoding: its unused bits were changed
-        message = checkpoint_message(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp, cp.final)
+        message = checkpoint_message(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp, cp.final,
+                                     checkpoint_takeover(cp))
         public.verify(sig, message)
     except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
         return False

@@ -58,6 +58,7 @@ from eventlog.envelope import (
     Recovery,
     Seal,
     Segment,
+    Takeover,
     associated_data,
     decode_record,
     encode_record,
@@ -94,6 +95,7 @@ class _Batch:
     payloads: Sequence[bytes]
     done: asyncio.Event  # shared by every batch of one flush round; set on the loop
     checkpoint: str | None = None  # "periodic" or "final": a checkpoint instead of payloads
+    takeover: Takeover | None = None  # the checkpoint records a takeover
     results: list[Appended] | None = None
     error: BaseException | None = None
 
@@ -298,11 +300,14 @@ class LogWriter:
         if batch.error is None and on_durable is not None:
             on_durable()
 
-    async def checkpoint(self) -> Appended:
-        return await self._enqueue_checkpoint(final=False)
+    async def checkpoint(self, takeover: Takeover | None = None) -> Appended:
+        """A signed checkpoint now; with ``takeover``, the one that records a node taking the
+        log (its first record as the lease's holder)."""
+        return await self._enqueue_checkpoint(final=False, takeover=takeover)
 
-    async def _enqueue_checkpoint(self, *, final: bool) -> Appended:
-        batch = self._enqueue((), "final" if final else "periodic")
+    async def _enqueue_checkpoint(self, *, final: bool,
+                                  takeover: Takeover | None = None) -> Appended:
+        batch = self._enqueue((), "final" if final else "periodic", takeover)
         with anyio.CancelScope(shield=True):
             await batch.done.wait()
         if batch.error is not None:
@@ -325,13 +330,14 @@ class LogWriter:
         with contextlib.suppress(LogIOError):
             await self._enqueue_checkpoint(final=False)
 
-    def _enqueue(self, payloads: Sequence[bytes], checkpoint: str | None) -> _Batch:
+    def _enqueue(self, payloads: Sequence[bytes], checkpoint: str | None,
+                 takeover: Takeover | None = None) -> _Batch:
         """Queue a batch for the writer thread (event loop side): a lock, and a wake-up only
         when the queue was empty (the thread waits, or takes the queue when its write ends)."""
         with self._cv:
             if self._round is None:
                 self._round = asyncio.Event()
-            batch = _Batch(payloads, self._round, checkpoint)
+            batch = _Batch(payloads, self._round, checkpoint, takeover)
             self._queue.append(batch)
             if len(self._queue) == 1:
                 self._cv.notify()
@@ -407,11 +413,12 @@ class LogWriter:
             prev = record_hash(line)
             return prev
 
-        def emit_checkpoint(final: bool) -> Appended:
+        def emit_checkpoint(final: bool, takeover: Takeover | None = None) -> Appended:
             nonlocal last_cp, since_cp, last_cp_seq, sealed
             t_us = _now_us()
             cp_seq = seq + 1
-            rec = self._signing.checkpoint(self.log_id, cp_seq, prev, t_us, last_cp, final)
+            rec = self._signing.checkpoint(self.log_id, cp_seq, prev, t_us, last_cp, final,
+                                           takeover=takeover)
             signed.append(encode_record(rec))
             h = emit(signed[-1])
             last_cp, since_cp, last_cp_seq = h, 0, cp_seq
@@ -425,7 +432,8 @@ class LogWriter:
         drawn = 0
         for batch in batches:
             if batch.checkpoint is not None:
-                batch.results = [emit_checkpoint(final=batch.checkpoint == "final")]
+                batch.results = [emit_checkpoint(final=batch.checkpoint == "final",
+                                                 takeover=batch.takeover)]
                 continue
             results = []
             for payload in batch.payloads:

@@ -212,6 +212,8 @@ def report_json(report: Report) -> dict[str, object]:
              "length": report.torn.length, "seq": report.torn.seq} if report.torn else None
         ),
         "notes": report.notes,
+        "takeovers": [{"seq": seq, "lease_epoch": epoch, "holder": holder}
+                      for seq, epoch, holder in report.takeovers],
     }
 
 
@@ -231,4 +233,6 @@ def print_report(report: Report) -> None:
               file=out)
     for note in report.notes:
         print(f"note: {note}", file=out)
+    for seq, epoch, holder in report.takeovers:
+        print(f"takeover: record {seq}, lease epoch {epoch}, by {holder}", file=out)
     print(report.summary(), file=out)

@@ -105,11 +105,17 @@ def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, 
                           str(ws.root / "keys" / "verify.pub")], capture_output=True,
                          text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--verify-key",
+    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--json", "--verify-key",
                           str(ws.root / "keys" / "verify.pub")], capture_output=True,
                          text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     epochs, starts = epochs_of(dsn), epoch_starts(dsn)
+    # Every term began with a signed takeover record naming its epoch, committed under it.
+    takeovers = json.loads(out.stdout)["takeovers"]
+    assert [t["lease_epoch"] for t in takeovers] == sorted(set(epochs.values()) - {0})
+    for t in takeovers:
+        assert epochs[t["seq"]] == t["lease_epoch"]
+        assert t["holder"].split("/")[0] in "abcdefgh"
     arrivals: list[tuple[float, int]] = []
     for job in JOBS:
         op = f"op-{job}"
