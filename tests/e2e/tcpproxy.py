@@ -1,5 +1,7 @@
 """A TCP proxy the test controls, between a node and PostgreSQL: ``cut()`` closes every
-connection and refuses new ones (each accepted and closed at once) until ``restore()``."""
+connection and refuses new ones (each accepted and closed at once) until ``restore()``;
+``stall()`` keeps every connection open and forwards nothing either way (new ones are accepted
+and held) until ``restore()``: a server that stopped answering, with no reset to notice."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class Proxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self._cut = threading.Event()
+        self._stall = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -28,6 +31,8 @@ class Proxy:
         self.listener.setblocking(False)
         sel.register(self.listener, selectors.EVENT_READ)
         peers: dict[socket.socket, socket.socket] = {}
+        held: list[socket.socket] = []  # accepted while stalled, not yet connected upstream
+        stalled = False
         while not self._stop.is_set():
             if self._cut.is_set() and peers:
                 for s in list(peers):
@@ -35,6 +40,15 @@ class Proxy:
                         sel.unregister(s)
                     s.close()
                 peers.clear()
+            if self._stall.is_set() != stalled:
+                stalled = not stalled
+                for s in peers:
+                    if stalled:
+                        sel.unregister(s)
+                    else:
+                        sel.register(s, selectors.EVENT_READ)
+                while held and not stalled:
+                    self._connect(held.pop(), sel, peers)
             for key, _ in sel.select(timeout=0.05):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
@@ -45,16 +59,10 @@ class Proxy:
                         continue
                     if self._cut.is_set():
                         client.close()
-                        continue
-                    try:
-                        upstream = socket.create_connection(self.target, timeout=3)
-                    except OSError:
-                        client.close()
-                        continue
-                    for s in (client, upstream):
-                        s.setblocking(False)
-                        sel.register(s, selectors.EVENT_READ)
-                    peers[client], peers[upstream] = upstream, client
+                    elif stalled:
+                        held.append(client)
+                    else:
+                        self._connect(client, sel, peers)
                     continue
                 other = peers.get(sock)
                 if other is None:
@@ -73,15 +81,31 @@ class Proxy:
                         sel.unregister(s)
                     s.close()
                     peers.pop(s, None)
-        for s in peers:
+        for s in [*peers, *held]:
             s.close()
         self.listener.close()
+
+    def _connect(self, client: socket.socket, sel: selectors.BaseSelector,
+                 peers: dict[socket.socket, socket.socket]) -> None:
+        try:
+            upstream = socket.create_connection(self.target, timeout=3)
+        except OSError:
+            client.close()
+            return
+        for s in (client, upstream):
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        peers[client], peers[upstream] = upstream, client
 
     def cut(self) -> None:
         self._cut.set()
 
+    def stall(self) -> None:
+        self._stall.set()
+
     def restore(self) -> None:
         self._cut.clear()
+        self._stall.clear()
 
     def close(self) -> None:
         self._stop.set()

@@ -328,8 +328,11 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
         _replay_check(ws, b)
 
 
+@pytest.mark.parametrize("how", ["cut", "stall"])
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
-        pg_dsn: str, tmp_path: Path) -> None:
+        pg_dsn: str, tmp_path: Path, how: str) -> None:
+    """``cut``: the link is reset; ``stall``: it stays open and nothing comes back (a commit
+    and a renewal in flight hang), the case only the node's own clock can end."""
     params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
     with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
             str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
@@ -342,7 +345,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         assert a.daemon is not None
         assert b.daemon is not None
         a_epoch = max(epochs_of(pg_dsn).values())
-        proxy.cut()
+        proxy.cut() if how == "cut" else proxy.stall()
         cut_at, cut_mono = time.time(), time.monotonic()
         wait_active([b], timeout=LEASE + 15)
         seen = len(ws.sim.requests(kind="status"))
@@ -355,19 +358,19 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
               "the cut node to stand by again")
         assert a.daemon.stop() == 0
         assert b.daemon.stop() == 0
-        arrivals = _requests_by_epoch(ws, pg_dsn, "cut")
+        arrivals = _requests_by_epoch(ws, pg_dsn, how)
         late = [wall - cut_at for wall, epoch in arrivals if epoch == a_epoch
                 and wall >= cut_at + LEASE]
         assert not late, f"node a sent {len(late)} requests more than a lease after the cut"
         assert any(epoch > a_epoch for _, epoch in arrivals)
         # Nothing node a acknowledged is lost: its local copy is a prefix of the database's.
-        export = ws.root / "export-cut"
+        export = ws.root / f"export-{how}"
         for seg in sorted((a.state / "log").glob("seg-*.jsonl")):
             mine = seg.read_bytes()
             assert (export / seg.name).read_bytes()[:len(mine)] == mine
         _replay_check(ws, b)
-        print(f"\ntakeover after a lost link (cut -> first request by the other node), lease "
-              f"{LEASE}s: {took_over:.2f}s")
+        print(f"\ntakeover after a lost link ({how} -> first request by the other node), "
+              f"lease {LEASE}s: {took_over:.2f}s")
 
 
 def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
