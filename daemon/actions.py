@@ -26,6 +26,7 @@ from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
 from daemon.profile import Profile
 from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
+from eventlog.errors import FencedError
 from eventlog.fsync import fsync_dir
 from eventlog.writer import Appended
 from replay.actions import (
@@ -77,6 +78,11 @@ class ActionPorts:
     outbox_dir: Path
     faults: FaultInjection
     count_internal_error: Callable[[], None]
+    #: With the log in PostgreSQL: the seconds a call may take under the lease (its timeout,
+    #: a fetch's cut to what the lease leaves), once the lease has that plus the margin left
+    #: by this node's clock; None when it has not (the call is not sent). Without a lease,
+    #: the timeout as it is.
+    lease_room: Callable[[float, bool], Awaitable[float | None]]
 
 
 class ActionRunner:
@@ -234,6 +240,8 @@ class ActionRunner:
         try:
             self.ports.faults.fire("action", action_id)
             await self._run(action_id)
+        except FencedError:
+            raise  # another node holds the log: this node's term ends (daemon.node)
         except Exception as exc:  # one action, not the daemon
             name = type(exc).__name__
             logfmt.error("internal error while running an action", action=action_id,
@@ -268,7 +276,11 @@ class ActionRunner:
             if intent.idempotency_key and profile.contract.idempotent_submit:
                 headers[profile.submit.idempotency_header] = intent.idempotency_key
         await ports.provider_turn(intent.provider)  # the provider's quota covers every call
-        result = await client.call(intent.method, intent.url, seconds=intent.timeout_seconds,
+        seconds = await ports.lease_room(intent.timeout_seconds, False)
+        if seconds is None:
+            await self._outcome(action_id, self._not_sent(intent))
+            return
+        result = await client.call(intent.method, intent.url, seconds=seconds,
                                    cap=ANSWER_CAP, body=intent.body or None, headers=headers)
         spec = profile.submit_spec
         if isinstance(result, NoAnswer):
@@ -352,7 +364,10 @@ class ActionRunner:
 
             cap = intent.max_bytes or 1
             await ports.provider_turn(intent.provider)
-            result = await client.call("GET", intent.url, seconds=intent.timeout_seconds,
+            seconds = await ports.lease_room(intent.timeout_seconds, True)
+            if seconds is None:
+                return self._not_sent(intent)
+            result = await client.call("GET", intent.url, seconds=seconds,
                                        cap=cap, sink=sink, headers={"Accept": "*/*"})
             if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:
                 os.fsync(fd)
@@ -372,6 +387,11 @@ class ActionRunner:
         with contextlib.suppress(OSError):
             fsync_dir(self.results_dir)
         return events
+
+    def _not_sent(self, intent: ActionIntended) -> list[ActionEvent]:
+        return judge_unanswered(intent, "not_sent", "not sent: the log's lease would not "
+                                "outlive the call once its intent was durable", None,
+                                self.ports.clock())
 
     def _announce(self, action: Action, failed: ActionFailed) -> None:
         if not failed.options:

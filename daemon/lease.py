@@ -1,4 +1,4 @@
-"""One active node per database log: the lease, kept by the node's own monotonic clock.
+"""One active node per database log: the lease, kept by the node's own clock.
 
 The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows, and an expiry
 on the database's clock. This module is the node's side:
@@ -8,7 +8,7 @@ on the database's clock. This module is the node's side:
       to take the lease (taking it raises the epoch) whenever a round is committed or the
       lease handed over (``LISTEN``/``NOTIFY``), and at least every ``poll`` seconds.
     * :meth:`Lease.keep` renews every ``renew_seconds``. A renewal that succeeds extends the
-      lease to (when the renewal was *sent*, by ``time.monotonic()``) + ``lease_seconds``:
+      lease to (when the renewal was *sent*, by :func:`now`, CLOCK_BOOTTIME) + ``lease_seconds``:
       never later than the database's expiry. A renewal the database refuses (another epoch)
       raises :class:`~eventlog.errors.FencedError`; one that cannot reach it extends nothing,
       and once the lease has run out by the local clock ``keep`` raises too.
@@ -45,6 +45,16 @@ from eventlog import pgstore
 from eventlog.errors import DamagedLogError, FencedError, StoreError
 from eventlog.store import StoredLine, append_segments, local_head, write_segments
 
+
+def now() -> float:
+    """The node's clock for its lease: CLOCK_BOOTTIME where there is one, which (unlike
+    CLOCK_MONOTONIC) keeps counting while the host or VM is suspended, so a node that wakes
+    from a suspend finds its lease run out instead of acting on it."""
+    return time.clock_gettime(_CLOCK)
+
+
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
 #: Lines read per statement while following.
 FOLLOW_BATCH = 10_000
 #: The least time between two follows: a burst of commits is copied once, not per NOTIFY.
@@ -56,7 +66,8 @@ class LeaseStats:
     renewals: int = 0
     renewal_failures: int = 0
     takeovers: int = 0
-    fenced: int = 0  # times this node was fenced (an append or a renewal refused)
+    fenced: int = 0  # terms this node ended fenced (an append or a renewal refused)
+    fenced_appends: int = 0  # write rounds the database refused under another epoch
     round_trip: float = 0.0  # seconds, the last lease statement's
 
 
@@ -71,11 +82,15 @@ def render(stats: LeaseStats, epoch: int, remaining: float) -> list[str]:
         ("bide_lease_takeovers_total", "counter", "Times this process took the lease.",
          stats.takeovers),
         ("bide_lease_fenced_total", "counter",
-         "Times this process was fenced (an append or renewal refused: another epoch).",
+         "Terms this process ended fenced (an append or renewal refused: another epoch).",
          stats.fenced),
+        ("bide_store_fenced_appends_total", "counter",
+         "Write rounds the database refused because another node's epoch was in force.",
+         stats.fenced_appends),
         ("bide_lease_epoch", "gauge", "The lease epoch this node acts under.", epoch),
         ("bide_lease_remaining_seconds", "gauge",
-         "Lease time left by this node's monotonic clock.", round(max(remaining, 0.0), 3)),
+         "Lease time left by this node's own clock (CLOCK_BOOTTIME).",
+         round(max(remaining, 0.0), 3)),
         ("bide_db_round_trip_seconds", "gauge", "The last lease statement's round trip.",
          round(stats.round_trip, 6)),
     ):
@@ -99,6 +114,8 @@ class Lease:
     _pool: AsyncConnectionPool[Any] | None = field(init=False, default=None)
     _known: tuple[int, str] | None = field(init=False, default=None)  # the local copy's head
     _renewed: anyio.Event | None = field(init=False, default=None)
+    _lost: anyio.Event | None = field(init=False, default=None)  # set by :meth:`fenced`
+    _lost_why: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         # The holder is written into the signed takeover record and printed by verify: one
@@ -110,7 +127,7 @@ class Lease:
     # -- the node's clock ------------------------------------------------------------------
 
     def remaining(self) -> float:
-        return self.valid_until - time.monotonic()
+        return self.valid_until - now()
 
     def allows(self, request_seconds: float) -> bool:
         return self.remaining() >= request_seconds + self.margin
@@ -162,7 +179,8 @@ class Lease:
 
         self._pool = AsyncConnectionPool(
             self.settings.dsn, kwargs={**kwargs, "autocommit": True}, min_size=1, max_size=2,
-            open=False, configure=configure, name="bide-lease",
+            open=False, configure=configure, check=AsyncConnectionPool.check_connection,
+            name="bide-lease",
             timeout=max(1.0, self.settings.connect_timeout), reconnect_timeout=86_400.0)
         await self._pool.open(wait=False)
 
@@ -204,8 +222,16 @@ class Lease:
 
     async def follow(self) -> int:
         """Copy the records committed since the local copy's head (all of them into an empty
-        copy); a copy that is not a prefix of the database's is moved aside and rebuilt.
+        copy); a copy that is not a prefix of the database's, or that is damaged (a torn
+        line, a file cut short), is moved aside and rebuilt: the database is the truth.
         Returns how many records were copied."""
+        try:
+            return await self._follow()
+        except (DamagedLogError, OSError) as exc:
+            self._move_aside(f"the local copy of the log cannot be extended ({exc})")
+            return await self._follow()
+
+    async def _follow(self) -> int:
         head = self._known
         if head is None and self.log_dir.is_dir():
             head = await anyio.to_thread.run_sync(local_head, self.log_dir)
@@ -213,7 +239,7 @@ class Lease:
                 await self._check_prefix(head)
                 head = self._known
             elif any(self.log_dir.glob("seg-*")):
-                raise DamagedLogError(f"{self.log_dir}: segment files with no complete record")
+                self._move_aside("the local copy of the log holds no complete record")
         count = 0
         while True:
             lines = await self._lines_after(-1 if head is None else head[0], FOLLOW_BATCH)
@@ -232,10 +258,15 @@ class Lease:
         if got and got[0].seq == head[0] and got[0].hash == head[1]:
             self._known = head
             return
+        self._move_aside(f"the local copy of the log (head {head[0]}) is not the database's")
+
+    def _move_aside(self, why: str) -> None:
+        """Rename the local copy to ``log.stale-NS`` (kept for a look, not read again); the
+        next follow rebuilds it from the database."""
         aside = self.log_dir.with_name(f"{self.log_dir.name}.stale-{time.time_ns()}")
-        self.log_dir.rename(aside)
-        logfmt.warn("the local copy of the log is not the database's; moved aside and "
-                    "rebuilt", moved_to=aside, local_head=head[0])
+        if self.log_dir.exists():
+            self.log_dir.rename(aside)
+        logfmt.warn(why + "; moved aside and rebuilt from the database", moved_to=aside)
         self._known = None
 
     def forget_head(self) -> None:
@@ -245,23 +276,35 @@ class Lease:
     @asynccontextmanager
     async def _news(self) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
         """A wait that ends when a round is committed or the lease is handed over (``LISTEN``
-        on a connection of its own), or after the given seconds. Without that connection
-        (the database away) the wait is the plain poll."""
+        on a connection of its own), or after the given seconds. While that connection
+        cannot be had (the database away) the wait is the plain poll, and each wait tries to
+        listen again."""
         conn: psycopg.AsyncConnection[Any] | None = None
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings))
-            await conn.execute(f"LISTEN {pgstore.NOTIFY_CHANNEL}")
-        except (pgstore.DatabaseError, StoreError) as exc:
-            logfmt.warn("cannot listen for new records; following by polling",
-                        error=pgstore.reason(exc))
-            if conn is not None:
-                await conn.close()
-            conn = None
+        warned = False
+
+        async def listen() -> psycopg.AsyncConnection[Any] | None:
+            nonlocal warned
+            got: psycopg.AsyncConnection[Any] | None = None
+            try:
+                got = await psycopg.AsyncConnection.connect(
+                    self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings))
+                await got.execute(f"LISTEN {pgstore.NOTIFY_CHANNEL}")
+            except (pgstore.DatabaseError, StoreError) as exc:
+                if not warned:
+                    logfmt.warn("cannot listen for new records; following by polling",
+                                error=pgstore.reason(exc))
+                warned = True
+                if got is not None:
+                    await got.close()
+                return None
+            warned = False
+            return got
 
         async def wait(seconds: float) -> None:
             nonlocal conn
             if conn is None or conn.closed:
+                conn = await listen()
+            if conn is None:
                 await anyio.sleep(seconds)
                 return
             try:
@@ -271,6 +314,7 @@ class Lease:
                 await conn.close()
                 conn = None
 
+        conn = await listen()  # before the first follow's result is acted on
         try:
             yield wait
         finally:
@@ -288,29 +332,56 @@ class Lease:
             while True:
                 try:
                     await self.follow()
-                    sent = time.monotonic()
+                    sent = now()
                     epoch = await self._returned(pgstore.TAKE_LEASE,
                                                  (self.holder, self.lease_seconds))
                     if epoch is not None:
                         self.epoch = epoch
                         self._extended(sent + self.lease_seconds)
                         self.stats.takeovers += 1
-                        await self.follow()  # what came before the take
-                        logfmt.info("took the log's lease", node=self.holder, epoch=epoch)
-                        return epoch
-                except StoreError as exc:
-                    logfmt.warn("standby cannot reach the database; retrying", error=exc)
+                        if await self._caught_up():
+                            logfmt.info("took the log's lease", node=self.holder,
+                                        epoch=epoch)
+                            return epoch
+                except (StoreError, DamagedLogError, OSError) as exc:
+                    logfmt.warn("standby cannot follow the log; retrying", error=exc)
                     await anyio.sleep(self.poll)
                     continue
                 await news(self.poll)
                 await anyio.sleep(FOLLOW_SPACING)  # a burst of commits: one follow, not many
 
+    async def _caught_up(self) -> bool:
+        """Copy what came before the take, retrying while the lease lasts (a failure here
+        must not waste the epoch just taken); False once it ran out."""
+        while self.remaining() > self.margin:
+            try:
+                await self.follow()
+                return True
+            except StoreError as exc:
+                logfmt.warn("cannot copy the log's tail after taking the lease; retrying",
+                            error=exc)
+                await anyio.sleep(min(self.poll, max(0.0, self.remaining())))
+        self.valid_until = float("-inf")
+        return False
+
+    def fenced(self, why: str) -> None:
+        """An append was refused under another epoch: :meth:`keep` ends the term at once
+        instead of at its next renewal, and no request is allowed from now on."""
+        self.valid_until = float("-inf")
+        self._lost_why = why
+        if self._lost is not None:
+            self._lost.set()
+
     async def keep(self) -> None:
-        """Renew until cancelled; raises :class:`FencedError` once the lease is lost or has
-        run out by the local clock."""
+        """Renew until cancelled; raises :class:`FencedError` once the lease is lost, has
+        run out by the local clock, or an append was fenced (:meth:`fenced`)."""
+        self._lost, self._lost_why = anyio.Event(), ""
         while True:
-            await anyio.sleep(self.renew_seconds)
-            sent = time.monotonic()
+            with anyio.move_on_after(self.renew_seconds):
+                await self._lost.wait()
+            if self._lost_why:
+                raise FencedError(self._lost_why)
+            sent = now()
             try:
                 with anyio.fail_after(max(0.1, self.remaining())):
                     epoch = await self._returned(pgstore.RENEW_LEASE,

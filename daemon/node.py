@@ -28,7 +28,7 @@ from daemon.pgconfig import config_settings
 from daemon.profile import load_profiles, too_long_for_lease
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
-from eventlog.errors import DivergedError, FencedError
+from eventlog.errors import DivergedError, FencedError, LogIOError
 from eventlog.store import LineStore
 
 
@@ -93,6 +93,7 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
         # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
         supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
         fenced: list[BaseException] = []
+        failed: list[BaseException] = []
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lease.keep)
@@ -100,20 +101,28 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
                 tg.cancel_scope.cancel()
         except* FencedError as group:
             fenced.extend(group.exceptions)
+        except* LogIOError as group:  # the database failed under the term (its start, say)
+            failed.extend(group.exceptions)
         finally:
+            lease.stats.fenced_appends += store.fenced
             store.close()
             lease.forget_head()
-        if fenced:
-            lease.stats.fenced += 1
-            if any(isinstance(e, DivergedError) for e in fenced):
-                # Our epoch, but our copy is not the database's: hand over, rebuild as standby.
-                logfmt.warn("this node's copy of the log diverged from the database; handing "
-                            "the lease over and re-syncing", error=fenced[0], epoch=epoch)
-                await lease.release()
-                continue
-            logfmt.warn("fenced: another node holds the log; sending nothing more, back to "
-                        "standby", error=fenced[0], epoch=epoch)
+        if fenced or failed:
+            # Requests cancelled a moment ago may still be at the provider: the lease is not
+            # handed over but left to run out, so no other node starts before they end.
             lease.valid_until = float("-inf")
+            if any(isinstance(e, DivergedError) for e in fenced):
+                logfmt.warn("this node's copy of the log diverged from the database; back to "
+                            "standby to re-sync it (the lease runs out first)",
+                            error=fenced[0], epoch=epoch)
+            elif fenced:
+                lease.stats.fenced += 1
+                logfmt.warn("fenced: another node holds the log; sending nothing more, back "
+                            "to standby", error=fenced[0], epoch=epoch)
+            else:
+                logfmt.error("the log's database failed under this node's term; sending "
+                             "nothing more, back to standby (the lease runs out first)",
+                             error=failed[0], epoch=epoch)
             continue
         await lease.release()
         logfmt.info("lease handed over", node=lease.holder, epoch=epoch)

@@ -329,14 +329,22 @@ def load_profiles(directory: Path) -> tuple[dict[str, Profile], dict[Path, str]]
 
 def too_long_for_lease(profiles: dict[str, Profile], longest: float) -> dict[str, str]:
     """With the log in PostgreSQL, a request is sent only while the node's lease has its
-    timeout plus ``request_margin_seconds`` left; a profile whose status timeout exceeds
-    ``longest`` (:attr:`daemon.lease.Lease.longest_request`) would stall or never send. Returns
-    the message for each such profile, by name."""
-    return {
-        name: (f"[status] timeout_seconds = {p.status.timeout_seconds:g} does not fit in the "
-               f"log's lease: a request is sent only while the lease has its timeout plus "
-               f"request_margin_seconds left, and just before a renewal lease_seconds - "
-               f"renew_seconds is left, so at most {longest:g} s; lower timeout_seconds to "
-               f"{max(longest, 0):g} or less, or raise [postgres] lease_seconds")
-        for name, p in profiles.items() if p.status.timeout_seconds > longest
-    }
+    timeout plus ``request_margin_seconds`` left; a profile whose status, submit or cancel
+    timeout exceeds ``longest`` (:attr:`daemon.lease.Lease.longest_request`) would stall or
+    never send. Returns the message for each such profile, by name."""
+    out: dict[str, str] = {}
+    for name, p in profiles.items():
+        calls = [("status", p.status.timeout_seconds)]
+        calls += [(section, call.timeout_seconds)
+                  for section, call in (("submit", p.submit), ("cancel", p.cancel))
+                  if call is not None]
+        too_long = [f"[{section}] timeout_seconds = {t:g}" for section, t in calls
+                    if t > longest]
+        if too_long:
+            out[name] = (f"{', '.join(too_long)} does not fit in the log's lease: a request "
+                         f"is sent only while the lease has its timeout plus "
+                         f"request_margin_seconds left, and just before a renewal "
+                         f"lease_seconds - renew_seconds is left, so at most {longest:g} s; "
+                         f"lower timeout_seconds to {max(longest, 0):g} or less, or raise "
+                         f"[postgres] lease_seconds (a [fetch] download is cut to that instead)")
+    return out

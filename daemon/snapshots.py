@@ -62,7 +62,7 @@ def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
     found: list[tuple[int, str, bytes]] = []
     try:
         local = path.read_bytes()
-        found.append((snapshot_seq(local) or -1, str(path), local))
+        found.append((_seq_or_none(local), str(path), local))
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -74,7 +74,7 @@ def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
             logfmt.warn("the database's state snapshot not read", error=exc)
             stored = None
         if stored is not None:
-            found.append((snapshot_seq(stored) or -1, "the database's snapshot", stored))
+            found.append((_seq_or_none(stored), "the database's snapshot", stored))
     for _, where, data in sorted(found, key=lambda f: f[0], reverse=True):
         try:
             position, body = open_snapshot(data, keyring, signer.mac_key, where)
@@ -88,6 +88,12 @@ def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
     if found:
         logfmt.warn("no state snapshot usable; replaying the whole log")
     return None
+
+
+def _seq_or_none(data: bytes) -> int:
+    """Where a snapshot claims to be, for ordering (-1: unreadable, tried last)."""
+    seq = snapshot_seq(data)
+    return -1 if seq is None else seq
 
 
 def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:

@@ -133,6 +133,9 @@ class RequestGate(Protocol):
 
     async def wait_allows(self, request_seconds: float) -> None: ...
 
+    def fenced(self, why: str) -> None:
+        """An append was refused under another epoch: end this node's term now."""
+
 
 class Supervisor:
     def __init__(
@@ -196,7 +199,8 @@ class Supervisor:
             profile=self.profiles.get, client=self.clients.get,
             operation=lambda op_id: self.ops.get(op_id), operations=lambda: self.ops.values(),
             spool=self.spool, state_dir=config.state_dir, outbox_dir=config.outbox_dir,
-            faults=self.faults, count_internal_error=self._count_internal_error))
+            faults=self.faults, count_internal_error=self._count_internal_error,
+            lease_room=self._lease_room))
         self._main_scope: anyio.CancelScope | None = None
         self._appending = 0  # record() calls between queueing and folding their events
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
@@ -364,8 +368,11 @@ class Supervisor:
         while True:
             try:
                 landed = await self.log.append_many(payloads, on_durable=on_durable)
-            except FencedError:
-                raise  # another node is active: stop everything, never retry (daemon.node)
+            except FencedError as exc:
+                # Another node is active: stop everything now, never retry (daemon.node).
+                if self.lease is not None:
+                    self.lease.fenced(str(exc))
+                raise
             except LogIOError as exc:
                 self._append_failed(exc)
                 await anyio.sleep(delay)
@@ -444,6 +451,17 @@ class Supervisor:
             if previous is not None and self.polls is not None:
                 self.polls.start_soon(previous.aclose)
             logfmt.info("profile loaded", provider=name, digest=profile.digest[:16])
+
+    async def _lease_room(self, seconds: float, may_cut: bool) -> float | None:
+        """The gate before an action's call (see :class:`daemon.actions.ActionPorts`): a
+        fetch (a GET whose result only lands here) is cut to what the lease leaves; a submit
+        or a cancel must fit whole (its profile is refused otherwise)."""
+        if self.lease is None:
+            return seconds
+        if may_cut:
+            seconds = min(seconds, self.lease.longest_request)
+        await self.lease.wait_allows(seconds)
+        return seconds if self.lease.allows(seconds) else None
 
     def _credentials_dir(self) -> Path | None:
         if self.config.credentials_dir is not None:
@@ -527,6 +545,8 @@ class Supervisor:
             self.busy.add(op_id)
             try:
                 await self._poll_once(op)
+            except FencedError:
+                raise  # not this operation's fault: the node's term ends (daemon.node)
             except Exception as exc:  # the barrier: one operation, not all
                 await self.contain(op_id, exc, "polling")
             finally:
@@ -686,6 +706,8 @@ class Supervisor:
         try:
             fault = InternalFault(detail=f"{name} while {stage}"[:200])
             await self.record(decide(op, fault, self.clock(), self.draw()))
+        except FencedError:
+            raise
         except Exception as again:  # the second failure: give the op up
             self.set_aside.add(op_id)
             self.timers.cancel(op_id)
@@ -807,6 +829,8 @@ class Supervisor:
                 try:
                     self.faults.fire("ingest", path.name)
                     await ingest(path)
+                except FencedError:
+                    raise  # left in the spool for the next active node
                 except Exception as exc:  # the barrier: one file, not all
                     logfmt.error("internal error while ingesting a spool file; rejected",
                                  file=path.name, error=type(exc).__name__,
@@ -1112,6 +1136,8 @@ class Supervisor:
         for op_id, fact in (undecided or {}).items():
             try:
                 await self.record(decide(self.ops[op_id], fact, self.clock(), self.draw()))
+            except FencedError:
+                raise
             except Exception as exc:  # the barrier: a bug here must not stop every start
                 await self.contain(op_id, exc, "deciding a fact left by a crash")
                 continue
@@ -1126,6 +1152,8 @@ class Supervisor:
             await self.record([unknown])
             try:
                 await self.record(decide(self.ops[op.operation_id], unknown, now, self.draw()))
+            except FencedError:
+                raise
             except Exception as exc:  # the barrier
                 await self.contain(op.operation_id, exc, "recovering after a restart")
                 continue

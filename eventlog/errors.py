@@ -60,7 +60,7 @@ class FencedError(StoreError):
 
 class DivergedError(FencedError):
     """This node's round does not follow the record the database holds (a commit whose outcome
-    was lost, or records only the local copy has): the node stops, hands the lease over and
+    was lost, or records only the local copy has): the node stops, lets its lease run out and
     rebuilds its copy from the database as a standby."""
 
 

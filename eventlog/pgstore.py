@@ -309,7 +309,7 @@ class PgStore:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings)
+            self._conn = connect(self.settings, autocommit=True)
         return self._conn
 
     def close(self) -> None:
@@ -318,41 +318,20 @@ class PgStore:
             self._conn = None
 
     def commit(self, lines: Sequence[StoredLine], prev_hash: str) -> None:
+        """One statement, on an autocommit connection: the lease row is locked ``FOR SHARE``
+        only while the server runs it, never while it waits on this node (a node paused
+        mid-transaction would otherwise hold off every takeover until its connection died),
+        and the whole round costs one round trip."""
         if not lines:
             return
         conn = self._connection()
         first = lines[0].seq
         try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),"
-                    " (SELECT hash FROM bide_records WHERE seq = %s)", (first - 1,))
-                row = cur.fetchone()
-                assert row is not None
-                epoch, stored_prev = row
-                if epoch != self.epoch:
-                    conn.rollback()
-                    self.fenced += 1
-                    raise FencedError(
-                        f"append refused: the log's lease epoch is {epoch}, not this node's "
-                        f"{self.epoch} (another node took over); this node stops sending and "
-                        f"falls back to standby")
-                if first > 0 and stored_prev != prev_hash:
-                    conn.rollback()
-                    raise DivergedError(
-                        f"append refused: record {first - 1} in the database is "
-                        f"{'missing' if stored_prev is None else 'another record'}; this "
-                        f"node's copy of the log is not the database's (re-sync it)")
-                cur.executemany(
-                    "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch) "
-                    "VALUES (%s, %s, %s, %s, %s, %s)",
-                    [(ln.seq, ln.segment, ln.offset, ln.data, ln.hash, self.epoch)
-                     for ln in lines])
-                cur.execute(sql.SQL("NOTIFY {}, {}").format(
-                    sql.Identifier(NOTIFY_CHANNEL), sql.Literal(str(lines[-1].seq))))
-            conn.commit()
-        except StoreError:
-            raise
+            row = conn.execute(APPEND_ROUND, {
+                "prev_seq": first - 1, "prev_hash": prev_hash, "epoch": self.epoch,
+                "seqs": [ln.seq for ln in lines], "segments": [ln.segment for ln in lines],
+                "offsets": [ln.offset for ln in lines], "lines": [ln.data for ln in lines],
+                "hashes": [ln.hash for ln in lines], "last": str(lines[-1].seq)}).fetchone()
         except psycopg.errors.UniqueViolation:
             self.close()
             raise DivergedError(
@@ -360,30 +339,37 @@ class PgStore:
                 f"outcome was lost?); this node's copy of the log is not the database's "
                 f"(re-sync it)") from None
         except psycopg.Error as exc:
-            self.close()  # the outcome of a COMMIT cut off is unknown: the caller re-reads
+            self.close()  # the outcome of a commit cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
+        assert row is not None
+        epoch, stored_prev, inserted, _ = row
+        if epoch != self.epoch:
+            self.fenced += 1
+            raise FencedError(
+                f"append refused: the log's lease epoch is {epoch}, not this node's "
+                f"{self.epoch} (another node took over); this node stops sending and "
+                f"falls back to standby")
+        if inserted != len(lines):
+            raise DivergedError(
+                f"append refused: record {first - 1} in the database is "
+                f"{'missing' if stored_prev is None else 'another record'}; this "
+                f"node's copy of the log is not the database's (re-sync it)")
         self.commits += 1
 
     def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
         """Kept only under this node's epoch, at a record the database holds, and over an
-        older snapshot only (on a connection of its own: the writer's is not thread-safe)."""
+        older snapshot only; one statement (the lease row is not locked while the bytes
+        travel), on a connection of its own (the writer's is not thread-safe)."""
         try:
-            with connect(self.settings) as conn, conn.cursor() as cur:
-                cur.execute("SELECT (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),"
-                            " (SELECT hash FROM bide_records WHERE seq = %s)", (seq,))
-                row = cur.fetchone()
-                if row is None or row[0] != self.epoch or row[1] != record_hash:
-                    conn.rollback()
-                    return False
-                cur.execute("INSERT INTO bide_snapshots (name, seq, data) VALUES ('state', %s, %s) "
-                            "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, "
-                            "data = excluded.data, written_at = now() "
-                            "WHERE bide_snapshots.seq < excluded.seq RETURNING seq", (seq, data))
-                kept = cur.fetchone() is not None
-                conn.commit()
-                return kept
+            with connect(self.settings, autocommit=True) as conn:
+                row = conn.execute(KEEP_SNAPSHOT, {"seq": seq, "hash": record_hash,
+                                                   "data": data, "epoch": self.epoch}
+                                   ).fetchone()
         except psycopg.Error as exc:
             raise StoreError(f"keeping the snapshot in PostgreSQL failed: {reason(exc)}") from None
+        except StoreError as exc:
+            raise StoreError(f"keeping the snapshot in PostgreSQL failed: {exc}") from None
+        return bool(row and row[0])
 
     def load_snapshot(self) -> bytes | None:
         try:
@@ -403,6 +389,42 @@ class PgStore:
             self.close()
             raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
+
+#: A write round in one statement: lock the lease row FOR SHARE (a takeover, which updates it,
+#: waits for the statement, and every statement after the takeover sees the new epoch), check
+#: the epoch and that the round follows the stored head, insert, and announce it. Returns the
+#: epoch in force, the stored hash before the round, and how many rows went in (0: refused).
+APPEND_ROUND = f"""
+WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
+     prev AS (SELECT hash FROM bide_records WHERE seq = %(prev_seq)s),
+     allowed AS (SELECT 1 FROM lease WHERE epoch = %(epoch)s AND
+                 (%(prev_seq)s < 0 OR (SELECT hash FROM prev) = %(prev_hash)s)),
+     ins AS (INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
+             SELECT r.seq, r.segment, r.byte_offset, r.line, r.hash, %(epoch)s
+             FROM unnest(%(seqs)s::bigint[], %(segments)s::integer[], %(offsets)s::bigint[],
+                         %(lines)s::bytea[], %(hashes)s::text[])
+                  AS r(seq, segment, byte_offset, line, hash)
+             WHERE EXISTS (SELECT 1 FROM allowed)
+             RETURNING 1)
+SELECT (SELECT epoch FROM lease), (SELECT hash FROM prev), (SELECT count(*) FROM ins),
+       CASE WHEN EXISTS (SELECT 1 FROM ins)
+            THEN pg_notify('{NOTIFY_CHANNEL}', %(last)s) END
+"""
+
+#: Keep a snapshot: only under the epoch in force, at a record the database holds, over an
+#: older one only. Returns whether it was kept.
+KEEP_SNAPSHOT = """
+WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
+     kept AS (INSERT INTO bide_snapshots (name, seq, data)
+              SELECT 'state', %(seq)s, %(data)s
+              WHERE (SELECT epoch FROM lease) = %(epoch)s
+                AND (SELECT hash FROM bide_records WHERE seq = %(seq)s) = %(hash)s
+              ON CONFLICT (name) DO UPDATE
+                  SET seq = excluded.seq, data = excluded.data, written_at = now()
+                  WHERE bide_snapshots.seq < excluded.seq
+              RETURNING 1)
+SELECT count(*) FROM kept
+"""
 
 #: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
 LINES_AFTER = ("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
