@@ -27,7 +27,10 @@ from tests.e2e.harness import (
     BIDE,
     Workspace,
     assert_provider_invariants,
+    drop_registration,
+    init_log,
     until,
+    verify_database,
     workspace,
     write_status_profile,
 )
@@ -64,29 +67,11 @@ default_max_rate_limited = 10
 JOBS: dict[str, str | list[object]] = {f"long-{i}": "running" for i in range(6)}
 
 
-def _init(ws: Workspace, dsn: str) -> None:
-    out = subprocess.run([*BIDE, "log", "init", "--dsn", dsn], capture_output=True, text=True,
-                         check=False, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
 def _register(ws: Workspace, node: Node) -> None:
     spool = Spool(node.state / "spool")
     until(lambda: spool.incoming.is_dir(), 10, "the spool")
     for job in JOBS:
-        drop_registration_to(spool, job)
-
-
-def drop_registration_to(spool: Spool, job: str) -> None:
-    import msgspec
-
-    from daemon.spool import RegistrationFile, new_request_id
-    from replay.observations import Registration
-
-    rid = new_request_id()
-    reg = msgspec.convert({"operation_id": f"op-{job}", "provider": "sim",
-                           "provider_job_id": job}, Registration)
-    spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
+        drop_registration(ws, f"op-{job}", job, spool=spool)
 
 
 def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
@@ -104,10 +89,7 @@ def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, 
                           str(ws.root / "keys" / "verify.pub")], capture_output=True,
                          text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--verify-key",
-                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
-                         text=True, check=False, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    verify_database(ws, dsn)
     epochs, starts = epochs_of(dsn), epoch_starts(dsn)
     arrivals: list[tuple[float, int]] = []
     for job in JOBS:
@@ -142,7 +124,7 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
                                                       count: int, kills: int) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         nodes = [node_config(ws, "abcdefgh"[i], pg_dsn) for i in range(count)]
         start(ws, nodes[0])
         first = wait_active(nodes[:1])
@@ -210,7 +192,7 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         pg_dsn: str, tmp_path: Path) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
@@ -252,7 +234,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
     with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
             str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
                                                    port=str(proxy.port))
         a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
@@ -291,7 +273,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
 def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
     with private_cluster() as cluster, workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, cluster.dsn)
+        init_log(cluster.dsn)
         a, b = node_config(ws, "a", cluster.dsn), node_config(ws, "b", cluster.dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
