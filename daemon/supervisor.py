@@ -418,6 +418,11 @@ class Supervisor:
         if self.config.profiles_dir is None:
             raise ConfigError(f"{self.config.path}: [paths] profiles_dir is not set")
         good, bad = load_profiles(self.config.profiles_dir)
+        for name, profile in list(good.items()):
+            refusal = self._lease_refusal(profile)
+            if refusal is not None:
+                del good[name]
+                bad[profile.path] = refusal
         for path, message in bad.items():
             kept = " (keeping the last good version)" if path.stem in self.profiles else ""
             logfmt.error("profile refused" + kept, profile=path, error=message)
@@ -436,6 +441,25 @@ class Supervisor:
             if previous is not None and self.polls is not None:
                 self.polls.start_soon(previous.aclose)
             logfmt.info("profile loaded", provider=name, digest=profile.digest[:16])
+
+    def _lease_refusal(self, profile: Profile) -> str | None:
+        """With the log in PostgreSQL a status request leaves only with its timeout plus the
+        margin left on the lease, which each renewal tops up to at most ``lease_seconds``. A
+        timeout that does not fit between renewals would hold the provider's polls until the
+        next one, and one that does not fit the lease at all would hold them forever, past
+        every deadline, without a word: such a profile is refused instead."""
+        pg = self.config.postgres
+        if self.lease is None or pg is None:
+            return None
+        room = pg.lease_seconds - pg.renew_seconds - pg.request_margin_seconds
+        timeout = profile.status.timeout_seconds
+        if timeout <= room:
+            return None
+        return (f"{profile.path}: [status] timeout_seconds = {timeout:g} does not fit the log's "
+                f"lease: a status request needs its timeout plus request_margin_seconds "
+                f"({pg.request_margin_seconds:g}) left on a lease of {pg.lease_seconds:g} s "
+                f"renewed every {pg.renew_seconds:g} s, which leaves {room:g} s; lower "
+                f"timeout_seconds or lengthen [postgres] lease_seconds")
 
     def _credentials_dir(self) -> Path | None:
         if self.config.credentials_dir is not None:
