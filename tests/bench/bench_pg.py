@@ -26,7 +26,7 @@ from psycopg import sql
 from eventlog import keys, pgstore
 from eventlog.writer import LogWriter
 from tests.bench import bench_append
-from tests.e2e.harness import until, workspace, write_status_profile
+from tests.e2e.harness import drop_registration, until, workspace, write_status_profile
 from tests.e2e.pgnodes import LEASE, node_config, standby, start, wait_active
 from tests.e2e.tcpproxy import proxy_to
 from tests.pgsupport import base_dsn
@@ -123,10 +123,7 @@ default_max_transport_failures = 500
 def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
     """Kill (then cut the link of) the active one of two nodes ``runs`` times each; the time
     from the kill or cut to the first status request the other node sends."""
-    import msgspec
-
-    from daemon.spool import RegistrationFile, Spool, new_request_id
-    from replay.observations import Registration
+    from daemon.spool import Spool
 
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
@@ -145,10 +142,7 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
         until(lambda: standby(other.daemon), 20, "a standby")  # type: ignore[arg-type]
         spool = Spool(current.state / "spool")
         for job in JOBS:
-            rid = new_request_id()
-            reg = msgspec.convert({"operation_id": f"op-{job}", "provider": "sim",
-                                   "provider_job_id": job}, Registration)
-            spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
+            drop_registration(ws, f"op-{job}", job, spool=spool)
         ws.sim.wait_for_requests(2 * len(JOBS), kind="status", timeout=20)
         for kind in ("sigkill", "lost_link"):
             times = []

@@ -3,6 +3,11 @@
 Everything runs for real: the simulator on 127.0.0.1 in a background thread, ``bide run`` as
 a subprocess, every other command through the CLI as a subprocess. Waits are bounded polls of
 real state (a log line, a receipt, the simulator's request log), never sleep-and-hope.
+
+The log is in either store (``workspace(..., store=...)``): the embedded segment files, or a
+real PostgreSQL (a schema of the workspace's own, from :mod:`tests.pgsupport`), where
+``bide run`` is a node that takes the lease before it acts and keeps a copy of the segment
+files in the state dir, so the readers here (``Workspace.log``) read the same log either way.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +32,7 @@ from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, scri
 from daemon.snapshots import load_snapshot, replay_log
 from daemon.spool import RegistrationFile, Spool, new_request_id
 from eventlog import keys
+from eventlog.segments import list_segments
 from replay.events import (
     PollScheduled,
     ResponseClassified,
@@ -34,9 +40,13 @@ from replay.events import (
     TransportFailed,
 )
 from replay.observations import Registration
+from tests.pgsupport import schema_dsn
 
 TOKEN = "e2e-s3cret-token-7f1d"
 BIDE = [sys.executable, "-m", "daemon.cli"]
+#: Where the log can be: ``[log] store``'s default, or PostgreSQL (``[postgres]``).
+STORES = ("files", "postgres")
+TOOK_LEASE = 'msg="took the log\'s lease"'
 
 DEFAULT_CONTRACT = """\
 state_pointer = "/status"
@@ -104,6 +114,7 @@ class Daemon:
 class Workspace:
     root: Path
     sim: SimulatorHandle
+    dsn: str | None = None  # the log's database; None: the log is in files
     daemons: list[Daemon] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 
@@ -150,6 +161,20 @@ class Workspace:
             daemon.wait_ready()
         return daemon
 
+    def wait_writer(self, daemon: Daemon, timeout: float = 15.0) -> None:
+        """Wait until ``daemon`` holds the log: at once with files; with PostgreSQL once it
+        took the lease (before that it is a standby, following the log, not starting up)."""
+        if self.dsn is None:
+            return
+
+        def took() -> bool:
+            if daemon.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {daemon.proc.returncode}:\n"
+                                     f"{daemon.output()}")
+            return TOOK_LEASE in daemon.output()
+
+        until(took, timeout, "the node to take the lease")
+
     def watch(self, job: str, op: str, *flags: str) -> subprocess.CompletedProcess[str]:
         return self.bide("watch", "--provider", "sim", "--job", job, "--operation", op, *flags)
 
@@ -184,14 +209,66 @@ def _contains(path: Path, needle: bytes) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class LeaseTimes:
+    """A PostgreSQL node's ``[postgres]`` lease timings. A SIGKILLed node's successor waits out
+    up to ``seconds``; a request is sent only with its status timeout plus ``margin`` left on
+    the lease, so a profile's timeout must stay well under ``seconds - renew``."""
+
+    seconds: float
+    renew: float
+    margin: float
+
+
+#: For runs that kill nodes: a restart waits at most 2 s; status timeouts up to about 1 s.
+SHORT_LEASE = LeaseTimes(seconds=2.0, renew=0.5, margin=0.2)
+
+
+def config_text(*, state_dir: str = "state", log_extra: str = "", postgres: str = "",
+                api: str = "allow_self_approval = true\n") -> str:
+    """A ``bide.toml`` over the workspace's keys, profiles and credentials; ``postgres`` is
+    the ``[postgres]`` table (:func:`postgres_table`), empty for the log in files."""
+    if postgres:
+        log_extra = "forward_secure = false\n" + log_extra  # required with PostgreSQL
+    return (f'[paths]\nstate_dir = "{state_dir}"\nkeys_dir = "keys"\n'
+            'profiles_dir = "profiles"\ncredentials_dir = "creds"\n\n[log]\n'
+            "checkpoint_every = 50\ncheckpoint_interval_seconds = 5\n"
+            f"{log_extra}\n{postgres}\n[api]\n{api}")
+
+
+def postgres_table(dsn: str, lease: LeaseTimes | None = None, node: str = "") -> str:
+    """The config's ``[postgres]`` table; without ``lease``, the daemon's default timings."""
+    text = f"[postgres]\ndsn = {_toml(dsn)}\n"
+    if lease is not None:
+        text += (f"lease_seconds = {lease.seconds}\nrenew_seconds = {lease.renew}\n"
+                 f"request_margin_seconds = {lease.margin}\n")
+    return text + (f"node = {_toml(node)}\n" if node else "")
+
+
+def _toml(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def init_log(dsn: str) -> None:
+    """``bide log init``: the schema a daemon needs before it starts on ``dsn``."""
+    out = subprocess.run([*BIDE, "log", "init", "--dsn", dsn], capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @contextmanager
 def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
               server: dict[str, object] | None = None,
               config_extra: str = "",
               scenarios: dict[str, object] | None = None,
-              api: str = "allow_self_approval = true\n") -> Iterator[Workspace]:
+              api: str = "allow_self_approval = true\n",
+              store: str = "files",
+              lease: LeaseTimes | None = None) -> Iterator[Workspace]:
     """A workspace; ``api`` is the body of the config's ``[api]`` table (by default the one
-    person running the tests may answer their own escalations)."""
+    person running the tests may answer their own escalations); ``config_extra`` goes into
+    ``[log]``. With ``store="postgres"`` the log is in a fresh schema (initialized, dropped
+    after; the test skips where there is no server) and ``lease`` sets the node's timings."""
+    assert store in STORES, store
     script = script_from_dict({"server": server or {}, "scenarios": scenarios or {},
                                "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
     (tmp / "profiles").mkdir()
@@ -200,13 +277,16 @@ def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
     token.write_text(TOKEN + "\n")
     os.chmod(token, 0o600)
     keys.generate(tmp / "keys")
-    (tmp / "bide.toml").write_text(
-        '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
-        'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 50\n'
-        "checkpoint_interval_seconds = 5\n" + config_extra + "\n[api]\n" + api
-    )
-    with run_in_thread(script, token=TOKEN) as sim:
-        ws = Workspace(tmp, sim)
+    with ExitStack() as stack:
+        dsn = None
+        if store == "postgres":
+            dsn = stack.enter_context(contextmanager(schema_dsn)())
+            init_log(dsn)
+        postgres = postgres_table(dsn, lease) if dsn is not None else ""
+        (tmp / "bide.toml").write_text(config_text(log_extra=config_extra, postgres=postgres,
+                                                   api=api))
+        sim = stack.enter_context(run_in_thread(script, token=TOKEN))
+        ws = Workspace(tmp, sim, dsn)
         ws.write_profile()
         try:
             yield ws
@@ -233,17 +313,18 @@ def write_status_profile(ws: Workspace, name: str, *, contract: str = DEFAULT_CO
 
 
 def drop_registration(ws: Workspace, op: str, job: str, *, provider: str = "sim",
-                      **fields: object) -> str:
+                      spool: Spool | None = None, **fields: object) -> str:
     """Register a job through the spool, as ``bide watch`` does, without a subprocess.
 
     ``fields`` are any other :class:`~replay.observations.Registration` fields (absolute times
     such as ``deadline_at``, budgets such as ``max_status_requests``). Returns the request id
-    whose receipt the daemon writes. The daemon must have created the spool (started once).
+    whose receipt the daemon writes. The daemon must have created the spool (started once);
+    ``spool`` is another node's (default: the workspace config's).
     """
     rid = new_request_id()
     reg = msgspec.convert({"operation_id": op, "provider": provider, "provider_job_id": job,
                            **fields}, Registration)
-    spool = Spool(load_config(str(ws.config)).spool_dir)
+    spool = spool or Spool(load_config(str(ws.config)).spool_dir)
     spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
     return rid
 
@@ -331,3 +412,40 @@ def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
     assert snap.ledger.undecided == full.undecided
     assert snap.ledger.events == full.events
     return full.events
+
+
+def exported(dsn: str, ws: Workspace, name: str) -> Path:
+    """The database's log written as segment files (as ``bide log export`` does), read-only."""
+    from eventlog import pgstore
+    from eventlog.store import write_segments
+
+    out = ws.root / f"export-{name}"
+    with pgstore.connect(pgstore.PgSettings(dsn), read_only=True) as conn:
+        write_segments(pgstore.iter_all(conn), out)
+    return out
+
+
+def verify_database(ws: Workspace, dsn: str) -> None:
+    """The auditor's check of the chain in the database, with ``verify.pub`` alone."""
+    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--verify-key",
+                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def assert_log_verifies(ws: Workspace) -> None:
+    """``bide verify`` on the state dir's log. With PostgreSQL also the database's chain
+    (``bide verify --dsn``), and the state dir's copy, which every other check here reads,
+    holds exactly the database's records (the daemon is stopped)."""
+    verified = ws.bide("verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    if ws.dsn is None:
+        return
+    verify_database(ws, ws.dsn)
+    export = exported(ws.dsn, ws, "final")
+    assert _segments(load_config(str(ws.config)).log_dir) == _segments(export), (
+        "the state dir's copy of the log is not the database's")
+
+
+def _segments(log_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for _, path in list_segments(log_dir)}

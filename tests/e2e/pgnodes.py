@@ -12,13 +12,20 @@ from pathlib import Path
 import psycopg
 
 from daemon.readers import LoadedLog, load_log
-from eventlog import keys, pgstore
-from eventlog.store import write_segments
-from tests.e2e.harness import BIDE, Daemon, Workspace, until
+from eventlog import keys
+from tests.e2e.harness import (
+    BIDE,
+    SHORT_LEASE,
+    Daemon,
+    LeaseTimes,
+    Workspace,
+    config_text,
+    exported,
+    postgres_table,
+    until,
+)
 
-LEASE = 2.0
-RENEW = 0.5
-MARGIN = 0.2
+LEASE = SHORT_LEASE.seconds
 
 
 @dataclass
@@ -29,22 +36,13 @@ class Node:
     daemon: Daemon | None = None
 
 
-def node_config(ws: Workspace, name: str, dsn: str, *, lease: float = LEASE,
-                renew: float = RENEW) -> Node:
+def node_config(ws: Workspace, name: str, dsn: str, *,
+                lease: LeaseTimes = SHORT_LEASE) -> Node:
     state = ws.root / f"state-{name}"
     path = ws.root / f"node-{name}.toml"
-    path.write_text(
-        f'[paths]\nstate_dir = "state-{name}"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
-        'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 50\n'
-        "checkpoint_interval_seconds = 5\nforward_secure = false\n\n"
-        f"[postgres]\ndsn = {_toml(dsn)}\nlease_seconds = {lease}\nrenew_seconds = {renew}\n"
-        f'request_margin_seconds = {MARGIN}\nnode = "{name}"\n\n'
-        "[api]\nallow_self_approval = true\n")
+    path.write_text(config_text(state_dir=f"state-{name}",
+                                postgres=postgres_table(dsn, lease, node=name)))
     return Node(name, path, state)
-
-
-def _toml(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def start(ws: Workspace, node: Node) -> Daemon:
@@ -88,13 +86,6 @@ def wait_active(nodes: list[Node], timeout: float = 20.0) -> Node:
 
     until(one, timeout, "a node to become active")
     return found[0]
-
-
-def exported(dsn: str, ws: Workspace, name: str) -> Path:
-    out = ws.root / f"export-{name}"
-    with pgstore.connect(pgstore.PgSettings(dsn), read_only=True) as conn:
-        write_segments(pgstore.iter_all(conn), out)
-    return out
 
 
 def loaded(dsn: str, ws: Workspace, name: str) -> tuple[Path, LoadedLog]:

@@ -19,6 +19,13 @@ intent may die before its request leaves, never the other way round).
 
 Two short deterministic kills run outside the ``slow`` selection: a Retry-After still honoured
 by the restarted daemon, and a deadline that passed while the daemon was down.
+
+Every test runs once per store (the ``store`` fixture). With the log in PostgreSQL the daemon is
+a node: a killed node holds the lease until it expires and its restart (a new holder) waits it
+out, so the lease is short (``SHORT_LEASE``: 2 s, renewed every 0.5 s) and the status timeout
+(``TIMEOUT``) well under what is left of it between renewals; a start-up kill comes after the
+node took the lease (before, it is a standby, not starting up); and the log is also verified
+in the database (``bide verify --dsn``).
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ from replay.events import (
     StatusRequestIntended,
 )
 from tests.e2e.harness import (
+    SHORT_LEASE,
     Daemon,
     Workspace,
+    assert_log_verifies,
     assert_provider_invariants,
     assert_snapshot_is_the_full_fold,
     drop_registration,
@@ -58,6 +67,7 @@ SEED = int(os.environ.get("BIDE_CRASH_SEED", "52025"))
 OPERATIONS = 60
 KILLS = 36
 DEADLINE = 6.0  # the contract's default deadline, from each registration
+TIMEOUT = 1.0  # the status timeout: fits the short lease's 1.5 s between renewals, with margin
 
 CONTRACT = f"""\
 state_pointer = "/status"
@@ -85,7 +95,7 @@ MIX: dict[str, str | list[object]] = {
     "429-bare": [{"status": 429}, "succeeded with result"],
     "eventual-404": [{"status": 404, "times": 2}, "succeeded with result"],
     "unknown": "queued, manual_review",
-    "slow": [{"delay": 0.8, "state": "running"}, "running", "succeeded with result"],
+    "slow": [{"delay": 0.4, "state": "running"}, "running", "succeeded with result"],
     "too-slow": [{"delay": 2.5, "state": "running"}, "succeeded with result"],
     "hinted": [{"state": "running", "poll_after_seconds": 1}, "succeeded with result"],
     "long": "running",
@@ -107,7 +117,8 @@ def _kill_moment(rng: random.Random, ws: Workspace, daemon: Daemon) -> str:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
+        tmp_path: Path, store: str) -> None:
     """S31: every meaningful event is durable before the next step, so a SIGKILL at any moment
     loses nothing acknowledged and repeats no request the log does not explain."""
     rng = random.Random(SEED)
@@ -120,8 +131,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
     started = time.monotonic()
 
     # Frequent snapshots: most restarts fold a snapshot plus the events after it.
-    with workspace(tmp_path, jobs, config_extra="snapshot_every = 30\n") as ws:
-        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
+    with workspace(tmp_path, jobs, config_extra="snapshot_every = 30\n", store=store,
+                   lease=SHORT_LEASE) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)
         spool = Spool(load_config(str(ws.config)).spool_dir)
 
         def register(count: int) -> None:
@@ -132,6 +144,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         for _ in range(KILLS):
             if rng.random() < 0.2:  # during start-up: replay, recovery, the spool scan
                 daemon = ws.start_daemon(ready=False)
+                ws.wait_writer(daemon)
                 time.sleep(rng.uniform(0.05, 0.5))
                 moments["start-up"] += 1
             else:
@@ -156,8 +169,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         loop_seconds = time.monotonic() - started
 
         # -- the log: it verifies, and every decision re-derives ------------------------------
-        verified = ws.bide("verify")
-        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert_log_verifies(ws)
         checked = ws.bide("replay", "--check")
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "0 mismatch" in checked.stdout
@@ -212,8 +224,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         unknown = sum(isinstance(e, RequestOutcomeUnknown) for e in events)
         torn = sum("torn log tail quarantined" in d.output() for d in ws.daemons)
         undecided = sum(d.output().count("decided a fact left undecided") for d in ws.daemons)
-        print(f"\ncrash suite (seed {SEED}): {KILLS} SIGKILLs ({dict(sorted(moments.items()))}), "
-              f"{len(ws.daemons)} daemon starts, {len(plan)} operations, {loop_seconds:.0f} s")
+        print(f"\ncrash suite ({store}, seed {SEED}): {KILLS} SIGKILLs "
+              f"({dict(sorted(moments.items()))}), {len(ws.daemons)} daemon starts, "
+              f"{len(plan)} operations, {loop_seconds:.0f} s")
         print(f"  outcomes: {dict(outcomes.most_common())}")
         print(f"  status requests: {received_total} received by the provider, {intended_total} "
               f"intended; {unknown} outcomes recorded unknown after a kill; "
@@ -222,32 +235,38 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(tmp_path
         print(f"  mix: {dict(Counter(plan.values()).most_common())}")
 
 
-def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path) -> None:
-    """Killed while waiting out a Retry-After: the restarted daemon still waits it out (S20)."""
+def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path, store: str) -> None:
+    """Killed while waiting out a Retry-After: the restarted daemon still waits it out (S20).
+
+    The Retry-After (4 s) outlasts the restart, a PostgreSQL node's wait for the killed one's
+    lease included, so the restarted daemon is up while it still runs."""
     jobs: dict[str, str | list[object]] = {
-        "ra": [{"status": 503, "retry_after": 2}, "succeeded with result"]}
-    with workspace(tmp_path, jobs) as ws:
-        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
+        "ra": [{"status": 503, "retry_after": 4}, "succeeded with result"]}
+    with workspace(tmp_path, jobs, store=store, lease=SHORT_LEASE) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)
         daemon = ws.start_daemon()
         drop_registration(ws, "ra", "ra")
         [first] = ws.sim.wait_for_requests(1, kind="status", job_id="ra", timeout=10)
         until(lambda: ws.log().ops["ra"].not_before is not None, what="the Retry-After recorded")
         daemon.kill()
         ws.start_daemon()
+        restarted = time.time()
         until(lambda: ws.log().ops["ra"].phase == "succeeded", what="success after the restart")
         log = ws.log()
         [_, second] = ws.sim.requests(kind="status", job_id="ra")
         not_before = log.ops["ra"].not_before
         assert not_before is not None
-        assert not_before >= first.wall + 2
+        assert not_before >= first.wall + 4
+        assert restarted < not_before, "the restart came after the Retry-After: nothing tested"
         assert second.wall >= not_before, "the restart polled before Retry-After expired"
         assert_provider_invariants(log, [first, second], "ra")
 
 
-def test_deadline_passed_while_down_stops_without_a_request(tmp_path: Path) -> None:
+def test_deadline_passed_while_down_stops_without_a_request(tmp_path: Path,
+                                                            store: str) -> None:
     """Killed, restarted after the deadline: a stop, never a late request (S9, S16)."""
-    with workspace(tmp_path, {"slowpoke": "running"}) as ws:
-        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
+    with workspace(tmp_path, {"slowpoke": "running"}, store=store, lease=SHORT_LEASE) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)
         daemon = ws.start_daemon()
         drop_registration(ws, "slowpoke", "slowpoke", deadline_at=time.time() + 1.5)
         ws.sim.wait_for_requests(1, kind="status", job_id="slowpoke", timeout=10)

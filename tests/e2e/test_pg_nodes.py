@@ -26,8 +26,11 @@ from eventlog.store import local_head
 from replay.events import StatusRequestIntended
 from tests.e2e.harness import (
     BIDE,
+    LeaseTimes,
     Workspace,
     assert_provider_invariants,
+    drop_registration,
+    init_log,
     until,
     workspace,
     write_status_profile,
@@ -65,29 +68,11 @@ default_max_rate_limited = 10
 JOBS: dict[str, str | list[object]] = {f"long-{i}": "running" for i in range(6)}
 
 
-def _init(ws: Workspace, dsn: str) -> None:
-    out = subprocess.run([*BIDE, "log", "init", "--dsn", dsn], capture_output=True, text=True,
-                         check=False, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
 def _register(ws: Workspace, node: Node) -> None:
     spool = Spool(node.state / "spool")
     until(lambda: spool.incoming.is_dir(), 10, "the spool")
     for job in JOBS:
-        drop_registration_to(spool, job)
-
-
-def drop_registration_to(spool: Spool, job: str) -> None:
-    import msgspec
-
-    from daemon.spool import RegistrationFile, new_request_id
-    from replay.observations import Registration
-
-    rid = new_request_id()
-    reg = msgspec.convert({"operation_id": f"op-{job}", "provider": "sim",
-                           "provider_job_id": job}, Registration)
-    spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
+        drop_registration(ws, f"op-{job}", job, spool=spool)
 
 
 def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
@@ -149,7 +134,7 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
                                                       count: int, kills: int) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         nodes = [node_config(ws, "abcdefgh"[i], pg_dsn) for i in range(count)]
         start(ws, nodes[0])
         first = wait_active(nodes[:1])
@@ -217,7 +202,7 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         pg_dsn: str, tmp_path: Path) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
@@ -259,8 +244,9 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
     keep up and let it take over within seconds of a SIGTERM."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
-        a, b = (node_config(ws, name, pg_dsn, lease=20.0) for name in "ab")
+        init_log(pg_dsn)
+        long = LeaseTimes(seconds=20.0, renew=0.5, margin=0.2)
+        a, b = (node_config(ws, name, pg_dsn, lease=long) for name in "ab")
         for n in (a, b):
             n.config.write_text(n.config.read_text().replace(
                 "[postgres]\n", "[postgres]\nstandby_poll_seconds = 30\n"))
@@ -298,7 +284,7 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
     b replays from the snapshot a kept in bide_snapshots, plus the records after it."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
         for n in (a, b):
             n.config.write_text(n.config.read_text().replace("[log]\n",
@@ -337,7 +323,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
     with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
             str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, pg_dsn)
+        init_log(pg_dsn)
         via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
                                                    port=str(proxy.port))
         a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
@@ -376,7 +362,7 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
 def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
     with private_cluster() as cluster, workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        _init(ws, cluster.dsn)
+        init_log(cluster.dsn)
         a, b = node_config(ws, "a", cluster.dsn), node_config(ws, "b", cluster.dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
