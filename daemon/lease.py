@@ -43,7 +43,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from daemon import logfmt
 from eventlog import pgstore
 from eventlog.errors import DamagedLogError, FencedError, StoreError
-from eventlog.store import StoredLine, append_segments, local_head, write_segments
+from eventlog.store import (
+    StoredLine,
+    append_segments,
+    cut_after,
+    local_head,
+    write_segments,
+)
 
 
 def now() -> float:
@@ -258,7 +264,23 @@ class Lease:
         if got and got[0].seq == head[0] and got[0].hash == head[1]:
             self._known = head
             return
+        stored = await self._stored_head()
+        if stored is not None and stored[0] < head[0]:
+            # A writer killed between its local fsync and its commit: the copy is the
+            # database's plus records never acknowledged. Cut those, keep the rest.
+            kept = await anyio.to_thread.run_sync(cut_after, self.log_dir, *stored)
+            if kept is not None:
+                logfmt.warn("records this node's copy held but the database never committed "
+                            "(never acknowledged) were cut", kept_in=kept, head=stored[0])
+                self._known = stored
+                return
         self._move_aside(f"the local copy of the log (head {head[0]}) is not the database's")
+
+    async def _stored_head(self) -> tuple[int, str] | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(pgstore.STORED_HEAD)
+            row = await cur.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
 
     def _move_aside(self, why: str) -> None:
         """Rename the local copy to ``log.stale-NS`` (kept for a look, not read again); the

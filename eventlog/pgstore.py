@@ -458,9 +458,13 @@ def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
         after = got[-1].seq
 
 
+#: The last record's seq and hash (no row: an empty log).
+STORED_HEAD = "SELECT seq, hash FROM bide_records ORDER BY seq DESC LIMIT 1"
+
+
 def head(conn: psycopg.Connection[Any]) -> tuple[int, str] | None:
     with conn.cursor() as cur:
-        cur.execute("SELECT seq, hash FROM bide_records ORDER BY seq DESC LIMIT 1")
+        cur.execute(STORED_HEAD)
         row = cur.fetchone()
     if not conn.autocommit:
         conn.rollback()

@@ -16,6 +16,7 @@ offline verifier checks them with no database at all.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Protocol
 from eventlog.envelope import record_hash
 from eventlog.errors import DamagedLogError
 from eventlog.fsync import fsync_dir
-from eventlog.segments import iter_lines, segment_name
+from eventlog.segments import QUARANTINE_DIR, iter_lines, list_segments, segment_name
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,46 @@ def local_head(log_dir: Path) -> tuple[int, str] | None:
     for last in file_lines(log_dir):  # noqa: B007 - the last one is wanted
         pass
     return None if last is None else (last.seq, last.hash)
+
+
+def cut_after(log_dir: Path, seq: int, record_hash: str) -> Path | None:
+    """Cut a local copy back to record ``seq`` when that record is the one whose hash is
+    ``record_hash``: what follows it (records a killed writer synced but never committed,
+    so never acknowledged) is kept in ``quarantine/`` and removed from the segment files.
+    Returns the quarantine file, or None (nothing changed) when the copy does not hold that
+    record."""
+    line = next((ln for ln in file_lines(log_dir) if ln.seq == seq), None)
+    if line is None or line.hash != record_hash:
+        return None
+    segment = log_dir / segment_name(line.segment)
+    cut_at = line.offset + len(line.data) + 1
+    later = [p for i, p in list_segments(log_dir) if i > line.segment]
+    with segment.open("rb") as f:
+        f.seek(cut_at)
+        tail = f.read()
+    tail += b"".join(p.read_bytes() for p in later)
+    qdir = log_dir / QUARANTINE_DIR
+    qdir.mkdir(mode=0o700, exist_ok=True)
+    kept = qdir / f"{segment.name}.{cut_at}.{time.time_ns()}.uncommitted"
+    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(tail)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(qdir)
+    fd = os.open(segment, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, cut_at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for p in later:
+        p.unlink()
+    fsync_dir(log_dir)
+    return kept
 
 
 def append_segments(lines: Iterable[StoredLine], log_dir: Path) -> int:
