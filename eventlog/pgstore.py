@@ -458,6 +458,19 @@ def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
         after = got[-1].seq
 
 
+def epoch_changes(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
+    """(seq, epoch) of every record whose lease epoch differs from the record's before it
+    (the first record included): where each term's records begin."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT seq, epoch FROM (SELECT seq, epoch, lag(epoch) OVER (ORDER BY seq) "
+                    "AS before FROM bide_records) AS t WHERE before IS DISTINCT FROM epoch "
+                    "ORDER BY seq")
+        rows = cur.fetchall()
+    if not conn.autocommit:
+        conn.rollback()
+    return [(int(s), int(e)) for s, e in rows]
+
+
 #: The last record's seq and hash (no row: an empty log).
 STORED_HEAD = "SELECT seq, hash FROM bide_records ORDER BY seq DESC LIMIT 1"
 

@@ -36,6 +36,8 @@ class LogPosition(msgspec.Struct, frozen=True, kw_only=True):
         epoch, epoch_key, epoch_cert_seq, epoch_t_us, epoch_checkpoints: format 3: the epoch
             in force at the head, its certified public key (base64), the record that
             certified it, when it began, and the checkpoints signed in it so far.
+        lease_epoch: The lease epoch the last takeover record took (0: none), which the next
+            one must exceed.
     """
 
     log_id: str
@@ -54,6 +56,7 @@ class LogPosition(msgspec.Struct, frozen=True, kw_only=True):
     epoch_cert_seq: int = 0
     epoch_t_us: int = 0
     epoch_checkpoints: int = 0
+    lease_epoch: int = 0
 
 
 def mismatch(log_dir: Path, pos: LogPosition) -> str | None:

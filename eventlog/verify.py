@@ -160,6 +160,7 @@ class Report:
     #: (seq, lease epoch, holder) of every checkpoint that records a takeover (the log in
     #: PostgreSQL), in order; each takes a higher lease epoch than the one before.
     takeovers: list[tuple[int, int, str]] = field(default_factory=list)
+    lease_epoch: int = 0  # the last takeover's (kept across a resume, unlike ``takeovers``)
 
     def position(self) -> LogPosition:
         """Where a later verification of this log may resume (only for an intact report)."""
@@ -172,7 +173,8 @@ class Report:
             last_cp_hash=self.last_checkpoint_hash, checkpoint_every=self.checkpoint_every,
             unsigned_run=self.unsigned_run, format=self.format, epoch=self.epoch,
             epoch_key=self.epoch_key, epoch_cert_seq=self.epoch_cert_seq,
-            epoch_t_us=self.epoch_t_us, epoch_checkpoints=self.epoch_checkpoints)
+            epoch_t_us=self.epoch_t_us, epoch_checkpoints=self.epoch_checkpoints,
+            lease_epoch=self.lease_epoch)
 
     @property
     def verdict(self) -> str:
@@ -267,7 +269,7 @@ def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
     report.trusted_end, report.head_sealed = (pos.segment, pos.end), True
     report.format, report.epoch, report.epoch_key = pos.format, pos.epoch, pos.epoch_key
     report.epoch_cert_seq, report.epoch_t_us = pos.epoch_cert_seq, pos.epoch_t_us
-    report.epoch_checkpoints = pos.epoch_checkpoints
+    report.epoch_checkpoints, report.lease_epoch = pos.epoch_checkpoints, pos.lease_epoch
     if pos.format == FORMAT_SINGLE_KEY:
         report.epoch_key = ""
     return pos.segment, pos.end
@@ -559,12 +561,12 @@ def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
     """Whether ``cps`` (consecutive checkpoints after the report's head) verify, each under
     its epoch's key; on success the report's epoch state moves past them."""
     state = (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
-             report.epoch_checkpoints)
+             report.epoch_checkpoints, report.lease_epoch)
     takeovers = len(report.takeovers)
     for cp in cps:
         if _cp_problem(report, cp) is not None:
             (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
-             report.epoch_checkpoints) = state
+             report.epoch_checkpoints, report.lease_epoch) = state
             del report.takeovers[takeovers:]
             return False
         _advance_epoch(report, cp)
@@ -575,6 +577,7 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
     """Move the report past a checkpoint that verified: its takeover, its epoch key."""
     if cp.lease_epoch or cp.holder:
         report.takeovers.append((cp.seq, cp.lease_epoch, cp.holder))
+        report.lease_epoch = cp.lease_epoch
     if report.format == FORMAT_SINGLE_KEY:
         return
     if cp.next_key:
@@ -587,12 +590,10 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
 
 def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
     """Why checkpoint ``cp`` does not verify at the report's epoch; None when it does."""
-    if (cp.lease_epoch or cp.holder) and report.takeovers and (
-            cp.lease_epoch <= report.takeovers[-1][1]):
-        seq, epoch, _ = report.takeovers[-1]
+    if (cp.lease_epoch or cp.holder) and cp.lease_epoch <= report.lease_epoch:
         return (f"checkpoint {cp.seq} records a takeover at lease epoch {cp.lease_epoch}, "
-                f"not above the one checkpoint {seq} recorded ({epoch}): lease epochs only "
-                f"grow, so one of the two was forged or replayed")
+                f"not above the last one the log recorded ({report.lease_epoch}): lease "
+                f"epochs only grow, so one of the two was forged or replayed")
     if report.format == FORMAT_SINGLE_KEY:
         if cp.epoch or cp.next_key:
             return ("a format-2 (single-key) log holds a checkpoint with epoch fields: it was "

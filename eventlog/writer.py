@@ -171,6 +171,7 @@ class LogWriter:
         self._last_cp_hash = ZERO_HASH
         self._last_cp_seq: int | None = None
         self._since_cp = 0
+        self._lease_epoch = 0  # the last takeover record's (see Report.lease_epoch)
         self._promised_every = checkpoint_every
         self._segment_index = 0
         self._segment_size = 0
@@ -403,6 +404,7 @@ class LogWriter:
         index = self._segment_index
         sealed = True  # the last line emitted is a checkpoint (or there is none)
         signed: list[bytes] = []  # the checkpoint lines of this write
+        taken: list[int] = []  # lease epochs of the takeovers among them
 
         def emit(line: bytes) -> str:
             nonlocal seq, prev, size, sealed
@@ -419,6 +421,8 @@ class LogWriter:
             cp_seq = seq + 1
             rec = self._signing.checkpoint(self.log_id, cp_seq, prev, t_us, last_cp, final,
                                            takeover=takeover)
+            if takeover is not None:
+                taken.append(takeover.lease_epoch)
             signed.append(encode_record(rec))
             h = emit(signed[-1])
             last_cp, since_cp, last_cp_seq = h, 0, cp_seq
@@ -474,6 +478,8 @@ class LogWriter:
         self._after_durable(signed)
         self.head_seq, self.head_hash = seq, prev
         self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
+        if taken:
+            self._lease_epoch = taken[-1]
         self.flushes += 1
         if lines:
             self._head_len = len(lines[-1]) + 1
@@ -506,7 +512,7 @@ class LogWriter:
             segment=self._segment_index, line_start=self._segment_size - self._head_len,
             end=self._segment_size, last_cp_seq=self._last_cp_seq,
             last_cp_hash=self._last_cp_hash, checkpoint_every=self._promised_every,
-            unsigned_run=self._since_cp))
+            unsigned_run=self._since_cp, lease_epoch=self._lease_epoch))
 
     def _roll_back(self, index: int, size: int) -> bool:
         """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
@@ -624,6 +630,7 @@ class LogWriter:
         self._last_cp_hash = report.last_checkpoint_hash
         self._last_cp_seq = report.last_checkpoint_seq
         self._since_cp = report.unsigned_run  # exactly what verify holds against the promise
+        self._lease_epoch = report.lease_epoch
         # Never sign less often than the genesis record promised (verify enforces it).
         self._promised_every = report.checkpoint_every
         self._checkpoint_every = min(self._checkpoint_every, report.checkpoint_every)

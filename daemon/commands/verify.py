@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import json
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from daemon.pgconfig import add_dsn_flags, settings_for
 from daemon.witness.remote import WitnessUnreachable, heads_held
 from eventlog.heads import Finding, Head, judge
 from eventlog.keys import load_verify_key
-from eventlog.verify import Report, verify_log
+from eventlog.verify import Damage, Report, verify_log
 
 #: Exit statuses of what a witness's heads reveal about an otherwise intact log.
 EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6}
@@ -132,16 +134,50 @@ def run_database(args: argparse.Namespace) -> int:
         with pgstore.connect(settings_for(args), read_only=True) as conn:
             pgstore.require_schema(conn)
             write_segments(pgstore.iter_all(conn), log_dir)
-        return verify_dir(args, log_dir, Path(args.verify_key))
+            changes = pgstore.epoch_changes(conn)
+        return verify_dir(args, log_dir, Path(args.verify_key),
+                          also=lambda report: check_epochs(report, changes))
 
 
-def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path) -> int:
+def check_epochs(report: Report, changes: list[tuple[int, int]]) -> None:
+    """The database's ``epoch`` column against the chain's takeover records: every record
+    from a takeover on was committed under the epoch it took, and the epoch changes only at
+    a takeover (the first records, before any, may be an import's epoch 0 or the first
+    node's). A mismatch is damage: the column was altered, or a node wrote outside its
+    term."""
+    if report.damage is not None:
+        return
+    taken = {seq: epoch for seq, epoch, _ in report.takeovers}
+    first = report.takeovers[0][0] if report.takeovers else None
+    for seq, epoch in changes:
+        if seq in taken or first is None or seq < first:
+            continue
+        report.damage = Damage("modified", seq, "", 0, (
+            f"record {seq} was committed under lease epoch {epoch} in the database, but no "
+            f"takeover record starts that epoch there: the epoch column was altered, or a "
+            f"node wrote outside its term"))
+        return
+    starts = [seq for seq, _ in changes]
+    for seq, epoch in taken.items():
+        i = bisect.bisect_right(starts, seq) - 1
+        if i < 0 or changes[i][1] != epoch:
+            report.damage = Damage("modified", seq, "", 0, (
+                f"takeover record {seq} took lease epoch {epoch}, but the database holds it "
+                f"under epoch {changes[i][1] if i >= 0 else 'none'}: the epoch column was "
+                f"altered, or the record was written outside its term"))
+            return
+
+
+def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
+               also: Callable[[Report], None] | None = None) -> int:
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
     anchor = parse_anchor(args.anchor) if args.anchor else None
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: need at least 1")
     report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor, jobs=args.jobs)
+    if also is not None:
+        also(report)
     finding = None
     if args.witness and report.damage is None and report.head_seq >= 0:
         ca = witness_ca(args)

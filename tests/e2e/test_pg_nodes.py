@@ -276,6 +276,19 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
         print(f"\ngraceful handover (SIGTERM -> the standby active): {handover:.2f}s; "
               f"requests per epoch {per_epoch}")
         assert sorted(per_epoch) == [1, 2]
+        # An administrator who rewrites the epoch column (past the append-only trigger) is
+        # caught: the chain's takeover records say which epoch each term's records are under.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE bide_records DISABLE TRIGGER bide_records_append_only")
+            row = conn.execute("UPDATE bide_records SET epoch = 1 WHERE seq = (SELECT max(seq) "
+                               "FROM bide_records) RETURNING seq").fetchone()
+        assert row is not None
+        out = subprocess.run([*BIDE, "verify", "--dsn", pg_dsn, "--verify-key",
+                              str(ws.root / "keys" / "verify.pub")], capture_output=True,
+                             text=True, check=False, timeout=120)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"record {row[0]}" in out.stdout
+        assert "epoch column was altered" in out.stdout
 
 
 def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_database(

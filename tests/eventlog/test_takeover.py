@@ -12,6 +12,7 @@ import pytest
 
 from eventlog.envelope import Checkpoint, Takeover
 from eventlog.signing import CheckpointSigning
+from eventlog.verify import verify_log
 from eventlog.writer import LogWriter
 from tests.eventlog._logtools import (
     EVERY_3,
@@ -79,3 +80,20 @@ def test_a_takeover_whose_lease_epoch_does_not_grow_is_damage(ks: KeySet,
     second = _takeover_lines(log_dir)[1].seq
     assert (report.damage.kind, report.damage.seq) == ("bad_signature", second)
     assert "lease epochs only grow" in report.damage.detail
+
+
+def test_a_resumed_verification_still_requires_the_lease_epoch_to_grow(
+        ks: KeySet, tmp_path: Path) -> None:
+    """The writer verifies on open from the snapshot's position: the last takeover's epoch
+    travels in that position, so a later takeover that does not exceed it is still caught."""
+    log_dir = tmp_path / "log"
+    _terms(log_dir, ks, [4])
+    first = verify(log_dir, ks)
+    assert first.damage is None
+    position = first.position()
+    assert position.lease_epoch == 4
+    _terms(log_dir, ks, [4])  # a second term claiming the same epoch, after the position
+    resumed = verify_log(log_dir, ks.verify_key(), resume=position)
+    assert resumed.resumed_at == position.seq
+    assert resumed.damage is not None
+    assert "lease epochs only grow" in resumed.damage.detail
