@@ -6,17 +6,25 @@ that stage for that key, every time it gets there: stages ``poll`` (before the i
 decision), ``action`` (an action id) and ``ingest`` (a spool file name). The end-to-end tests
 use it to prove that a bug in one operation stops that operation alone; a daemon that reads it
 says so loudly at start. Nothing else reads the variable.
+
+``STAGE:KEY:stop`` instead stops the whole process there (SIGSTOP to itself), the first time
+only: the multi-node tests pause a node exactly between a durable intent and its request.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 
 from daemon import logfmt
 
 ENV = "BIDE_FAULT_INJECT"
 STAGES = ("poll", "request", "decide", "action", "ingest")
+
+
+#: Stops taken in this process (a node builds a daemon, and its faults, once per term).
+_STOPPED: set[tuple[str, str]] = set()
 
 
 class InjectedFault(RuntimeError):
@@ -26,20 +34,28 @@ class InjectedFault(RuntimeError):
 @dataclass(frozen=True)
 class FaultInjection:
     points: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    stops: frozenset[tuple[str, str]] = field(default_factory=frozenset)  # once a process
 
     @classmethod
     def from_environment(cls) -> FaultInjection:
         spec = os.environ.get(ENV, "")
-        points = set()
+        points: set[tuple[str, str]] = set()
+        stops: set[tuple[str, str]] = set()
         for item in filter(None, (part.strip() for part in spec.split(","))):
-            stage, _, key = item.partition(":")
+            stage, _, rest = item.partition(":")
+            key, _, how = rest.partition(":")
             if stage in STAGES and key:
-                points.add((stage, key))
-        if points:
+                (stops if how == "stop" else points).add((stage, key))
+        if points or stops:
             logfmt.warn(f"FAULT INJECTION ENABLED by {ENV}: this daemon will fail on purpose",
-                        points=",".join(f"{s}:{k}" for s, k in sorted(points)))
-        return cls(frozenset(points))
+                        points=",".join(f"{s}:{k}" for s, k in sorted(points)),
+                        stops=",".join(f"{s}:{k}" for s, k in sorted(stops)))
+        return cls(frozenset(points), frozenset(stops))
 
     def fire(self, stage: str, key: str) -> None:
+        if self.stops and (stage, key) in self.stops - _STOPPED:
+            _STOPPED.add((stage, key))
+            logfmt.warn("FAULT INJECTION: stopping this process here", stage=stage, key=key)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.points and (stage, key) in self.points:
             raise InjectedFault(f"injected at {stage}")

@@ -4,6 +4,7 @@ about epochs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -45,11 +46,12 @@ def node_config(ws: Workspace, name: str, dsn: str, *,
     return Node(name, path, state)
 
 
-def start(ws: Workspace, node: Node) -> Daemon:
+def start(ws: Workspace, node: Node, env: dict[str, str] | None = None) -> Daemon:
     log_path = ws.root / f"{node.name}-{len(ws.daemons)}.log"
     with log_path.open("wb") as out:
         proc = subprocess.Popen([*BIDE, "run", "--config", str(node.config)], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=ws.root)
+                                stderr=subprocess.STDOUT, cwd=ws.root,
+                                env=None if env is None else {**os.environ, **env})
     node.daemon = Daemon(proc, log_path)
     ws.daemons.append(node.daemon)
     return node.daemon

@@ -327,6 +327,47 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
         _replay_check(ws, b)
 
 
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its state in /proc is T."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """Node a stops itself right after the intent of a request to job long-0 is durable and
+    before the request leaves. Node b takes over, polls, and hands the lease back by a
+    graceful stop, so after SIGCONT nothing but a itself could reach the provider: until a
+    holds the lease again (a new epoch), the provider sees nothing at all."""
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        init_log(pg_dsn)
+        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        start(ws, a, env={"BIDE_FAULT_INJECT": "request:op-long-0:stop"})
+        wait_active([a])
+        start(ws, b)
+        assert a.daemon is not None
+        assert b.daemon is not None
+        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        _register(ws, a)
+        until(lambda: _stopped(a.daemon.proc.pid), 20,  # type: ignore[union-attr]
+              "node a to stop itself between an intent and its request")
+        wait_active([b], timeout=LEASE + 15)
+        seen = len(ws.sim.requests(kind="status", job_id="long-0"))
+        ws.sim.wait_for_requests(seen + 1, kind="status", job_id="long-0", timeout=10)
+        assert b.daemon.stop() == 0  # the lease handed over: only node a is left
+        resumed = time.time()
+        a.daemon.proc.send_signal(signal.SIGCONT)
+        until(lambda: a.daemon.output().count("msg=ready") >= 2,  # type: ignore[union-attr]
+              20, "node a to be fenced, stand by and take the lease again")
+        assert "fenced" in a.daemon.output()
+        retaken = epoch_starts(pg_dsn)[max(epochs_of(pg_dsn).values())]
+        early = [r for r in ws.sim.requests(kind="status") if resumed <= r.wall < retaken]
+        assert not early, f"node a sent {len(early)} request(s) before it held the lease again"
+        assert a.daemon.stop() == 0
+        _check_run(ws, pg_dsn, "paused-intent")
+        _replay_check(ws, a)
+
+
 @pytest.mark.parametrize("how", ["cut", "stall"])
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         pg_dsn: str, tmp_path: Path, how: str) -> None:
