@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -290,6 +291,9 @@ class Lease:
             self.log_dir.rename(aside)
         logfmt.warn(why + "; moved aside and rebuilt from the database", moved_to=aside)
         self._known = None
+        # Each is a whole copy of a log the database holds: keep the latest two to look at.
+        for old in sorted(self.log_dir.parent.glob(f"{self.log_dir.name}.stale-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def forget_head(self) -> None:
         """The local copy changed under us (this node wrote it as the active node)."""

@@ -29,6 +29,7 @@ from daemon.profile import load_profiles, too_long_for_lease
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DivergedError, FencedError, LogIOError
+from eventlog.lock import WriterLock
 from eventlog.store import LineStore
 
 
@@ -56,7 +57,15 @@ def run_node(cfg: Config, build: Build) -> int:
     _check_profiles_fit(cfg, lease.longest_request)
     with pgstore.connect(settings) as conn:
         pgstore.require_schema(conn)
-    anyio.run(_node, cfg, lease, build)
+    # One node per state directory, standby or active: a second would write the same local
+    # copy of the log while the first follows or appends to it.
+    cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    node_lock = WriterLock(cfg.state_dir)
+    node_lock.acquire()
+    try:
+        anyio.run(_node, cfg, lease, build)
+    finally:
+        node_lock.release()
     return 0
 
 

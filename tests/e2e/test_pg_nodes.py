@@ -327,6 +327,22 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
         _replay_check(ws, b)
 
 
+def test_a_second_node_on_the_same_state_directory_is_refused(pg_dsn: str,
+                                                               tmp_path: Path) -> None:
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        init_log(pg_dsn)
+        a = node_config(ws, "a", pg_dsn)
+        start(ws, a)
+        wait_active([a])
+        again = subprocess.run([*BIDE, "run", "--config", str(a.config)], capture_output=True,
+                               text=True, check=False, timeout=60, cwd=ws.root)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert a.daemon is not None
+        assert f"locked by pid {a.daemon.proc.pid}" in again.stderr
+        assert a.daemon.stop() == 0
+
+
 def _stopped(pid: int) -> bool:
     """The process is stopped (SIGSTOP): its state in /proc is T."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
