@@ -18,16 +18,20 @@ from pathlib import Path
 import anyio
 
 from eventlog import keys
+from eventlog.store import LineStore
 from eventlog.writer import LogWriter
 
 PAYLOAD_BYTES = 256
 
 
-async def _log_run(log_dir: Path, key_dir: Path, appenders: int, seconds: float) -> int:
+async def log_run(log_dir: Path, key_dir: Path, appenders: int, seconds: float,
+                  store: LineStore | None = None) -> int:
+    """Records appended durably by ``appenders`` concurrent tasks for ``seconds``, each
+    awaiting its own append before the next; ``store``: each round also committed there."""
     payload = os.urandom(PAYLOAD_BYTES)
     count = 0
     async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
-                         checkpoint_every=1000) as log:
+                         checkpoint_every=1000, store=store) as log:
         deadline = time.perf_counter() + seconds
 
         async def appender() -> None:
@@ -47,7 +51,7 @@ def log_throughput(work: Path, appenders: int, seconds: float) -> tuple[int, flo
     root = Path(tempfile.mkdtemp(prefix=f"append-{appenders}-", dir=work))
     keys.generate(root / "keys")
     started = time.perf_counter()
-    count = anyio.run(_log_run, root / "log", root / "keys", appenders, seconds)
+    count = anyio.run(log_run, root / "log", root / "keys", appenders, seconds)
     return count, time.perf_counter() - started
 
 

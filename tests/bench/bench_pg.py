@@ -9,7 +9,6 @@ the local server) and drops it. The server is whatever that DSN names, with its 
 
 from __future__ import annotations
 
-import os
 import secrets
 import statistics
 import tempfile
@@ -24,7 +23,6 @@ import psycopg
 from psycopg import sql
 
 from eventlog import keys, pgstore
-from eventlog.writer import LogWriter
 from tests.bench import bench_append
 from tests.e2e.harness import drop_registration, until, workspace, write_status_profile
 from tests.e2e.pgnodes import LEASE, node_config, standby, start, wait_active
@@ -50,26 +48,12 @@ def fresh_schema(dsn: str) -> Iterator[str]:
 
 async def _pg_run(log_dir: Path, key_dir: Path, dsn: str, appenders: int,
                   seconds: float) -> tuple[int, int]:
-    payload = os.urandom(PAYLOAD_BYTES)
     with pgstore.connect(pgstore.PgSettings(dsn)) as conn:
         epoch = pgstore.take_lease(conn, "bench", 3600)
     assert epoch is not None
     store = pgstore.PgStore(pgstore.PgSettings(dsn), epoch)
-    count = 0
     try:
-        async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
-                             checkpoint_every=1000, store=store) as log:
-            deadline = time.perf_counter() + seconds
-
-            async def appender() -> None:
-                nonlocal count
-                while time.perf_counter() < deadline:
-                    await log.append(payload)
-                    count += 1
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(appenders):
-                    tg.start_soon(appender)
+        count = await bench_append.log_run(log_dir, key_dir, appenders, seconds, store)
     finally:
         store.close()
     return count, store.commits
