@@ -1,9 +1,12 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals|pg] [--seconds S]
-[--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
-[--window S] [--concurrency C]``.
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals|pg|pg-cpu]
+[--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
+[--window S] [--concurrency C] [--repeat N] [--dsn DSN]``.
 
 Prints a table and writes ``bench-out/results.json``. Nothing here is a pass/fail test.
 The full scale run (100,000 operations) takes several minutes; ``--quick`` runs 1,000.
+``--only pg`` and ``--only pg-cpu`` need a PostgreSQL server (``--dsn``) and are not part of
+the default run: ``pg-cpu`` is the daemon's CPU per status request with the log in PostgreSQL
+against the file store and the bare httpx loop, ``--repeat`` times (``tests.bench.bench_pg_cpu``).
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
     p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "epochs",
-                                      "goals", "pg"],
+                                      "goals", "pg", "pg-cpu"],
                    help="one benchmark; 'goals' is issue 17's table (10,000 operations "
                    "saturated, appends, the 1M-event replay), not part of the default run")
     p.add_argument("--repeat", type=int, default=3,
-                   help="runs of --only goals, for best and spread (default %(default)s)")
+                   help="runs of --only goals and --only pg-cpu, for best and spread "
+                   "(default %(default)s)")
     p.add_argument("--seconds", type=float, help="time per append setting (default 3)")
     p.add_argument("--records", type=int, help="records in the verify log (default 1000000)")
     p.add_argument("--replay-records", type=int,
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8,
                    help="the profile's max_in_flight, and the bare loop's (default 8)")
     p.add_argument("--keep", action="store_true", help="keep each scale run's directory")
-    p.add_argument("--dsn", help="--only pg: the PostgreSQL server (default: "
+    p.add_argument("--dsn", help="--only pg and pg-cpu: the PostgreSQL server (default: "
                    "$BIDE_TEST_POSTGRES_DSN, else the local one); a schema is made and dropped")
     p.add_argument("--takeovers", type=int, default=10,
                    help="--only pg: SIGKILLs and link cuts timed (default %(default)s)")
@@ -119,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         results["pg"] = pg
         bench_pg.print_table(pg)
+    if args.only == "pg-cpu":  # needs a PostgreSQL server: not part of the default run
+        from tests.bench import bench_pg_cpu
+
+        table = bench_pg_cpu.run(out, args.repeat, args.window or 12.0, args.dsn,
+                                 operations=1_000 if args.quick else bench_pg_cpu.OPERATIONS)
+        results["pg_cpu"] = table
+        bench_pg_cpu.print_table(table)
     if args.only in (None, "api"):
         api = bench_api.run(out, args.quick, args.keep)
         results["api"] = api

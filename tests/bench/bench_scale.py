@@ -20,10 +20,18 @@ polls spread the same way, so there is no burst at start. Then, over a window:
 
 Two cores are shared by the daemon, the simulator, the baseline and anything else running:
 the simulator's CPU is reported beside the daemon's so saturation is visible.
+
+``run_one(..., dsn=DSN)`` runs the same daemon with the log in PostgreSQL: the log is
+generated through the store (so the database and the node's local copy hold it), the lease is
+handed over, and ``bide run`` starts as a node (``[postgres]``, a lease of :data:`PG_LEASE`
+seconds renewed every :data:`PG_RENEW`) that takes it, and the CPU of the database backends
+serving its connections (a server on this host) is reported beside the daemon's:
+``tests.bench.bench_pg_cpu`` compares the two stores in one run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -43,6 +51,7 @@ import httpx
 from daemon.profile import load_profile
 from eventlog import keys
 from eventlog.reader import LogReader
+from eventlog.store import LineStore
 from eventlog.writer import LogWriter
 from replay.decide import register
 from replay.events import (
@@ -55,6 +64,10 @@ from replay.events import (
 from replay.observations import Registration
 
 TOKEN = "bench-token-5e1c"
+#: The PostgreSQL node's lease and renewal period (seconds): long enough that the 5 s request
+#: timeout always fits, so the gate never waits on a renewal.
+PG_LEASE = 30.0
+PG_RENEW = 5.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BIDE = [sys.executable, "-m", "daemon.cli"]
 
@@ -117,7 +130,8 @@ def _job(i: int) -> str:
     return f"j-{i:07d}"
 
 
-def _workspace(root: Path, n: int, cap: float, concurrency: int) -> None:
+def _workspace(root: Path, n: int, cap: float, concurrency: int,
+               dsn: str | None = None) -> None:
     keys.generate(root / "keys")
     (root / "creds").mkdir(mode=0o700)
     token = root / "creds" / "sim.token"
@@ -127,11 +141,19 @@ def _workspace(root: Path, n: int, cap: float, concurrency: int) -> None:
     script = ['[server]\nrequest_id_header = "X-Request-Id"\n']
     script += [f'[jobs.{_job(i)}]\nsteps = "running"\n' for i in range(max(n, 1))]
     (root / "sim.toml").write_text("\n".join(script))
-    (root / "bide.toml").write_text(
-        '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
-        'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 1000\n\n'
-        '[metrics]\nlisten = "127.0.0.1:0"\n')
+    (root / "bide.toml").write_text(_config(dsn))
     (root / "cap").write_text(f"{cap}:{concurrency}")
+
+
+def _config(dsn: str | None) -> str:
+    """The daemon's config: the file store, or a PostgreSQL node (one signing key: epoch keys
+    cannot follow a takeover)."""
+    text = ('[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
+            'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 1000\n')
+    if dsn is not None:
+        text += (f"forward_secure = false\n\n[postgres]\ndsn = {json.dumps(dsn)}\n"
+                 f'lease_seconds = {PG_LEASE}\nrenew_seconds = {PG_RENEW}\nnode = "bench"\n')
+    return text + '\n[metrics]\nlisten = "127.0.0.1:0"\n'
 
 
 def _profile(root: Path, base_url: str, cap: float, concurrency: int) -> Path:
@@ -149,13 +171,15 @@ def _profile(root: Path, base_url: str, cap: float, concurrency: int) -> Path:
     return path
 
 
-async def _generate(root: Path, profile: Path, n: int, lead: float, cap: float) -> None:
+async def _generate(root: Path, profile: Path, n: int, lead: float, cap: float,
+                    store: LineStore | None = None) -> None:
     contract = load_profile(profile).contract
     rng = random.Random(n)
     now = time.time()
     batch: list[bytes] = []
     async with LogWriter(root / "state" / "log", keys.load_keyring(root / "keys"),
-                         keys.load_signer(root / "keys"), checkpoint_every=1000) as log:
+                         keys.load_signer(root / "keys"), checkpoint_every=1000,
+                         store=store) as log:
         for i in range(n):
             reg = Registration(operation_id=f"op-{i:07d}", provider="sim",
                                provider_job_id=_job(i),
@@ -168,6 +192,28 @@ async def _generate(root: Path, profile: Path, n: int, lead: float, cap: float) 
                 batch = []
         if batch:
             await log.append_many(batch)
+
+
+def _generate_into(root: Path, profile: Path, n: int, lead: float, cap: float,
+                   dsn: str | None) -> None:
+    """The log of ``n`` registrations: in the segment files, or (``dsn``) committed to
+    PostgreSQL as well under a lease taken for it and handed over after, as a node would."""
+    if dsn is None:
+        anyio.run(_generate, root, profile, n, lead, cap)
+        return
+    from eventlog import pgstore
+
+    settings = pgstore.PgSettings(dsn)
+    with pgstore.connect(settings) as conn:
+        epoch = pgstore.take_lease(conn, "bench-generate", 3600)
+    assert epoch is not None, "the fresh schema's lease is held"
+    store = pgstore.PgStore(settings, epoch)
+    try:
+        anyio.run(_generate, root, profile, n, lead, cap, store)
+    finally:
+        store.close()
+    with pgstore.connect(settings) as conn:
+        assert pgstore.release_lease(conn, "bench-generate", epoch)
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -223,13 +269,14 @@ def _empty_rss(work: Path) -> int:
 
 def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             empty_rss: int, keep: bool = False, profile_to: Path | None = None,
-            bare_saturated: bool = False) -> dict[str, object]:
+            bare_saturated: bool = False, dsn: str | None = None) -> dict[str, object]:
     """One daemon at ``n`` operations; with ``bare_saturated`` also what the bare loop
     reaches unpaced (``concurrency`` in flight, as fast as it goes) against the same
-    simulator: the ceiling the daemon's saturation is compared with."""
+    simulator: the ceiling the daemon's saturation is compared with. With ``dsn`` (a schema
+    made by ``bide log init`` and otherwise empty) the log is in PostgreSQL."""
     root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-", dir=work))
     cap = round(n / rate / 0.75, 3)
-    _workspace(root, n, cap, concurrency)
+    _workspace(root, n, cap, concurrency, dsn)
     sim = _start([*BIDE, "simulate", "--script", str(root / "sim.toml"), "--token-file",
                   str(root / "creds" / "sim.token")], root / "sim.out")
     daemon: Proc | None = None
@@ -238,7 +285,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         profile = _profile(root, base, cap, concurrency)
         lead = 5.0 + n / 10_000
         started = time.perf_counter()
-        anyio.run(_generate, root, profile, n, lead, cap)
+        _generate_into(root, profile, n, lead, cap, dsn)
         generated = time.perf_counter() - started
         polls_from = time.time() + lead - generated
 
@@ -257,6 +304,8 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         time.sleep(max(0.0, window_start - time.time()))
         m0, c0, s0, w0 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
         k0, l0 = daemon.cpu_split()[1], daemon.loop_cpu_seconds()
+        backends = _db_backends(dsn, daemon.proc.pid) if dsn is not None else []
+        b0 = _cpu_of(backends)
         spy = None
         if out := os.environ.get("BIDE_BENCH_PYSPY"):  # raw stacks of the window, all threads
             spy = subprocess.Popen(
@@ -268,6 +317,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             spy.wait(timeout=60)
         m1, c1, s1, w1 = _metrics(url), daemon.cpu_seconds(), sim.cpu_seconds(), time.time()
         k1, l1 = daemon.cpu_split()[1], daemon.loop_cpu_seconds()
+        b1 = _cpu_of(backends)
         rss_end = daemon.rss_kib()
         daemon.stop()
         restart = _restart(root)
@@ -285,6 +335,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         hist = {k: v1 - m0.get(k, 0.0) for k, v1 in m1.items()
                 if k.startswith("bide_wakeup_lateness_seconds_bucket")}
         return {
+            "store": "files" if dsn is None else "postgresql",
             "operations": n, "target_rate": rate, "backoff_cap_s": cap,
             "concurrency": concurrency,
             "ready_s": round(ready, 2), "replay_s": float(replayed),
@@ -304,6 +355,9 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "daemon_cpu_per_request_us": round(cpu_per_req * 1e6, 1),
             "daemon_system_per_request_us": round((k1 - k0) / max(sent, 1) * 1e6, 1),
             "daemon_loop_thread_per_request_us": round((l1 - l0) / max(sent, 1) * 1e6, 1),
+            **({"db_backends": len(b1), "db_backend_cpu_per_request_us": round(
+                sum(b1[p] - b0[p] for p in b1 if p in b0) / max(sent, 1) * 1e6, 1)}
+               if backends else {}),
             "log_flushes_per_request": round(
                 (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
@@ -318,6 +372,38 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         sim.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _db_backends(dsn: str, pid: int) -> list[int]:
+    """The server processes of process ``pid``'s connections to a PostgreSQL on this host:
+    the backends whose client port is the local port of one of its TCP sockets (none for a
+    Unix socket or another host)."""
+    import psycopg
+
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    ports = [int(f[1].rsplit(":", 1)[1], 16)
+             for f in (line.split() for line in
+                       Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:])
+             if f[9] in inodes]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)",
+                            (ports,)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _cpu_of(pids: list[int]) -> dict[int, float]:
+    """utime + stime (seconds) of each process still there."""
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
 
 
 def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path

@@ -70,14 +70,14 @@ def run(out: Path, repeat: int, seconds: float, window: float, operations: int =
     return {"operations": operations, "rate": RATE, "runs": runs}
 
 
-def _fmt(x: float) -> str:
+def fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
 
 
-def _span(runs: list[dict[str, float]], key: str, best: Callable[..., float]) -> str:
+def span(runs: list[dict[str, float]], key: str, best: Callable[..., float]) -> str:
     values = [r[key] for r in runs]
-    spread = f" ({_fmt(min(values))}-{_fmt(max(values))})" if len(values) > 1 else ""
-    return _fmt(best(values)) + spread
+    spread = f" ({fmt(min(values))}-{fmt(max(values))})" if len(values) > 1 else ""
+    return fmt(best(values)) + spread
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -98,6 +98,6 @@ def print_table(r: dict[str, Any]) -> None:
     ]
     print(f"  {'what':<52}{'measured':>26}  {'baseline':<34}{'ratio':>22}  goal")
     for label, key, best, base_label, base_key, ratio_key, goal in rows:
-        base = f"{base_label} {_span(runs, base_key, max)}" if base_key else ""
-        ratio = _span(runs, ratio_key, min if key == "cpu_us" else max) if ratio_key else ""
-        print(f"  {label:<52}{_span(runs, key, best):>26}  {base:<34}{ratio:>22}  {goal}")
+        base = f"{base_label} {span(runs, base_key, max)}" if base_key else ""
+        ratio = span(runs, ratio_key, min if key == "cpu_us" else max) if ratio_key else ""
+        print(f"  {label:<52}{span(runs, key, best):>26}  {base:<34}{ratio:>22}  {goal}")
