@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import daemon.api
@@ -64,6 +64,7 @@ JOBS: dict[str, str | list[object]] = {
 }
 KNOWN_OPS = ["fz-ok", "fz-long", "fz-deny", "fz-odd"]
 
+_NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 _SETTINGS = settings(deadline=None, database=None, derandomize=True, print_blob=True,
                      suppress_health_check=list(HealthCheck))
 
@@ -192,6 +193,7 @@ def test_every_operation_answers_as_documented(api: Api) -> None:
 
 def test_workflows_answer_as_documented(api: Api) -> None:
     sent: list[tuple[str, int]] = []
+    failures: list[str] = []
 
     class Workflow(SCHEMA.as_state_machine()):  # type: ignore[misc]
         def call(self, case: Any, **kwargs: Any) -> Any:
@@ -202,9 +204,23 @@ def test_workflows_answer_as_documented(api: Api) -> None:
         def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
                               **kwargs: Any) -> None:
             __tracebackhide__ = True
-            case.validate_response(response, checks=CHECKS)
+            try:
+                case.validate_response(response, checks=CHECKS)
+            except Exception as exc:
+                failures.append(f"{case.operation.label} -> {response.status_code} "
+                                f"{response.content[:500]!r}: {exc}")
+                raise
 
-    Workflow.run(settings=settings(_SETTINGS, max_examples=30, stateful_step_count=8))
+    try:
+        Workflow.run(settings=settings(_SETTINGS, max_examples=30, stateful_step_count=8,
+                                       phases=_NO_SHRINK))
+    except Exception as exc:
+        # A chain's later steps depend on what the live daemon answered, so hypothesis cannot
+        # always replay a failing chain as it drew it (it then reports that, not the failure):
+        # name the failing responses themselves.
+        if failures:
+            raise AssertionError("\n".join(failures[:5])) from exc
+        raise
     # The chains did reach past their first step into what they registered.
     assert len({label for label, _ in sent}) >= 4, sent
     assert any(200 <= status < 300 for _, status in sent), sent
