@@ -401,8 +401,8 @@ WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
                  (%(prev_seq)s < 0 OR (SELECT hash FROM prev) = %(prev_hash)s)),
      ins AS (INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
              SELECT r.seq, r.segment, r.byte_offset, r.line, r.hash, %(epoch)s
-             FROM unnest(%(seqs)s::bigint[], %(segments)s::integer[], %(offsets)s::bigint[],
-                         %(lines)s::bytea[], %(hashes)s::text[])
+             FROM unnest(%(seqs)b::bigint[], %(segments)b::integer[], %(offsets)b::bigint[],
+                         %(lines)b::bytea[], %(hashes)b::text[])
                   AS r(seq, segment, byte_offset, line, hash)
              WHERE EXISTS (SELECT 1 FROM allowed)
              RETURNING 1)
@@ -436,7 +436,7 @@ def stored_lines(rows: Sequence[tuple[Any, ...]]) -> list[StoredLine]:
 
 
 def lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[StoredLine]:
-    with conn.cursor() as cur:
+    with conn.cursor(binary=True) as cur:
         cur.execute(LINES_AFTER, (seq, limit))
         rows = cur.fetchall()
     if not conn.autocommit:
