@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from daemon.config import Config
 from daemon.errors import UsageError
 from daemon.signing import snapshot_signer
@@ -49,12 +51,19 @@ def open_keyring(config: Config) -> KeyRing:
 
 
 def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
-             until_time: float | None = None) -> LoadedLog:
+             until_time: float | None = None, operation: str | None = None) -> LoadedLog:
+    """The log's events and the state they fold into. With ``operation``, only that
+    operation's events and actions (what its story needs): an event whose plaintext does not
+    hold the id as a JSON string cannot be one of them, so it is neither decoded nor folded
+    (about 40% of a full read's CPU per event)."""
     reader = LogReader(log_dir, keyring)
     log = LoadedLog([], {}, -1)
+    needle = None if operation is None else msgspec.json.encode(operation)
     for seq, payload in reader.payloads(log.unreadable):
         if until_seq is not None and seq > until_seq:
             break
+        if needle is not None and needle not in payload:
+            continue
         try:
             ev = decode_log_event(payload)
         except ReplayError as exc:
@@ -62,6 +71,8 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
             continue
         if until_time is not None and ev.at > until_time:
             break
+        if operation is not None and ev.operation_id != operation:
+            continue
         try:
             if isinstance(ev, ActionIntended | ActionSucceeded | ActionFailed | ActionDecided):
                 action = evolve_action(log.actions.get(ev.action_id), ev)

@@ -10,7 +10,14 @@ from urllib.parse import quote
 from daemon.commands.apicall import ApiCallError, require
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.readers import load_log, need_op, op_action_events, op_events, open_keyring
+from daemon.readers import (
+    load_log,
+    load_state,
+    need_op,
+    op_action_events,
+    op_events,
+    open_keyring,
+)
 from replay.actions import action_story
 from replay.story import story_json
 
@@ -53,10 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
-    log = load_log(cfg.log_dir, open_keyring(cfg))
+    keyring = open_keyring(cfg)
+    log = load_log(cfg.log_dir, keyring, operation=args.operation)
     actions = op_action_events(log, args.operation)
     if args.operation not in log.ops and not actions:
-        need_op(log.ops, args.operation)
+        need_op(load_state(cfg, keyring), args.operation)  # names some that exist
     lines = sorted([*story_json(op_events(log, args.operation)), *action_story(actions)],
                    key=lambda line: float(line["at"]))  # type: ignore[arg-type]
     if args.json:

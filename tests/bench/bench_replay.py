@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from daemon.config import LogConfig
+from daemon.readers import load_log
+from daemon.readers import op_events as events_of
 from daemon.snapshots import load_snapshot, replay_log, save_snapshot
 from eventlog import keys
 from eventlog.envelope import (
@@ -174,9 +176,22 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
             return replay_log(log_dir, keyring, snap).events
         return run
 
+    # `bide story OP --offline`: one operation in the middle of the log, read as the whole
+    # log (the baseline) and as only its events (the events it skips are not decoded).
+    story_op = f"op-{len(replayed.ops) // 2:07d}"
+
+    def story(only: str | None) -> Callable[[], int]:
+        def run() -> int:
+            log = load_log(log_dir, keyring, operation=only)
+            assert len(events_of(log, story_op)) == EVENTS_PER_OP
+            return replayed.events
+        return run
+
     stages: dict[str, object] = {}
     for name, fn in (("chain", chain), ("decrypt", decrypt), ("decode", decode),
-                     ("replay", replay), ("start, no snapshot", start(None)),
+                     ("replay", replay), ("story --offline, all events", story(None)),
+                     ("story --offline, one op's", story(story_op)),
+                     ("start, no snapshot", start(None)),
                      ("start, snapshot at the head", start(snapshots["head"])),
                      (f"start, snapshot {behind} behind", start(snapshots["behind"]))):
         n, seconds = _best(fn, runs)
