@@ -114,22 +114,30 @@ class LogReader:
         try:
             recs: list[Record] = list(map(RECORD_DECODER.decode, lines))
         except (msgspec.DecodeError, UnicodeDecodeError, ValueError):
-            return [self._accept(line) for line in lines]
+            return self._accept_each(lines)
         n = len(recs)
         seqs: list[int] = list(map(_SEQ, recs))
         hashes = record_hashes(lines)
         prevs: list[str] = list(map(_PREV, recs))
         if (seqs != list(range(self.next_seq, self.next_seq + n))
                 or prevs[0] != self.head_hash or prevs[1:] != hashes[:-1]):
-            return [self._accept(line) for line in lines]
+            return self._accept_each(lines)
         if isinstance(recs[0], Genesis):
             self.log_id = recs[0].log
         self.next_seq += n
         self.head_hash = hashes[-1]
         return list(map(StoredRecord, seqs, hashes, recs))
 
-    def _accept(self, line: bytes) -> StoredRecord:
-        where = f"{self._segment} offset {self._offset}"
+    def _accept_each(self, lines: list[bytes]) -> list[StoredRecord]:
+        out: list[StoredRecord] = []
+        offset = self._offset
+        for line in lines:
+            out.append(self._accept(line, offset))
+            offset += len(line) + 1
+        return out
+
+    def _accept(self, line: bytes, offset: int) -> StoredRecord:
+        where = f"{self._segment} offset {offset}"
         try:
             rec = decode_record(line)
         except (msgspec.DecodeError, UnicodeDecodeError, ValueError):

@@ -330,7 +330,7 @@ def _fast(
     begin: tuple[int, int],
 ) -> tuple[int, int] | None:
     """Join the summaries of intact units; return (ordinal, offset) where the slow path starts."""
-    units = _plan(segments, begin)
+    units = plan_units(segments, begin)
     total = sum(u[3] - u[2] for u in units)
     args = [(u, verify_key.raw, anchor) for u in units]
     gc_was_enabled = gc.isenabled()
@@ -349,8 +349,9 @@ def _fast(
             gc.enable()
 
 
-def _plan(segments: list[tuple[int, Path]], begin: tuple[int, int]) -> list[_Unit]:
-    """Newline-aligned units of about ``UNIT_BYTES`` covering the segment files from ``begin``
+def plan_units(segments: list[tuple[int, Path]], begin: tuple[int, int],
+               unit_bytes: int = UNIT_BYTES) -> list[_Unit]:
+    """Newline-aligned units of about ``unit_bytes`` covering the segment files from ``begin``
     (an ordinal and an offset in that file)."""
     units: list[_Unit] = []
     for ordinal, (_, path) in enumerate(segments, start=1):
@@ -362,13 +363,13 @@ def _plan(segments: list[tuple[int, Path]], begin: tuple[int, int]) -> list[_Uni
             continue
         cuts = [first]
         with path.open("rb") as f:
-            pos = first + UNIT_BYTES
+            pos = first + unit_bytes
             while pos < size:
                 cut = _newline_after(f, pos)
                 if cut is None or cut >= size:
                     break
                 cuts.append(cut)
-                pos = cut + UNIT_BYTES
+                pos = cut + unit_bytes
         cuts.append(size)
         units += [(str(path), ordinal, a, b) for a, b in pairwise(cuts)]
     return units

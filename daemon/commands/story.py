@@ -11,7 +11,7 @@ from daemon.commands.apicall import ApiCallError, require
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.readers import (
-    load_log,
+    load_operation,
     load_state,
     need_op,
     op_action_events,
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     keyring = open_keyring(cfg)
-    log = load_log(cfg.log_dir, keyring, operation=args.operation)
+    log = load_operation(cfg.log_dir, keyring, args.operation)
     actions = op_action_events(log, args.operation)
     if args.operation not in log.ops and not actions:
         need_op(load_state(cfg, keyring), args.operation)  # names some that exist

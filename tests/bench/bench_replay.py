@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from daemon.config import LogConfig
-from daemon.readers import load_log
+from daemon.readers import load_log, load_operation
 from daemon.readers import op_events as events_of
 from daemon.snapshots import load_snapshot, replay_log, save_snapshot
 from eventlog import keys
@@ -182,7 +182,8 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
 
     def story(only: str | None) -> Callable[[], int]:
         def run() -> int:
-            log = load_log(log_dir, keyring, operation=only)
+            log = (load_log(log_dir, keyring) if only is None
+                   else load_operation(log_dir, keyring, only))
             assert len(events_of(log, story_op)) == EVENTS_PER_OP
             return replayed.events
         return run

@@ -1,0 +1,78 @@
+"""``search_payloads`` in forked workers finds exactly what filtering the serial reader finds,
+and where the log is damaged it raises what the serial reader raises."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eventlog.errors import DamagedLogError
+from eventlog.reader import LogReader
+from eventlog.search import search_payloads
+from tests.eventlog._logtools import KeySet, build_log
+
+EVENTS = 300
+
+
+def _payload(i: int) -> bytes:
+    return b'{"operation_id": "op-%d", "n": %d}' % (i % 7, i)
+
+
+def _serial(log: Path, ks: KeySet, needle: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    reader = LogReader(log, ks.keyring())
+    found = [(seq, p) for seq, p in reader.payloads([]) if needle in p]
+    return found, reader.next_seq - 1
+
+
+def _parallel(log: Path, ks: KeySet, needle: bytes, unreadable: list[tuple[int, str]] | None = None
+              ) -> tuple[list[tuple[int, bytes]], int]:
+    return search_payloads(log, ks.keyring(), needle, [] if unreadable is None else unreadable,
+                           jobs=2, unit_bytes=4096, min_bytes=0)
+
+
+@pytest.fixture
+def log(tmp_path: Path, ks: KeySet) -> Path:
+    build_log(tmp_path / "log", ks, EVENTS, segment_bytes=16384, payload=_payload, batch=4)
+    return tmp_path / "log"
+
+
+@pytest.mark.parametrize("needle", [b'"op-3"', b'"n": 1', b"no such bytes"])
+def test_finds_what_the_serial_reader_finds(log: Path, ks: KeySet, needle: bytes) -> None:
+    assert len(list(log.glob("seg-*"))) >= 3  # units cross segment files
+    assert _parallel(log, ks, needle) == _serial(log, ks, needle)
+
+
+def test_a_partial_last_line_is_left_to_the_writer(log: Path, ks: KeySet) -> None:
+    last = sorted(log.glob("seg-*"))[-1]
+    with last.open("ab") as f:
+        f.write(b'{"seq": 99999, "half a record')  # what a live writer's next line looks like
+    assert _parallel(log, ks, b'"op-1"') == _serial(log, ks, b'"op-1"')
+
+
+def test_a_damaged_record_raises_what_the_serial_reader_raises(log: Path, ks: KeySet,
+                                                               tmp_path: Path) -> None:
+    middle = sorted(log.glob("seg-*"))[1]
+    data = bytearray(middle.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    middle.write_bytes(bytes(data))
+    with pytest.raises(DamagedLogError) as serial:
+        _serial(log, ks, b'"op-1"')
+    with pytest.raises(DamagedLogError) as parallel:
+        _parallel(log, ks, b'"op-1"')
+    assert str(parallel.value) == str(serial.value)
+
+
+def test_a_log_from_another_start_is_read_serially(log: Path, ks: KeySet,
+                                                   tmp_path: Path) -> None:
+    """Without its first segment the joined chain cannot start: the serial reader decides."""
+    cut = tmp_path / "cut"
+    shutil.copytree(log, cut)
+    sorted(cut.glob("seg-*"))[0].unlink()
+    with pytest.raises(Exception) as serial:
+        _serial(cut, ks, b'"op-1"')
+    with pytest.raises(Exception) as parallel:
+        _parallel(cut, ks, b'"op-1"')
+    assert type(parallel.value) is type(serial.value)
+    assert str(parallel.value) == str(serial.value)
