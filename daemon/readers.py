@@ -19,9 +19,8 @@ from daemon.signing import snapshot_signer
 from daemon.snapshots import load_snapshot, replay_log, warn_unreadable
 from eventlog.errors import EventLogError
 from eventlog.keys import KeyRing, keys_directory, load_keyring
+from eventlog.parallel import ParallelReader
 from eventlog.position import mismatch
-from eventlog.reader import LogReader
-from eventlog.search import search_payloads
 from replay.actions import Action, evolve_action
 from replay.errors import ReplayError
 from replay.events import (
@@ -52,9 +51,11 @@ def open_keyring(config: Config) -> KeyRing:
 
 
 def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
-             until_time: float | None = None) -> LoadedLog:
-    """Every event of the log (up to ``until_*``) and the state they fold into."""
-    reader = LogReader(log_dir, keyring)
+             until_time: float | None = None, jobs: int | None = None) -> LoadedLog:
+    """Every event of the log (up to ``until_*``) and the state they fold into; a large log
+    is opened on every core (:class:`eventlog.parallel.ParallelReader`) when the process has
+    one thread."""
+    reader = ParallelReader(log_dir, keyring, jobs=jobs)
     log = LoadedLog([], {}, -1)
     _fold(log, reader.payloads(log.unreadable), until_seq=until_seq, until_time=until_time)
     log.head_seq = reader.next_seq - 1
@@ -64,15 +65,15 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
     return log
 
 
-def load_operation(log_dir: Path, keyring: KeyRing, operation: str) -> LoadedLog:
+def load_operation(log_dir: Path, keyring: KeyRing, operation: str, *,
+                   jobs: int | None = None) -> LoadedLog:
     """One operation's events and actions, what its story needs. An event whose plaintext
     does not hold the id as a JSON string cannot be one of them, so it is neither decoded nor
-    folded, and a large log is opened on every core (:func:`eventlog.search.search_payloads`:
-    it forks, so call this from a single-threaded process)."""
+    folded, and a large log is opened on every core, the workers sending back only those."""
+    reader = ParallelReader(log_dir, keyring, msgspec.json.encode(operation), jobs=jobs)
     log = LoadedLog([], {}, -1)
-    found, log.head_seq = search_payloads(log_dir, keyring, msgspec.json.encode(operation),
-                                          log.unreadable)
-    _fold(log, iter(found), operation=operation)
+    _fold(log, reader.payloads(log.unreadable), operation=operation)
+    log.head_seq = reader.next_seq - 1
     warn_unreadable(log.unreadable)
     return log
 

@@ -21,6 +21,7 @@ import replay
 from daemon import logfmt
 from eventlog.errors import StoreError
 from eventlog.keys import KeyRing, Signer
+from eventlog.parallel import ParallelReader
 from eventlog.position import LogPosition
 from eventlog.reader import LogReader
 from eventlog.snapshot import (
@@ -96,15 +97,19 @@ def _seq_or_none(data: bytes) -> int:
     return -1 if seq is None else seq
 
 
-def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None) -> Ledger:
+def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None, *,
+               jobs: int | None = None) -> Ledger:
     """Fold the log into a ledger: every event, or those after ``start``'s position into its
     ledger (the caller has checked that the position still names its record).
 
     Events that cannot be read (sealed under a retired data key: crypto-shredded) or folded
     (later events of an operation whose registration is unreadable) are left out with a
-    warning naming their sequence numbers; every other operation is replayed."""
+    warning naming their sequence numbers; every other operation is replayed. A whole large
+    log is opened on every core where the process has one thread (the offline readers; the
+    daemon, threaded, reads it serially)."""
+    reader: LogReader | ParallelReader
     if start is None:
-        ledger, reader = Ledger(), LogReader(log_dir, keyring)
+        ledger, reader = Ledger(), ParallelReader(log_dir, keyring, jobs=jobs)
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
     skipped: list[tuple[int, str]] = []

@@ -169,9 +169,9 @@ def _print_replay(r: dict[str, Any]) -> None:
     print(f"\nreplay {r['events']} events, {r['operations']} operations ({r['live']} live), "
           f"{r['log_bytes'] / 1e6:.0f} MB (snapshot {r['snapshot_bytes'] / 1e6:.0f} MB); "
           f"goal {r['goal_events_per_s']} events/s")
-    print(f"  {'stage':<36}{'seconds':>9}{'events/s':>11}")
+    print(f"  {'stage':<40}{'seconds':>9}{'events/s':>11}")
     for name, row in r["stages"].items():
-        print(f"  {name:<36}{row['seconds']:>9}{row['events_per_s']:>11}")
+        print(f"  {name:<40}{row['seconds']:>9}{row['events_per_s']:>11}")
 
 
 def _print_scale(r: dict[str, Any]) -> None:

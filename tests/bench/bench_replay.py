@@ -153,8 +153,8 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
             n += 1
         return n
 
-    def replay() -> int:
-        return replay_log(log_dir, keyring).events
+    def replay(jobs: int | None) -> Callable[[], int]:
+        return lambda: replay_log(log_dir, keyring, jobs=jobs).events
 
     replayed = replay_log(log_dir, keyring)
     behind = min(LogConfig().snapshot_every, records // 2)  # a --quick log is smaller
@@ -173,25 +173,29 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
                                 resume=snap.position if snap else None)
             assert report.damage is None
             assert snap is None or report.resumed_at == snap.position.seq
-            return replay_log(log_dir, keyring, snap).events
+            return replay_log(log_dir, keyring, snap, jobs=1).events  # the daemon: threaded
         return run
 
-    # `bide story OP --offline`: one operation in the middle of the log, read as the whole
-    # log (the baseline) and as only its events (the events it skips are not decoded).
+    # What the offline readers load (`replay --check`, `story --offline`: every event, or one
+    # operation's in the middle of the log), in one process and on every core.
     story_op = f"op-{len(replayed.ops) // 2:07d}"
 
-    def story(only: str | None) -> Callable[[], int]:
+    def story(only: str | None, jobs: int | None) -> Callable[[], int]:
         def run() -> int:
-            log = (load_log(log_dir, keyring) if only is None
-                   else load_operation(log_dir, keyring, only))
+            log = (load_log(log_dir, keyring, jobs=jobs) if only is None
+                   else load_operation(log_dir, keyring, only, jobs=jobs))
             assert len(events_of(log, story_op)) == EVENTS_PER_OP
             return replayed.events
         return run
 
     stages: dict[str, object] = {}
     for name, fn in (("chain", chain), ("decrypt", decrypt), ("decode", decode),
-                     ("replay", replay), ("story --offline, all events", story(None)),
-                     ("story --offline, one op's", story(story_op)),
+                     ("replay, 1 process (the daemon)", replay(1)),
+                     ("replay, every core (offline readers)", replay(None)),
+                     ("load_log, 1 process", story(None, 1)),
+                     ("load_log, every core", story(None, None)),
+                     ("story --offline, 1 process", story(story_op, 1)),
+                     ("story --offline, every core", story(story_op, None)),
                      ("start, no snapshot", start(None)),
                      ("start, snapshot at the head", start(snapshots["head"])),
                      (f"start, snapshot {behind} behind", start(snapshots["behind"]))):

@@ -1,16 +1,17 @@
-"""``search_payloads`` in forked workers finds exactly what filtering the serial reader finds,
-and where the log is damaged it raises what the serial reader raises."""
+"""``ParallelReader`` in forked workers reads (or finds, with a needle) exactly what the serial
+reader does, and where the log is damaged it raises what the serial reader raises."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from eventlog.errors import DamagedLogError
+from eventlog.parallel import ParallelReader
 from eventlog.reader import LogReader
-from eventlog.search import search_payloads
 from tests.eventlog._logtools import KeySet, build_log
 
 EVENTS = 300
@@ -28,8 +29,10 @@ def _serial(log: Path, ks: KeySet, needle: bytes) -> tuple[list[tuple[int, bytes
 
 def _parallel(log: Path, ks: KeySet, needle: bytes, unreadable: list[tuple[int, str]] | None = None
               ) -> tuple[list[tuple[int, bytes]], int]:
-    return search_payloads(log, ks.keyring(), needle, [] if unreadable is None else unreadable,
-                           jobs=2, unit_bytes=4096, min_bytes=0)
+    reader = ParallelReader(log, ks.keyring(), needle, jobs=2, unit_bytes=4096, min_bytes=0)
+    found = list(reader.payloads([] if unreadable is None else unreadable))
+    assert reader.workers == 2
+    return found, reader.next_seq - 1
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def log(tmp_path: Path, ks: KeySet) -> Path:
     return tmp_path / "log"
 
 
-@pytest.mark.parametrize("needle", [b'"op-3"', b'"n": 1', b"no such bytes"])
+@pytest.mark.parametrize("needle", [b"", b'"op-3"', b'"n": 1', b"no such bytes"])
 def test_finds_what_the_serial_reader_finds(log: Path, ks: KeySet, needle: bytes) -> None:
     assert len(list(log.glob("seg-*"))) >= 3  # units cross segment files
     assert _parallel(log, ks, needle) == _serial(log, ks, needle)
@@ -70,9 +73,25 @@ def test_a_log_from_another_start_is_read_serially(log: Path, ks: KeySet,
     cut = tmp_path / "cut"
     shutil.copytree(log, cut)
     sorted(cut.glob("seg-*"))[0].unlink()
-    with pytest.raises(Exception) as serial:
+    with pytest.raises(DamagedLogError) as serial:
         _serial(cut, ks, b'"op-1"')
-    with pytest.raises(Exception) as parallel:
+    with pytest.raises(DamagedLogError) as parallel:
         _parallel(cut, ks, b'"op-1"')
     assert type(parallel.value) is type(serial.value)
     assert str(parallel.value) == str(serial.value)
+
+
+def test_a_process_with_other_threads_reads_serially(log: Path, ks: KeySet) -> None:
+    """Forking a threaded process could hand the child a lock another thread held."""
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        reader = ParallelReader(log, ks.keyring(), b'"op-2"', jobs=2, unit_bytes=4096,
+                                min_bytes=0)
+        found = list(reader.payloads([]))
+    finally:
+        release.set()
+        other.join()
+    assert reader.workers == 0
+    assert (found, reader.next_seq - 1) == _serial(log, ks, b'"op-2"')
