@@ -3,7 +3,10 @@ reader does, and where the log is damaged it raises what the serial reader raise
 
 from __future__ import annotations
 
+import pickle
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -27,12 +30,33 @@ def _serial(log: Path, ks: KeySet, needle: bytes) -> tuple[list[tuple[int, bytes
     return found, reader.next_seq - 1
 
 
-def _parallel(log: Path, ks: KeySet, needle: bytes, unreadable: list[tuple[int, str]] | None = None
-              ) -> tuple[list[tuple[int, bytes]], int]:
-    reader = ParallelReader(log, ks.keyring(), needle, jobs=2, unit_bytes=4096, min_bytes=0)
-    found = list(reader.payloads([] if unreadable is None else unreadable))
-    assert reader.workers == 2
-    return found, reader.next_seq - 1
+# A reader in a fresh interpreter, as `bide story --offline` runs: this test process has
+# threads (anyio's idle workers from building the log), so here it would read serially.
+_READ = """
+import pickle, sys
+from pathlib import Path
+from eventlog import keys
+from eventlog.parallel import ParallelReader
+reader = ParallelReader(Path(sys.argv[1]), keys.load_keyring(Path(sys.argv[2])),
+                        bytes.fromhex(sys.argv[3]), jobs=2, unit_bytes=4096, min_bytes=0)
+try:
+    out = (list(reader.payloads([])), reader.next_seq - 1, reader.workers)
+except Exception as exc:
+    out = (type(exc), str(exc))
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def _parallel(log: Path, ks: KeySet, needle: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """What the reader found, in 2 forked workers; what it raised is raised here."""
+    child = subprocess.run([sys.executable, "-c", _READ, str(log), str(ks.directory),
+                            needle.hex()], capture_output=True, check=True, timeout=120)
+    out = pickle.loads(child.stdout)
+    if len(out) == 2:
+        raise out[0](out[1])
+    found, head, workers = out
+    assert workers == 2
+    return found, head
 
 
 @pytest.fixture
