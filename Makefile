@@ -16,7 +16,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check daemon eventlog replay tests
-	$(VENV)/bin/mypy --strict daemon eventlog replay
+	$(VENV)/bin/mypy --strict daemon eventlog replay tests
 
 test: lint
 	$(VENV)/bin/pytest

@@ -346,7 +346,7 @@ def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None
 
 
 def test_live_operations_per_user_are_capped_and_freed_as_they_end(tmp_path: Path) -> None:
-    jobs: dict[str, str | list[object]] = {f"c{i}": FOREVER for i in range(3)}
+    jobs = {f"c{i}": FOREVER for i in range(3)}
     with workspace(tmp_path, jobs=jobs, api="max_live_per_principal = 2\n") as ws:
         ws.start_daemon()
         with api(ws) as client:

@@ -75,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "epochs"):
         work = Path(tempfile.mkdtemp(prefix="epochs-", dir=out))
         try:
-            results["epochs"] = bench_epochs.run(work, 50 if args.quick else 200)
+            epochs = bench_epochs.run(work, 50 if args.quick else 200)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        results["epochs"] = epochs
         print("checkpoint cost (ms) and ratios to a single-key checkpoint:")
-        for k, v in results["epochs"].items():  # type: ignore[union-attr]
+        for k, v in epochs.items():
             print(f"  {k:24} {v:10.3f}")
     if args.only in (None, "append"):
         work = Path(tempfile.mkdtemp(prefix="append-", dir=out))

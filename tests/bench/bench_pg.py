@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from psycopg import sql
 from eventlog import keys, pgstore
 from tests.bench import bench_append
 from tests.e2e.harness import drop_registration, until, workspace, write_status_profile
-from tests.e2e.pgnodes import LEASE, node_config, standby, start, wait_active
+from tests.e2e.pgnodes import LEASE, Node, node_config, standby, start, wait_active
 from tests.e2e.tcpproxy import proxy_to
 from tests.pgsupport import base_dsn
 
@@ -123,7 +124,8 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
             start(ws, n)
         current = wait_active(nodes)
         other = next(n for n in nodes if n is not current)
-        until(lambda: standby(other.daemon), 20, "a standby")  # type: ignore[arg-type]
+        assert other.daemon is not None
+        until(partial(standby, other.daemon), 20, "a standby")
         spool = Spool(current.state / "spool")
         for job in JOBS:
             drop_registration(ws, f"op-{job}", job, spool=spool)
@@ -142,18 +144,18 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
                     current.daemon.kill()
                 else:
                     proxies[current.name].cut()
-                until(lambda o=others, t=took: any(_count(n, TOOK) > t[n.name] for n in o),
-                      LEASE + 20, "the other node to take over")
+                until(partial(_took_over, others, took), LEASE + 20,
+                      "the other node to take over")
                 nxt = next(n for n in others if _count(n, TOOK) > took[n.name])
                 after = len(ws.sim.requests(kind="status"))
                 ws.sim.wait_for_requests(after + 1, kind="status", timeout=10)
                 times.append(time.monotonic() - t0)
                 if kind == "sigkill":
                     start(ws, current)
-                    until(lambda c=current: _count(c, STANDBY) >= 1, 30, "a restarted standby")
+                    until(partial(_stood_by, current, 0), 30, "a restarted standby")
                 else:
                     proxies[current.name].restore()
-                    until(lambda c=current, s=stood: _count(c, STANDBY) > s, 30,
+                    until(partial(_stood_by, current, stood), 30,
                           "the cut node to stand by again")
                 current = nxt
             out[kind] = {"runs": runs, "median_s": round(statistics.median(times), 3),
@@ -171,8 +173,18 @@ TOOK = "took the log's lease"
 STANDBY = 'msg="standby: following the log"'
 
 
-def _count(node: Any, marker: str) -> int:
+def _count(node: Node, marker: str) -> int:
     return 0 if node.daemon is None else int(node.daemon.output().count(marker))
+
+
+def _took_over(others: list[Node], took: dict[str, int]) -> bool:
+    """One of ``others`` took the lease since ``took`` (name -> times it had) was counted."""
+    return any(_count(n, TOOK) > took[n.name] for n in others)
+
+
+def _stood_by(node: Node, stood: int) -> bool:
+    """``node`` went (back) to standby more than ``stood`` times."""
+    return _count(node, STANDBY) > stood
 
 
 def run(work: Path, seconds: float, dsn: str | None, runs: int) -> dict[str, Any]:

@@ -18,10 +18,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import msgspec
 
@@ -257,7 +258,7 @@ def init_log(dsn: str) -> None:
 
 
 @contextmanager
-def workspace(tmp: Path, jobs: dict[str, str | list[object]] | None = None,
+def workspace(tmp: Path, jobs: Mapping[str, str | Sequence[object]] | None = None,
               server: dict[str, object] | None = None,
               config_extra: str = "",
               scenarios: dict[str, object] | None = None,
@@ -312,8 +313,26 @@ def write_status_profile(ws: Workspace, name: str, *, contract: str = DEFAULT_CO
     return path
 
 
+class RegistrationFields(TypedDict, total=False):
+    """The :class:`~replay.observations.Registration` fields :func:`drop_registration` takes
+    as keywords (all but the operation, provider and job ids, which it takes by name)."""
+
+    account_context: str
+    request_fingerprint: str
+    expected_terminal_state: str | None
+    idempotency_key: str | None
+    status_location: str | None
+    started_at: float | None
+    deadline_at: float | None
+    business_deadline_at: float | None
+    max_status_requests: int | None
+    max_transport_failures: int | None
+    max_rate_limited: int | None
+    first_poll_after_seconds: float | None
+
+
 def drop_registration(ws: Workspace, op: str, job: str, *, provider: str = "sim",
-                      spool: Spool | None = None, **fields: object) -> str:
+                      spool: Spool | None = None, **fields: Unpack[RegistrationFields]) -> str:
     """Register a job through the spool, as ``bide watch`` does, without a subprocess.
 
     ``fields`` are any other :class:`~replay.observations.Registration` fields (absolute times

@@ -55,6 +55,7 @@ from replay.events import (
 from replay.signals import parse_instant
 from replay.state import Operation
 from tests.e2e.harness import (
+    RegistrationFields,
     Workspace,
     assert_log_verifies,
     assert_provider_invariants,
@@ -101,7 +102,7 @@ class Scenario:
     steps: str | list[object]
     provider: str = "sim"
     deadline: float | None = None  # seconds from registration
-    budgets: dict[str, int] = field(default_factory=dict)
+    budgets: RegistrationFields = field(default_factory=RegistrationFields)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -186,7 +187,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, store: str) -> Iterator[Run]:
         now = time.time()
         rids = []
         for name, s in SCENARIOS.items():
-            fields: dict[str, object] = dict(s.budgets)
+            fields = s.budgets.copy()
             if s.deadline is not None:
                 fields["deadline_at"] = now + s.deadline
             rids.append(drop_registration(ws, name, name, provider=s.provider, **fields))

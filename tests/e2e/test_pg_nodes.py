@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -139,8 +140,7 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
         start(ws, nodes[0])
         first = wait_active(nodes[:1])
         for n in nodes[1:]:
-            start(ws, n)
-            until(lambda n=n: standby(n.daemon), 20, f"node {n.name} to stand by")
+            until(partial(standby, start(ws, n)), 20, f"node {n.name} to stand by")
         _register(ws, first)
         until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
         takeovers: list[float] = []
@@ -156,8 +156,8 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Pat
             after = len(ws.sim.requests(kind="status"))
             ws.sim.wait_for_requests(after + 1, kind="status", timeout=10)
             takeovers.append(time.monotonic() - killed_at)
-            start(ws, current)  # the killed node comes back, as a standby
-            until(lambda n=current: standby(n.daemon), 20, "the restarted node to stand by")
+            restarted = start(ws, current)  # the killed node comes back, as a standby
+            until(partial(standby, restarted), 20, "the restarted node to stand by")
             current = nxt
         status = subprocess.run([*BIDE, "status", "--node", "--json", "--config",
                                  str(current.config)], capture_output=True, text=True,
@@ -193,7 +193,7 @@ def _a_active_b_standing_by_jobs_polled(ws: Workspace, a: Node, b: Node) -> None
     wait_active([a])
     start(ws, b)
     assert b.daemon is not None
-    until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+    until(partial(standby, b.daemon), 20, "node b to stand by")
     _register(ws, a)
     until(lambda: len(ws.sim.requests(kind="status")) >= 2 * len(JOBS), 20, "polls")
 
@@ -215,10 +215,9 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         b_epoch = max(epochs.values())
         resumed = time.time()
         a.daemon.proc.send_signal(signal.SIGCONT)
-        until(lambda: "fenced" in a.daemon.output(), 15,  # type: ignore[union-attr]
-              "the resumed node to find itself fenced")
-        until(lambda: standbys(a.daemon) >= 2, 15,  # type: ignore[union-attr]
-              "the resumed node to stand by again")
+        daemon_a = a.daemon
+        until(lambda: "fenced" in daemon_a.output(), 15, "the resumed node to find itself fenced")
+        until(lambda: standbys(daemon_a) >= 2, 15, "the resumed node to stand by again")
         assert a.daemon.stop() == 0  # a standby stops at once, holding nothing
         assert b.daemon.stop() == 0
         per_epoch = _check_run(ws, pg_dsn, "pause")
@@ -363,9 +362,10 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
         start(ws, b)
         assert a.daemon is not None
         assert b.daemon is not None
-        until(lambda: standby(b.daemon), 20, "node b to stand by")  # type: ignore[union-attr]
+        daemon_a = a.daemon
+        until(partial(standby, b.daemon), 20, "node b to stand by")
         _register(ws, a)
-        until(lambda: _stopped(a.daemon.proc.pid), 20,  # type: ignore[union-attr]
+        until(lambda: _stopped(daemon_a.proc.pid), 20,
               "node a to stop itself between an intent and its request")
         wait_active([b], timeout=LEASE + 15)
         seen = len(ws.sim.requests(kind="status", job_id="long-0"))
@@ -373,7 +373,7 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
         assert b.daemon.stop() == 0  # the lease handed over: only node a is left
         resumed = time.time()
         a.daemon.proc.send_signal(signal.SIGCONT)
-        until(lambda: a.daemon.output().count("msg=ready") >= 2,  # type: ignore[union-attr]
+        until(lambda: daemon_a.output().count("msg=ready") >= 2,
               20, "node a to be fenced, stand by and take the lease again")
         assert "fenced" in a.daemon.output()
         retaken = epoch_starts(pg_dsn)[max(epochs_of(pg_dsn).values())]
@@ -408,10 +408,9 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         ws.sim.wait_for_requests(seen + 1, kind="status", timeout=10)
         took_over = time.monotonic() - cut_mono
         proxy.restore()
-        until(lambda: "fenced" in a.daemon.output(), 20,  # type: ignore[union-attr]
-              "the cut node to stop as fenced")
-        until(lambda: standbys(a.daemon) >= 2, 20,  # type: ignore[union-attr]
-              "the cut node to stand by again")
+        daemon_a = a.daemon
+        until(lambda: "fenced" in daemon_a.output(), 20, "the cut node to stop as fenced")
+        until(lambda: standbys(daemon_a) >= 2, 20, "the cut node to stand by again")
         assert a.daemon.stop() == 0
         assert b.daemon.stop() == 0
         arrivals = _requests_by_epoch(ws, pg_dsn, how)

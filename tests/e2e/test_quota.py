@@ -18,7 +18,7 @@ RATE = 10.0
 
 def test_fifty_agents_do_not_hit_the_provider_in_waves(tmp_path: Path) -> None:
     jobs = {f"j{i}": "running" for i in range(OPS)}
-    with workspace(tmp_path, jobs) as ws:  # type: ignore[arg-type]
+    with workspace(tmp_path, jobs) as ws:
         ws.write_profile(contract=DEFAULT_CONTRACT + "first_poll_after_seconds = 0.2\n",
                          extra=f"[quota]\nrequests_per_second = {RATE}\nmax_in_flight = 2\n")
         ws.start_daemon()

@@ -44,7 +44,7 @@ def test_most_in_window_counts_half_open_windows() -> None:
 def test_no_window_at_the_provider_exceeds_the_quota(tmp_path: Path, jobs: int, rate: int,
                                                      burst: int) -> None:
     script = {f"j{i}": "running" for i in range(jobs)}
-    with workspace(tmp_path, script) as ws:  # type: ignore[arg-type]
+    with workspace(tmp_path, script) as ws:
         ws.write_profile(contract=DEFAULT_CONTRACT + "first_poll_after_seconds = 0.2\n",
                          extra=f"[quota]\nrequests_per_second = {rate}\nburst = {burst}\n"
                                f"max_in_flight = 4\n")

@@ -80,7 +80,7 @@ def test_a_log_spans_several_epochs_and_keeps_only_the_current_key(tmp_path: Pat
 def test_a_key_stolen_now_cannot_resign_an_earlier_epoch(tmp_path: Path, ks: KeySet) -> None:
     log = _epoch_log(tmp_path, ks)
     lines = read_lines(log)
-    boundaries = [ln for ln in lines if ln.kind == "Checkpoint" and ln.record.next_key]
+    boundaries = [ln for ln in lines if isinstance(ln.record, Checkpoint) and ln.record.next_key]
     assert len(boundaries) >= 3
     (_, path), = epoch_key_files(epoch_dir(log), lines[0].record.log)
     _, _, thief = read_epoch_key(path)  # the current key, stolen

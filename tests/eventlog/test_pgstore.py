@@ -179,9 +179,9 @@ def test_a_password_file_must_be_private(pg_dsn: str, tmp_path: Path) -> None:
 
 
 def test_synchronous_commit_off_is_refused_unless_configured(pg_dsn: str) -> None:
-    dsn = psycopg.conninfo.make_conninfo(
-        pg_dsn, options=psycopg.conninfo.conninfo_to_dict(pg_dsn)["options"]
-        + " -csynchronous_commit=off")
+    options = psycopg.conninfo.conninfo_to_dict(pg_dsn)["options"]
+    assert isinstance(options, str)  # the test schema's search_path
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options=options + " -csynchronous_commit=off")
     with pytest.raises(StoreError, match="synchronous_commit"):
         pgstore.connect(_settings(dsn))
     pgstore.connect(pgstore.PgSettings(dsn, allow_async_commit=True)).close()

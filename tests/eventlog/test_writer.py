@@ -333,7 +333,6 @@ async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
     """A failed batch that spans a segment rotation, whose cut also fails, leaves two cuts for
     reopen to record; with the unsigned run nearly full, the recovery records and the next
     append must still verify (a checkpoint is signed before the run would overflow)."""
-    import eventlog.writer as writer_module
     log = tmp_path / "log"
     async with writer(log, ks, segment_bytes=1 << 20, checkpoint_every=5) as w:
         for i in range(4):
@@ -349,11 +348,11 @@ async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
                 raise OSError(errno.EIO, "EIO")
             real(fd)
 
-        monkeypatch.setattr(writer_module.os, "fdatasync", failing_second)
+        monkeypatch.setattr(os, "fdatasync", failing_second)
         monkeypatch.setattr(LogWriter, "_roll_back", lambda self, index, size: False)
         with pytest.raises(LogIOError):
             await w.append_many([b"a", b"b"])
-        monkeypatch.setattr(writer_module.os, "fdatasync", real)
+        monkeypatch.setattr(os, "fdatasync", real)
         await w.reopen()
         assert w.recovered is not None
         await w.append(b"after")

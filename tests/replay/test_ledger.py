@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replay.contract import Contract
 from replay.errors import NewerSchemaError, ReplayError
 from replay.events import ActionIntended, LogEvent, StatusResponseReceived, encode_event
 from replay.ledger import Ledger, SnapshotFormatError
@@ -63,7 +64,7 @@ def test_round_trip_keeps_everything() -> None:
     loaded = Ledger.load(full.dump())
     _same(loaded, full)
     # Operations under one digest share one contract object after loading, as before.
-    by_digest = {}
+    by_digest: dict[str, Contract] = {}
     for op in loaded.ops.values():
         assert by_digest.setdefault(op.contract_digest, op.contract) is op.contract
 
