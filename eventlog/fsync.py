@@ -13,3 +13,16 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Create ``path`` (mode 0600; it must not exist) holding ``data``, fsynced. The caller
+    makes the directory entry durable (:func:`fsync_dir`), after a rename where it renames."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -24,7 +24,6 @@ from pathlib import Path
 import msgspec
 
 from eventlog.envelope import (
-    MAX_LINE_BYTES,
     RECORD_DECODER,
     ZERO_HASH,
     EventRecord,
@@ -39,7 +38,7 @@ from eventlog.position import LogPosition
 from eventlog.reader import LogReader
 from eventlog.seal import Sealer
 from eventlog.segments import list_segments
-from eventlog.verify import PARALLEL_MIN_BYTES, UNIT_BYTES, plan_units
+from eventlog.verify import PARALLEL_MIN_BYTES, UNIT_BYTES, plan_units, unit_lines
 
 #: What a unit sends back: its first record's seq and prev, its last record's seq and hash,
 #: the log id when it holds the genesis record, the matches and the unreadable records.
@@ -67,9 +66,9 @@ class ParallelReader:
         self.workers = 0  # how many processes the last read forked (0: it read serially)
 
     def payloads(self, unreadable: list[tuple[int, str]]) -> Iterator[tuple[int, bytes]]:
-        units = plan_units(list_segments(self.log_dir), (1, 0), self.unit_bytes)
-        if (self.jobs < 2 or len(units) < 2 or threading.active_count() > 1
-                or sum(u[3] - u[2] for u in units) < self.min_bytes):
+        units = ([] if self.jobs < 2 or threading.active_count() > 1
+                 else plan_units(list_segments(self.log_dir), (1, 0), self.unit_bytes))
+        if len(units) < 2 or sum(u[3] - u[2] for u in units) < self.min_bytes:
             yield from self._serial(LogReader(self.log_dir, self.keyring), unreadable)
             return
         global _keyring
@@ -143,15 +142,9 @@ def _search_unit(unit: _Unit, needle: bytes, unit_bytes: int) -> _Found | None:
     (the parent's serial reader then says what)."""
     gc.disable()
     assert _keyring is not None
-    path, _, start, end = unit
-    if end - start > unit_bytes + MAX_LINE_BYTES:
-        return None  # an overlong line: the serial reader reads it in bounded chunks
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    if not data.endswith(b"\n") or len(data) != end - start:
-        return None
-    lines = data[:-1].split(b"\n")
+    lines = unit_lines(unit, unit_bytes)
+    if lines is None:
+        return None  # the serial reader reads what is off, in bounded chunks
     try:
         recs: list[Record] = list(map(RECORD_DECODER.decode, lines))
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError):

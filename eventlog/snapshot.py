@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.errors import DecryptError, EventLogError, UnknownKeyError
-from eventlog.fsync import fsync_dir
+from eventlog.fsync import fsync_dir, write_new_file
 from eventlog.keys import KeyRing
 from eventlog.mac import TAG_BYTES, tag
 from eventlog.position import LogPosition
@@ -73,14 +73,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

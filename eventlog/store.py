@@ -24,7 +24,7 @@ from typing import Protocol
 
 from eventlog.envelope import record_hash
 from eventlog.errors import DamagedLogError
-from eventlog.fsync import fsync_dir
+from eventlog.fsync import fsync_dir, write_new_file
 from eventlog.segments import QUARANTINE_DIR, iter_lines, list_segments, segment_name
 
 
@@ -161,14 +161,7 @@ def cut_after(log_dir: Path, seq: int, record_hash: str) -> Path | None:
     qdir = log_dir / QUARANTINE_DIR
     qdir.mkdir(mode=0o700, exist_ok=True)
     kept = qdir / f"{segment.name}.{cut_at}.{time.time_ns()}.uncommitted"
-    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(tail)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(kept, tail)
     fsync_dir(qdir)
     fd = os.open(segment, os.O_WRONLY)
     try:

@@ -433,18 +433,27 @@ def _check_unit_args(args: tuple[_Unit, bytes, tuple[int, str] | None]) -> _Summ
     return _check_unit(unit, raw_key, anchor)
 
 
-def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> _Summary | None:
-    """Prove one unit intact on its own, or return None (the slow path will say why)."""
-    path_text, ordinal, start, end = unit
-    path = Path(path_text)
-    if end - start > UNIT_BYTES + MAX_LINE_BYTES:
-        return None  # an overlong line: the slow path names it, reading in bounded chunks
-    with path.open("rb") as f:
+def unit_lines(unit: _Unit, unit_bytes: int = UNIT_BYTES) -> list[bytes] | None:
+    """A unit's lines, without their newlines; None where it holds an overlong line (the slow
+    path names it, reading in bounded chunks) or does not end in a whole line."""
+    path, _, start, end = unit
+    if end - start > unit_bytes + MAX_LINE_BYTES:
+        return None
+    with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
     if not data.endswith(b"\n") or len(data) != end - start:
         return None
-    lines = data[:-1].split(b"\n")
+    return data[:-1].split(b"\n")
+
+
+def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> _Summary | None:
+    """Prove one unit intact on its own, or return None (the slow path will say why)."""
+    path_text, ordinal, start, end = unit
+    path = Path(path_text)
+    lines = unit_lines(unit)
+    if lines is None:
+        return None
     try:
         recs: list[Record] = list(map(_decode, lines))
     except (msgspec.DecodeError, ValueError):
