@@ -151,6 +151,12 @@ def _print_append(r: dict[str, object]) -> None:
     for row in rows:
         label = f"eventlog, {row['appenders']} appenders"
         print(f"  {label:<34}{row['records_per_s']:>12}{row['ratio_vs_sqlite']:>10.2f}x")
+    floor = r["floor"]
+    assert isinstance(floor, dict)
+    print("  one appender's floor, same run (tests/bench/bench_floor.py):")
+    for label, row in floor.items():
+        print(f"    {label:<46}{row['records_per_s']:>8}{row['ratio_vs_sqlite']:>7.2f}x"
+              f"{row['us_per_record']:>9} us")
 
 
 def _print_verify(r: dict[str, object]) -> None:

@@ -20,6 +20,7 @@ import anyio
 from eventlog import keys
 from eventlog.store import LineStore
 from eventlog.writer import LogWriter
+from tests.bench import bench_floor
 
 PAYLOAD_BYTES = 256
 
@@ -87,6 +88,7 @@ def run(work: Path, seconds: float) -> dict[str, object]:
                      "records_per_s": round(n / t), "ratio_vs_sqlite": round(n / t / base, 2)})
     return {
         "payload_bytes": PAYLOAD_BYTES,
+        "floor": bench_floor.run(work, seconds),
         "sqlite": {"mode": "WAL, synchronous=FULL, one transaction per record, sequential "
                            "(one connection, one thread)",
                    "records": base_n, "seconds": round(base_t, 3),

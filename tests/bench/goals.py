@@ -7,7 +7,9 @@ Each repeat measures every row with its baseline in the same run:
     saturation               the daemon's requests/s against the bare loop's, unpaced, with the
                              same connections, against the same simulator
     durable appends          1 and 1,000 appenders against SQLite (WAL, synchronous=FULL, one
-                             transaction per record)
+                             transaction per record); and one appender's floor, the same run
+                             (``bench_floor``): SQLite and a bare write+fdatasync behind the
+                             thread hand-off a non-blocking daemon needs
     full replay              events/s folding the 1,000,000-event log with no snapshot, and a
                              start from a clean stop's snapshot (what the offline readers and a
                              restart do)
@@ -38,6 +40,8 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = {r["appenders"]: r for r in append["eventlog"]}  # type: ignore[attr-defined]
+    floor = append["floor"]
+    assert isinstance(floor, dict)
     scale = bench_scale.run_one(out, operations, window, RATE, 8, 0, bare_saturated=True)
     replay = bench_replay.run(out, replay_records, runs=1)["stages"]
     assert isinstance(replay, dict)
@@ -55,6 +59,14 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         "sqlite": float(append["sqlite"]["records_per_s"]),  # type: ignore[index]
         "append_1_ratio": float(rows[1]["ratio_vs_sqlite"]),
         "append_1000_ratio": float(rows[1000]["ratio_vs_sqlite"]),
+        # One appender's floor (bench_floor), each against SQLite direct in its own rounds.
+        "floor_sqlite_handoff": float(floor["sqlite, behind a hand-off"]["ratio_vs_sqlite"]),
+        "floor_growing_handoff": float(
+            floor["write+fdatasync, growing, behind a hand-off"]["ratio_vs_sqlite"]),
+        "floor_prewritten_handoff": float(
+            floor["write+fdatasync, pre-written, behind a hand-off"]["ratio_vs_sqlite"]),
+        "append_1_vs_sqlite_handoff": float(rows[1]["records_per_s"])
+        / float(floor["sqlite, behind a hand-off"]["records_per_s"]),
         "replay_ev_s": float(replay["replay, 1 process (the daemon)"]["events_per_s"]),
         "replay_cores_ev_s": float(
             replay["replay, every core (offline readers)"]["events_per_s"]),
@@ -92,6 +104,14 @@ def print_table(r: dict[str, Any]) -> None:
          "saturation_ratio", ">= 0.85x"),
         ("durable appends/s, 1 appender", "append_1", max, "SQLite", "sqlite",
          "append_1_ratio", ">= 1.0x"),
+        ("  the same against SQLite behind the same thread hand-off", "append_1", max,
+         "", "", "append_1_vs_sqlite_handoff", "(the design's own baseline)"),
+        ("  floor: SQLite behind a hand-off / SQLite", "", max, "", "", "floor_sqlite_handoff",
+         "(bench_floor)"),
+        ("  floor: write+fdatasync behind a hand-off / SQLite", "", max, "", "",
+         "floor_growing_handoff", "(growing file, no framing)"),
+        ("  the same on a pre-written file / SQLite", "", max, "", "",
+         "floor_prewritten_handoff", "(as SQLite's WAL)"),
         ("durable appends/s, 1000 appenders", "append_1000", max, "SQLite", "sqlite",
          "append_1000_ratio", ">= 10x"),
         ("full replay, no snapshot, events/s", "replay_ev_s", max, "", "", "", ">= 300,000"),
@@ -104,4 +124,5 @@ def print_table(r: dict[str, Any]) -> None:
     for label, key, best, base_label, base_key, ratio_key, goal in rows:
         base = f"{base_label} {span(runs, base_key, max)}" if base_key else ""
         ratio = span(runs, ratio_key, min if key == "cpu_us" else max) if ratio_key else ""
-        print(f"  {label:<52}{span(runs, key, best):>26}  {base:<34}{ratio:>22}  {goal}")
+        measured = span(runs, key, best) if key else ""
+        print(f"  {label:<52}{measured:>26}  {base:<34}{ratio:>22}  {goal}")
