@@ -4,8 +4,14 @@ Before every request and after every response, httpcore's pool asks each idle co
 whether its socket is readable. Its AnyIO stream answers by building anyio's whole attribute
 mapping (a ``getpeername`` system call) and a fresh ``select.poll`` object, every time: with
 the pool full (a provider's ``max_in_flight`` connections) that cost 200-280 µs of event loop
-CPU per status request in the scale benchmark, a fifth of the daemon's. The stream here
-answers the same question with one ``poll`` object per connection, made when it opens.
+CPU per status request in the scale benchmark, a fifth of the daemon's.
+
+Here a pool's connections share one ``poll`` object, and one ``poll`` call answers for all of
+them until the event loop's next pass (:class:`_Readiness`). With 8 connections the pool asked
+about 15 times per request, each a system call that also let the log's writer thread take the
+GIL from the event loop; now it asks about twice. Within one pass nothing else runs on the
+loop, so an answer from earlier in the pass is as current as httpcore's own (a server may close
+a connection just after any such check; that race is httpcore's, and is recorded as a reset).
 
 httpx exposes no network backend setting, so :func:`install` replaces the backend of the
 client's connection pool, and leaves the pool as httpx built it when these internals are not
@@ -17,6 +23,8 @@ where this version of it keeps them (the test suite checks they are, for the pin
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import select
 import ssl
 from collections.abc import Iterable
@@ -26,17 +34,48 @@ import httpcore
 import httpx
 
 
-class _Stream(httpcore.AsyncNetworkStream):
-    """httpcore's AnyIO stream, with ``is_readable`` from a poll object kept per connection."""
+class _Readiness:
+    """One ``poll`` object for a pool's sockets; the readable ones, polled once per event-loop
+    pass at most."""
 
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._readable: set[int] | None = None  # this pass's answer; None: not asked yet
+
+    def add(self, fd: int) -> None:
+        self._poll.register(fd, select.POLLIN)
+        self._readable = None
+
+    def remove(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._poll.unregister(fd)
+        self._readable = None
+
+    def readable(self, fd: int) -> bool:
+        """Data, a hang-up or an error waiting on ``fd`` (a closed descriptor polls as
+        ``POLLNVAL``: readable too, as httpcore counts it)."""
+        if self._readable is None:
+            self._readable = {ready for ready, _ in self._poll.poll(0)}
+            asyncio.get_running_loop().call_soon(self._forget)
+        return fd in self._readable
+
+    def _forget(self) -> None:
+        self._readable = None
+
+
+class _Stream(httpcore.AsyncNetworkStream):
+    """httpcore's AnyIO stream, with ``is_readable`` answered by the pool's
+    :class:`_Readiness`."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, readiness: _Readiness) -> None:
         self._inner = inner
+        self._readiness = readiness
         # A socket.socket, or asyncio's TransportSocket wrapping one: anything with fileno().
         self._sock: Any = inner.get_extra_info("socket")
-        self._poll: Any = None
+        self._fd = -1
         if self._sock is not None and self._sock.fileno() >= 0:
-            self._poll = select.poll()
-            self._poll.register(self._sock.fileno(), select.POLLIN)
+            self._fd = self._sock.fileno()
+            readiness.add(self._fd)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return await self._inner.read(max_bytes, timeout)
@@ -45,30 +84,42 @@ class _Stream(httpcore.AsyncNetworkStream):
         await self._inner.write(buffer, timeout)
 
     async def aclose(self) -> None:
+        self._forget_fd()
         await self._inner.aclose()
+
+    def _forget_fd(self) -> None:
+        if self._fd >= 0:
+            self._readiness.remove(self._fd)
+            self._fd = -1
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> httpcore.AsyncNetworkStream:
-        return _Stream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+        self._forget_fd()  # the TLS stream registers the same socket again
+        return _Stream(await self._inner.start_tls(ssl_context, server_hostname, timeout),
+                       self._readiness)
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
             # As httpcore answers it: a closed socket, or one with data or a hang-up waiting.
-            if self._poll is None or self._sock is None or self._sock.fileno() < 0:
+            if self._fd < 0 or self._sock is None or self._sock.fileno() != self._fd:
                 return True
-            return bool(self._poll.poll(0))
+            return self._readiness.readable(self._fd)
         return self._inner.get_extra_info(info)
 
 
 class Backend(httpcore.AnyIOBackend):
-    """httpcore's AnyIO backend whose streams answer ``is_readable`` cheaply."""
+    """httpcore's AnyIO backend whose streams answer ``is_readable`` cheaply (one backend per
+    pool: its streams share one :class:`_Readiness`)."""
+
+    def __init__(self) -> None:
+        self._readiness = _Readiness()
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None,
                           socket_options: Iterable[Any] | None = None,
                           ) -> httpcore.AsyncNetworkStream:
         return _Stream(await super().connect_tcp(host, port, timeout, local_address,
-                                                 socket_options))
+                                                 socket_options), self._readiness)
 
 
 def install(client: httpx.AsyncClient) -> bool:
