@@ -69,3 +69,74 @@ async def test_idle_connections_are_reused_until_the_provider_closes_them(
         tg.cancel_scope.cancel()
     assert (first.text, second.text) == ("ok", "ok")
     assert opened == (2 if hangs_up else 1)
+
+
+@pytest.mark.anyio
+async def test_a_pool_polls_its_idle_connections_once_per_loop_pass() -> None:
+    """Eight connections held idle, then eight requests at once: httpcore asks about every idle
+    connection before and after each request, but the pool's sockets are polled together, at
+    most once per event-loop pass (was: one poll call per connection per question)."""
+    polls = 0
+    inflight = 8
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            buffered = b""
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buffered:
+                        buffered += await stream.receive()
+                    buffered = buffered.split(b"\r\n\r\n", 1)[1]
+                    await anyio.sleep(0.01)  # all eight are in flight together
+                    await stream.send(RESPONSE)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        limits = httpx.Limits(max_connections=inflight, max_keepalive_connections=inflight)
+        async with httpx.AsyncClient(trust_env=False, limits=limits) as client:
+            assert connections.install(client)
+            pool = client._transport._pool  # type: ignore[attr-defined]
+            readiness = pool._network_backend._readiness
+            real_poll = readiness._poll
+
+            class Counting:
+                def register(self, fd: int, mask: int) -> None:
+                    real_poll.register(fd, mask)
+
+                def unregister(self, fd: int) -> None:
+                    real_poll.unregister(fd)
+
+                def poll(self, timeout: int) -> list[tuple[int, int]]:
+                    nonlocal polls
+                    polls += 1
+                    return real_poll.poll(timeout)  # type: ignore[no-any-return]
+
+            readiness._poll = Counting()
+
+            async def get(path: str) -> str:
+                return (await client.get(f"http://127.0.0.1:{port}/{path}")).text
+
+            async def wave() -> list[str]:
+                texts: list[str] = []
+
+                async def one(i: int) -> None:
+                    texts.append(await get(str(i)))
+
+                async with anyio.create_task_group() as wave_tg:
+                    for i in range(inflight):
+                        wave_tg.start_soon(one, i)
+                return texts
+
+            with anyio.fail_after(10):
+                assert await wave() == ["ok"] * inflight  # opens the eight connections
+                asked = polls
+                assert await wave() == ["ok"] * inflight  # on eight idle connections
+            assert len(pool.connections) == inflight
+        tg.cancel_scope.cancel()
+    # httpcore asks each idle connection before and after every request: 8 x 2 x 8 questions
+    # in the second wave, one poll call per connection per question without the shared poll.
+    assert 0 < polls - asked <= 2 * inflight, f"{polls - asked} poll calls for {inflight} requests"
