@@ -183,6 +183,17 @@ class Workspace:
         cfg = load_config(str(self.config))
         return load_log(cfg.log_dir, open_keyring(cfg))
 
+    def committed_log(self) -> LoadedLog:
+        """The log as far as it is acknowledged: with files, the state dir's; with PostgreSQL,
+        the database's. A node's own copy runs ahead of the database by up to one round (a
+        round is written there, then committed), and a node killed in between cuts that
+        round on restart: what a test waits for before a kill must be committed."""
+        cfg = load_config(str(self.config))
+        if self.dsn is None:
+            return load_log(cfg.log_dir, open_keyring(cfg))
+        export = exported(self.dsn, self, f"committed-{time.monotonic_ns()}")
+        return load_log(export, open_keyring(cfg))
+
     def assert_no_leak(self) -> None:
         """The credential is in its own file and nowhere else the run wrote."""
         needle = TOKEN.encode()

@@ -247,7 +247,8 @@ def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path, store: str) ->
         daemon = ws.start_daemon()
         drop_registration(ws, "ra", "ra")
         [first] = ws.sim.wait_for_requests(1, kind="status", job_id="ra", timeout=10)
-        until(lambda: ws.log().ops["ra"].not_before is not None, what="the Retry-After recorded")
+        until(lambda: ws.committed_log().ops["ra"].not_before is not None,
+              what="the Retry-After recorded")
         daemon.kill()
         ws.start_daemon()
         restarted = time.time()
