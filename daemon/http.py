@@ -46,7 +46,6 @@ USER_AGENT = "bide/0.1 (+status polling under a contract)"
 HEADER_CAP = 512  # bytes kept of any recorded header value
 MIN_TIMEOUT = 0.05
 CREDENTIAL_MAX_AGE = 1.0  # seconds a credential read is reused while its file looks unchanged
-CREDENTIAL_STAT_EVERY = 0.005  # seconds a credential file's stat is trusted (see _credential)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -112,7 +111,6 @@ class StatusClient:
         self._users: dict[httpx.AsyncClient, int] = {}
         self._retired: set[httpx.AsyncClient] = set()
         self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
-        self._credential_stat_at = -1.0
 
     def _build(self) -> httpx.AsyncClient:
         limit = self.profile.quota.max_in_flight
@@ -157,25 +155,18 @@ class StatusClient:
         of it differs from the last read (rotated, rewritten, replaced, removed), and at least
         every ``CREDENTIAL_MAX_AGE`` seconds (a same-size rewrite within one timestamp tick of
         a coarse file system): the stat is one system call, where reading the file on every
-        request cost about 0.1 ms. The stat itself is taken at most every
-        ``CREDENTIAL_STAT_EVERY`` seconds: at saturation a stat per request was a system call
-        that handed the GIL to the log's writer thread each time (paired runs: about 30 µs of
-        CPU per request), and a rotation is seen 5 ms later at most, less than a request takes
-        on the wire."""
+        request cost about 0.1 ms."""
         ref = self.profile.credential
         if ref is None or self._credentials_dir is None:
             return read_credential(self.profile, self._credentials_dir)
-        seen = self._credential_seen
-        now = time.monotonic()
-        if seen is not None and now - self._credential_stat_at < CREDENTIAL_STAT_EVERY:
-            return seen[1]
-        self._credential_stat_at = now
         try:
             st = os.stat(self._credentials_dir / ref.file)
         except OSError:
             self._credential_seen = None
             return read_credential(self.profile, self._credentials_dir)  # names the problem
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        now = time.monotonic()
+        seen = self._credential_seen
         if seen is not None and seen[0][:-1] == key and now - seen[0][-1] < CREDENTIAL_MAX_AGE:
             return seen[1]
         value = read_credential(self.profile, self._credentials_dir)
