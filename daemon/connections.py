@@ -8,10 +8,11 @@ CPU per status request in the scale benchmark, a fifth of the daemon's.
 
 Here a pool's connections share one ``poll`` object, and one ``poll`` call answers for all of
 them until the event loop's next pass (:class:`_Readiness`). With 8 connections the pool asked
-about 15 times per request, each a system call that also let the log's writer thread take the
-GIL from the event loop; now it asks about twice. Within one pass nothing else runs on the
-loop, so an answer from earlier in the pass is as current as httpcore's own (a server may close
-a connection just after any such check; that race is httpcore's, and is recorded as a reset).
+about 24 times per request (counted in its test), each a system call that also let the log's
+writer thread take the GIL from the event loop; now about twice. Within one pass nothing else
+runs on the loop, so an answer from earlier in the pass is as current as httpcore's own (a
+server may close a connection just after any such check; that race is httpcore's, and is
+recorded as a reset).
 
 httpx exposes no network backend setting, so :func:`install` replaces the backend of the
 client's connection pool, and leaves the pool as httpx built it when these internals are not
