@@ -4,6 +4,7 @@ provider closed is noticed, so the next request goes out on a fresh connection."
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import anyio
@@ -14,6 +15,19 @@ import pytest
 from daemon import connections
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"  # keep-alive by the book
+
+
+async def answer_each_request(stream: anyio.abc.SocketStream, delay: float = 0.0) -> None:
+    """Answer every request head that arrives on ``stream`` with :data:`RESPONSE`, ``delay``
+    seconds after it, until the stream ends (anyio's end-of-stream errors propagate)."""
+    buffered = b""
+    while True:
+        while b"\r\n\r\n" not in buffered:
+            buffered += await stream.receive()
+        buffered = buffered.split(b"\r\n\r\n", 1)[1]
+        if delay:
+            await anyio.sleep(delay)
+        await stream.send(RESPONSE)
 
 
 def test_installs_on_the_pinned_httpx() -> None:
@@ -44,13 +58,8 @@ async def test_idle_connections_are_reused_until_the_provider_closes_them(
                 hung_up.set()
 
             tg.start_soon(close_on_hang_up)
-            buffered = b""
             try:
-                while True:
-                    while b"\r\n\r\n" not in buffered:
-                        buffered += await stream.receive()
-                    buffered = buffered.split(b"\r\n\r\n", 1)[1]
-                    await stream.send(RESPONSE)
+                await answer_each_request(stream)
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 tg.cancel_scope.cancel()
 
@@ -81,16 +90,8 @@ async def test_a_pool_polls_its_idle_connections_once_per_loop_pass() -> None:
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
         async with stream:
-            buffered = b""
-            try:
-                while True:
-                    while b"\r\n\r\n" not in buffered:
-                        buffered += await stream.receive()
-                    buffered = buffered.split(b"\r\n\r\n", 1)[1]
-                    await anyio.sleep(0.01)  # all eight are in flight together
-                    await stream.send(RESPONSE)
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                pass
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await answer_each_request(stream, delay=0.01)  # all eight in flight together
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
