@@ -1210,7 +1210,7 @@ class Supervisor:
             live = [op for op in self.ops.values() if op.phase == "live"]
             logfmt.info("replayed", events=self.ledger.events, operations=len(self.ops),
                         live=len(live), from_snapshot=from_events,
-                        seconds=f"{time.monotonic() - started:.3f}")
+                        seconds=f"{time.monotonic() - started:.3f}", log_sync=log.sync_mode)
             async with anyio.create_task_group() as polls:
                 self.polls = polls
                 await self.recover_in_flight(undecided)

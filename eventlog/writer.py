@@ -14,13 +14,17 @@ Theory of operation:
       torn tail. A crash between two writes leaves such records (never acknowledged), and so
       does anyone who appends with the data key alone: the data key reads and encrypts
       payloads, but only the signing key's holder makes history the writer continues.
-    * Appends are group-committed: callers queue payloads, and one writer thread, which owns the
-      file, frames, encrypts and writes everything queued with one ``write`` and one
-      ``fdatasync``, then wakes the event loop once for the whole round. There is no task and
-      no executor hand-off per append: a queue under a lock, one thread wake-up when the thread
-      was idle, one loop wake-up per flush. ``append`` returns only once its record is durable,
-      and a task's appends keep their order because each waits for the previous one. The
-      writer needs the asyncio backend (the loop wake-up is ``call_soon_threadsafe``).
+    * Appends are group-committed: callers queue payloads, and one round at a time frames,
+      encrypts and writes everything queued with one ``write`` and one ``fdatasync``, then
+      wakes every caller of the round at once. ``append`` returns only once its record is
+      durable, and a task's appends keep their order because each waits for the previous one.
+    * Who writes a round: where the kernel takes an asynchronous ``fdatasync``
+      (:mod:`eventlog.aio`, probed on open), the event loop frames and writes a plain round
+      itself and the kernel runs the ``fdatasync``, answering on an eventfd the loop watches:
+      no thread, so no GIL hand-offs. A round that must write other files (a checkpoint,
+      whose epoch key and signed head are files; a new segment), a round for a ``store``, and
+      every round without a ring, goes to the writer thread, which wakes the loop with
+      ``call_soon_threadsafe`` when it is done. The writer needs the asyncio backend.
     * A signed checkpoint is written every ``checkpoint_every`` records, every
       ``checkpoint_interval`` seconds even when idle, and (``final``) on clean close.
     * A failed write or fsync is never retried on the same file descriptor (after a failed
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -51,6 +56,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from eventlog.aio import SyncRing, open_ring
 from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
@@ -102,6 +108,24 @@ class _Batch:
     error: BaseException | None = None
 
 
+@dataclass
+class _Framed:
+    """One round framed and not yet written: its lines and the head state they lead to."""
+
+    lines: list[bytes]
+    rotate_at: list[int]  # indexes into lines where a new segment starts
+    index: int  # the segment the last line lands in
+    seq: int
+    prev: str
+    last_cp: str
+    since_cp: int
+    last_cp_seq: int | None
+    signed: list[bytes]  # the checkpoint lines among them
+    taken: list[int]  # lease epochs of the takeovers among them
+    start_index: int  # where the round starts: what a failure cuts back to
+    start_size: int
+
+
 def _to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -134,7 +158,10 @@ class LogWriter:
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
         resume: LogPosition | None = None,
         store: LineStore | None = None,
+        sync: str = "auto",
     ) -> None:
+        if sync not in ("auto", "thread"):
+            raise ValueError(f"sync must be 'auto' or 'thread', not {sync!r}")
         self.log_dir = log_dir
         #: Where each round is made durable beyond this host (PostgreSQL), after the local
         #: fdatasync and before any append returns; None: the segment files are the truth.
@@ -150,11 +177,20 @@ class LogWriter:
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
         self._lock = WriterLock(log_dir)
-        # The queue the writer thread drains; ``_round`` is set (on the loop) once the batches
-        # now queued are written or have failed. Both are guarded by ``_cv``'s lock.
-        self._cv = threading.Condition()
-        self._queue: list[_Batch] = []
+        # Batches wait in ``_pending`` (event loop only) until the round before them is done;
+        # ``_round`` is the event every batch of the next round shares, set once it is written
+        # or has failed. One round at a time, written by the event loop (``_ring``) or handed
+        # to the writer thread as ``_job`` (guarded by ``_cv``'s lock).
+        self._sync = sync
+        self._ring: SyncRing | None = None
+        self._ring_round: tuple[_Framed, list[_Batch], asyncio.Event] | None = None
+        self._pending: list[_Batch] = []
         self._round: asyncio.Event | None = None
+        self._busy = False  # a round is being written
+        self._dispatch_due = False  # a _dispatch is scheduled
+        self._idle: asyncio.Event | None = None  # set once no round is pending or busy
+        self._cv = threading.Condition()
+        self._job: tuple[Callable[[], None], asyncio.Event] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -208,6 +244,8 @@ class LogWriter:
             self._lock.release()
             raise
         self._loop = asyncio.get_running_loop()
+        if self._ring is not None:
+            self._loop.add_reader(self._ring.fileno(), self._ring_done)
         self._thread = threading.Thread(target=self._writer_thread, name="bide-log-writer",
                                         daemon=True)
         self._thread.start()
@@ -232,12 +270,18 @@ class LogWriter:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
+            await self._drained()
             with self._cv:
                 self._stopping = True
                 self._cv.notify()
             if self._thread is not None:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._thread.join)
+            if self._ring is not None:
+                assert self._loop is not None
+                self._loop.remove_reader(self._ring.fileno())
+                self._ring.close()
+                self._ring = None
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -263,6 +307,21 @@ class LogWriter:
     def _locked_open(self) -> None:
         with self._io:
             self._open_sync()
+            if self._sync == "auto" and self.store is None:
+                self._ring = open_ring(self._fd)
+
+    @property
+    def sync_mode(self) -> str:
+        """How rounds become durable: "kernel" (the event loop writes, the kernel runs the
+        ``fdatasync``: :mod:`eventlog.aio`) or "thread" (the writer thread does both)."""
+        return "kernel" if self._ring is not None else "thread"
+
+    async def _drained(self) -> None:
+        """Wait until every queued round is written or has failed."""
+        while self._busy or self._pending:
+            self._idle = asyncio.Event()
+            with anyio.CancelScope(shield=True):
+                await self._idle.wait()
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -337,42 +396,149 @@ class LogWriter:
 
     def _enqueue(self, payloads: Sequence[bytes], checkpoint: str | None,
                  takeover: Takeover | None = None) -> _Batch:
-        """Queue a batch for the writer thread (event loop side): a lock, and a wake-up only
-        when the queue was empty (the thread waits, or takes the queue when its write ends)."""
-        with self._cv:
-            if self._round is None:
-                self._round = asyncio.Event()
-            batch = _Batch(payloads, self._round, checkpoint, takeover)
-            self._queue.append(batch)
-            if len(self._queue) == 1:
-                self._cv.notify()
+        """Queue a batch (event loop side). Every batch queued in one pass of the event loop,
+        and every one queued while a round is being written, goes into the next round."""
+        if self._round is None:
+            self._round = asyncio.Event()
+        batch = _Batch(payloads, self._round, checkpoint, takeover)
+        self._pending.append(batch)
+        if not self._busy and not self._dispatch_due:
+            assert self._loop is not None
+            self._dispatch_due = True
+            self._loop.call_soon(self._dispatch)
         return batch
 
+    def _dispatch(self) -> None:
+        """Start the next round (event loop): written here when it can be, else by the
+        thread."""
+        self._dispatch_due = False
+        if self._busy or not self._pending:
+            return
+        batches, self._pending = self._pending, []
+        done, self._round = self._round, None
+        assert done is not None
+        self._busy = True
+        if self._ring is not None and self._write_on_loop(batches, done):
+            return
+        self._to_thread(functools.partial(
+            self._guarded, batches, functools.partial(self._write_batches, batches)), done)
+
+    def _to_thread(self, job: Callable[[], None], done: asyncio.Event) -> None:
+        with self._cv:
+            self._job = (job, done)
+            self._cv.notify()
+
+    def _finished(self, done: asyncio.Event) -> None:
+        """A round is written or has failed (event loop): wake its callers, start the next."""
+        done.set()
+        self._busy = False
+        if self._pending:
+            self._dispatch()
+        elif self._idle is not None:
+            self._idle.set()
+
     def _writer_thread(self) -> None:
-        """Drain the queue round by round until the writer closes; wake the loop once per
+        """Run the rounds handed over (those that may block: checkpoints, a new segment, a
+        store, or every round without a ring) until the writer closes; wake the loop once per
         round."""
         assert self._loop is not None
         while True:
             with self._cv:
-                while not self._queue and not self._stopping:
+                while self._job is None and not self._stopping:
                     self._cv.wait()
-                if not self._queue:
+                if self._job is None:
                     return
-                batches, self._queue = self._queue, []
-                done, self._round = self._round, None
-            assert done is not None
+                (job, done), self._job = self._job, None
             with self._io:
-                self._flush(batches)
+                job()
             try:
-                self._loop.call_soon_threadsafe(done.set)
+                self._loop.call_soon_threadsafe(self._finished, done)
             except RuntimeError:  # pragma: no cover - the loop closed under a crashed caller
                 return
 
-    def _flush(self, batches: list[_Batch]) -> None:
-        """Write one round; a failure fails every batch of it and stops the writer until
-        :meth:`reopen`."""
+    # -- a round on the event loop (the kernel runs its fdatasync) ---------------------------
+
+    def _write_on_loop(self, batches: list[_Batch], done: asyncio.Event) -> bool:
+        """Frame and write a plain round here and submit its ``fdatasync`` to the ring; False
+        (nothing done) when the round must go to the thread: a checkpoint or a new segment is
+        due (they write key and directory files), or an open holds the file."""
+        assert self._ring is not None
+        if self._failed is not None or any(b.checkpoint is not None for b in batches):
+            return False
+        if not self._io.acquire(blocking=False):
+            return False
         try:
-            self._write_batches(batches)
+            framed = self._frame(batches, plain_only=True)
+            if framed is None:
+                return False
+            self._ring_round = (framed, batches, done)
+            written = False
+            try:
+                self._write_lines(framed.lines, [], framed.index, sync=False)
+                written = True
+                self._ring.submit(self._fd)
+            except OSError as exc:
+                self._ring_round = None
+                if written:
+                    # Written, but the kernel refused the fdatasync: the thread makes it
+                    # durable, and later rounds stay on the thread.
+                    self._abandon_ring()
+                    self._to_thread(functools.partial(
+                        self._guarded, batches, functools.partial(self._sync_written, framed)),
+                        done)
+                    return True
+                self._guarded(batches, functools.partial(self._raise_after_undo, framed, exc))
+                assert self._loop is not None
+                self._loop.call_soon(self._finished, done)
+            return True
+        finally:
+            self._io.release()
+
+    def _ring_done(self) -> None:
+        """The ring's eventfd is readable: the round's ``fdatasync`` has completed."""
+        if self._ring is None or self._ring_round is None:
+            return
+        result = self._ring.reap()
+        if result is None:
+            return
+        framed, batches, done = self._ring_round
+        self._ring_round = None
+        if result == 0:
+            self._guarded(batches, functools.partial(self._adopt, framed))
+        else:
+            failure = OSError(-result, os.strerror(-result))
+            self._guarded(batches, functools.partial(self._raise_after_undo, framed, failure))
+        self._finished(done)
+
+    def _raise_after_undo(self, framed: _Framed, exc: OSError) -> None:
+        self._undo(framed)
+        raise exc
+
+    def _sync_written(self, framed: _Framed) -> None:
+        """(thread) Make a round the loop wrote durable."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError:
+            self._undo(framed)
+            raise
+        self._adopt(framed)
+
+    def _abandon_ring(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(ring.fileno())
+            ring.close()
+            self._on_problem(f"log {self.log_dir}: the kernel refused an asynchronous "
+                             f"fdatasync; the writer thread makes every round durable from now")
+
+    # -- framing and writing -----------------------------------------------------------------
+
+    def _guarded(self, batches: list[_Batch], work: Callable[[], None]) -> None:
+        """Run ``work`` for a round; a failure fails every batch of it and stops the writer
+        until :meth:`reopen`."""
+        try:
+            work()
         except LogIOError as exc:
             self._failed = exc
             for b in batches:
@@ -389,15 +555,50 @@ class LogWriter:
             failure = LogIOError(
                 f"writing log {self.log_dir} failed: internal error ({type(exc).__name__}); "
                 f"the writer stopped and will re-check the tail before appending again")
-            self._on_problem(f"log {self.log_dir}: the writer thread failed a write: "
+            self._on_problem(f"log {self.log_dir}: the writer failed a write: "
                              f"{type(exc).__name__}: {exc}")
             self._failed = failure
             for b in batches:
                 b.error = failure
 
-    # -- framing (the writer thread is the only caller) -----------------------------
-
     def _write_batches(self, batches: list[_Batch]) -> None:
+        """(thread) Frame, write, make durable and adopt one round."""
+        framed = self._frame(batches)
+        assert framed is not None
+        try:
+            self._write_lines(framed.lines, framed.rotate_at, framed.index)
+            if self.store is not None:
+                self.store.commit(place_lines(self.head_seq + 1, framed.lines,
+                                              framed.start_index, framed.start_size,
+                                              framed.rotate_at), self.head_hash)
+        except (OSError, StoreError):
+            self._undo(framed)
+            raise
+        self._adopt(framed)
+
+    def _undo(self, framed: _Framed) -> None:
+        """A round failed: forget its rotation, cut what it wrote (or leave that to reopen)."""
+        self._signing.abandoned()
+        if (not self._roll_back(framed.start_index, framed.start_size)
+                and self._unacked_from is None):
+            self._unacked_from = (framed.start_index, framed.start_size, self.head_seq)
+
+    def _adopt(self, framed: _Framed) -> None:
+        """A round is durable: advance the head to it."""
+        self._after_durable(framed.signed)
+        self.head_seq, self.head_hash = framed.seq, framed.prev
+        self._last_cp_hash, self._since_cp = framed.last_cp, framed.since_cp
+        self._last_cp_seq = framed.last_cp_seq
+        if framed.taken:
+            self._lease_epoch = framed.taken[-1]
+        self.flushes += 1
+        if framed.lines:
+            self._head_len = len(framed.lines[-1]) + 1
+        self._set_position()
+
+    def _frame(self, batches: list[_Batch], *, plain_only: bool = False) -> _Framed | None:
+        """Encrypt and frame a round's records, a seal last. With ``plain_only``, None as soon
+        as it would need a checkpoint or a new segment (the thread's work: they write files)."""
         if self._failed is not None:
             raise self._failed
         seq, prev = self.head_seq, self.head_hash
@@ -436,11 +637,16 @@ class LogWriter:
         nonces, drawn = self._nonces(NONCE_BYTES * sum(len(b.payloads) for b in batches))
         for batch in batches:
             if batch.checkpoint is not None:
+                if plain_only:
+                    return None
                 batch.results = [emit_checkpoint(final=batch.checkpoint == "final",
                                                  takeover=batch.takeover)]
                 continue
             results = []
             for payload in batch.payloads:
+                if plain_only and (since_cp + 1 >= self._checkpoint_every
+                                   or size >= self._segment_bytes):
+                    return None
                 if since_cp >= self._checkpoint_every:
                     emit_checkpoint(final=False)  # recovery records on open left a full run
                 if size >= self._segment_bytes:
@@ -464,26 +670,8 @@ class LogWriter:
             log_id = self.log_id
             emit(encode_record(Seal(seq + 1, prev, log_id,
                                     seal_tag(self._mac_key, log_id, seq + 1, prev))))
-        start_index, start_size = self._segment_index, self._segment_size
-        try:
-            self._write_lines(lines, rotate_at, index)
-            if self.store is not None:
-                self.store.commit(place_lines(self.head_seq + 1, lines, start_index,
-                                              start_size, rotate_at), self.head_hash)
-        except (OSError, StoreError):
-            self._signing.abandoned()
-            if not self._roll_back(start_index, start_size) and self._unacked_from is None:
-                self._unacked_from = (start_index, start_size, self.head_seq)
-            raise
-        self._after_durable(signed)
-        self.head_seq, self.head_hash = seq, prev
-        self._last_cp_hash, self._since_cp, self._last_cp_seq = last_cp, since_cp, last_cp_seq
-        if taken:
-            self._lease_epoch = taken[-1]
-        self.flushes += 1
-        if lines:
-            self._head_len = len(lines[-1]) + 1
-        self._set_position()
+        return _Framed(lines, rotate_at, index, seq, prev, last_cp, since_cp, last_cp_seq,
+                       signed, taken, self._segment_index, self._segment_size)
 
     def _nonces(self, n: int) -> tuple[bytes, int]:
         """(buffer, offset): ``n`` fresh random bytes at ``offset`` of ``buffer``, for this
@@ -573,7 +761,8 @@ class LogWriter:
             self._cuts.append((base, size, torn, qname, reason))
         fsync_dir(self.log_dir)
 
-    def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int) -> None:
+    def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int,
+                     sync: bool = True) -> None:
         cuts = [0, *rotate_at, len(lines)]
         index = last_index - len(rotate_at)
         size = self._segment_size
@@ -586,9 +775,10 @@ class LogWriter:
                 data = b"\n".join(chunk) + b"\n"
                 self._write_all(data)
                 size += len(data)
-        os.fdatasync(self._fd)
-        # Counted, not asked of the file (an fstat is one more GIL hand-off per write): the
-        # descriptor is O_APPEND and this thread, under the writer lock, is its only writer.
+        if sync:
+            os.fdatasync(self._fd)
+        # Counted, not asked of the file (an fstat is one more system call per write): the
+        # descriptor is O_APPEND and one round at a time, under the writer lock, writes it.
         self._segment_size = size
 
     def _write_all(self, data: bytes) -> None:

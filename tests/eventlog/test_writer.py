@@ -6,12 +6,12 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
+from eventlog.aio import SyncRing
 from eventlog.envelope import Checkpoint, EventRecord, Recovery, Segment
 from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.reader import LogReader
@@ -23,7 +23,7 @@ from tests.eventlog._logtools import KeySet, build_log, read_lines, verify
 pytestmark = pytest.mark.anyio
 
 
-def writer(log: Path, ks: KeySet, **kw: float) -> LogWriter:
+def writer(log: Path, ks: KeySet, **kw: float | str) -> LogWriter:
     return LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600, **kw)  # type: ignore[arg-type]
 
 
@@ -35,20 +35,13 @@ def payloads(log: Path, ks: KeySet) -> dict[int, bytes]:
     return dict(LogReader(log, ks.keyring()).payloads())
 
 
-async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = 0
-    real: Callable[[int], None] = os.fdatasync
-
-    def counting(fd: int) -> None:
-        nonlocal calls
-        calls += 1
-        real(fd)
-
+@pytest.mark.parametrize("sync", ["auto", "thread"])
+async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet, sync: str) -> None:
     log = tmp_path / "log"
     results: dict[int, int] = {}
-    async with writer(log, ks, checkpoint_every=100_000) as w:
-        monkeypatch.setattr(os, "fdatasync", counting)
+    async with writer(log, ks, checkpoint_every=100_000, sync=sync) as w:
+        assert w.sync_mode == ("kernel" if sync == "auto" else "thread")
+        before = w.flushes
 
         async def one(i: int) -> None:
             results[i] = (await w.append(b"%d" % i)).seq
@@ -56,12 +49,36 @@ async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet,
         async with anyio.create_task_group() as tg:
             for i in range(1000):
                 tg.start_soon(one, i)
-        appended_with = calls
+        rounds = w.flushes - before
     assert len(set(results.values())) == 1000
-    assert appended_with <= 50, f"{appended_with} fdatasync calls for 1000 records"
+    assert rounds <= 50, f"{rounds} durable rounds (fdatasync calls) for 1000 records"
     assert verify(log, ks).verdict == "intact"
     stored = payloads(log, ks)
     assert all(stored[seq] == b"%d" % i for i, seq in results.items())
+
+
+async def test_plain_rounds_are_made_durable_by_the_kernel_not_a_thread(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this kernel the event loop writes plain rounds and submits their fdatasync (AIO):
+    the writer thread, and so ``os.fdatasync``, is left to checkpoints and new segments."""
+    log = tmp_path / "log"
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    async with writer(log, ks, checkpoint_every=100_000) as w:
+        monkeypatch.setattr(os, "fdatasync", counting)
+        for i in range(50):
+            await w.append(b"p%d" % i)
+        assert w.flushes >= 50
+        assert synced == []
+        await w.checkpoint()  # a checkpoint goes to the thread
+        assert len(synced) == 1
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [b"p%d" % i for i in range(50)]
 
 
 async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
@@ -207,7 +224,7 @@ async def test_failed_fsync_is_not_retried_on_the_same_descriptor(
     broken = False
     monkeypatch.setattr(os, "fdatasync", fdatasync)
     monkeypatch.setattr(os, "close", close)
-    async with writer(log, ks) as w:
+    async with writer(log, ks, sync="thread") as w:
         await w.append(b"a")
         broken = True
         with pytest.raises(LogIOError, match="Input/output error"):
@@ -218,6 +235,80 @@ async def test_failed_fsync_is_not_retried_on_the_same_descriptor(
     assert used_after_failure == []
     assert verify(log, ks).verdict == "intact"
     assert payloads(log, ks)[1] == b"a"
+
+
+async def test_a_failed_kernel_fdatasync_fails_the_round_and_cuts_it(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk's EIO arrives as the AIO completion's result (injected here, at the kernel's
+    answer): the round fails like a failed ``os.fdatasync``, its bytes are cut, the descriptor
+    is never synced again, and after ``reopen`` appending goes on."""
+    log = tmp_path / "log"
+    real_reap, real_submit, real_close = SyncRing.reap, SyncRing.submit, os.close
+    failing: set[int] = set()
+    used_after_failure: list[int] = []
+    submitted: list[int] = []
+
+    def submit(ring: SyncRing, fd: int) -> None:
+        if fd in failing:
+            used_after_failure.append(fd)
+        submitted.append(fd)
+        real_submit(ring, fd)
+
+    def reap(ring: SyncRing) -> int | None:
+        result = real_reap(ring)
+        if broken and result == 0:
+            failing.add(submitted[-1])
+            return -errno.EIO
+        return result
+
+    def close(fd: int) -> None:
+        failing.discard(fd)
+        real_close(fd)
+
+    broken = False
+    monkeypatch.setattr(SyncRing, "submit", submit)
+    monkeypatch.setattr(SyncRing, "reap", reap)
+    monkeypatch.setattr(os, "close", close)
+    async with writer(log, ks) as w:
+        assert w.sync_mode == "kernel"
+        await w.append(b"a")
+        size = sum(p.stat().st_size for _, p in list_segments(log))
+        broken = True
+        with pytest.raises(LogIOError, match="Input/output error"):
+            await w.append(b"b")
+        broken = False
+        assert sum(p.stat().st_size for _, p in list_segments(log)) == size  # cut at once
+        with pytest.raises(LogIOError):
+            await w.append(b"refused until reopen")
+        await w.reopen()
+        await w.append(b"c")
+    assert used_after_failure == []
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [b"a", b"c"]
+
+
+async def test_a_refused_kernel_fdatasync_hands_the_round_to_the_thread(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the kernel refuses to start an fdatasync (io_submit fails after the round is
+    written), nothing is lost: the thread makes that round durable, the writer says so, and
+    every later round stays on the thread."""
+    log = tmp_path / "log"
+    problems: list[str] = []
+
+    def refuse(ring: SyncRing, fd: int) -> None:
+        raise OSError(errno.EAGAIN, "io_submit: Resource temporarily unavailable")
+
+    async with LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600,
+                         on_problem=problems.append) as w:
+        await w.append(b"a")
+        monkeypatch.setattr(SyncRing, "submit", refuse)
+        await w.append(b"b")
+        assert w.sync_mode == "thread"
+        assert w.failed is None
+        await w.append(b"c")
+    assert any("refused an asynchronous fdatasync" in p for p in problems)
+    assert verify(log, ks).verdict == "intact"
+    assert list(payloads(log, ks).values()) == [b"a", b"b", b"c"]
 
 
 def test_damaged_log_refuses_to_open(tmp_path: Path, ks: KeySet) -> None:
