@@ -5,13 +5,16 @@
 ``RATE`` per second (0: unpaced, as fast as ``CONCURRENCY`` connections go) with at most
 ``CONCURRENCY`` in flight, with the same headers, timeout,
 connection limits and raw body reading the daemon uses, and nothing else: no log, no
-encryption, no decisions. Prints one JSON line: requests, seconds, and the process's CPU
-seconds (user + system) spent in the loop.
+encryption, no decisions. Prints one JSON line: requests, seconds, the process's CPU seconds
+(user + system) spent in the loop, and the whole machine's busy CPU seconds over the loop less
+the simulator's (``BIDE_BENCH_SIM_PID``): what the loop cost the machine, kernel workers
+included.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -28,6 +31,29 @@ def _cpu() -> float:
 
 def _system() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """Busy CPU time of the whole machine so far, every core: user, nice, system, irq and
+    softirq (not idle, iowait or steal). It counts what a process's own figures miss: the
+    kernel's workers, such as the one running an fdatasync submitted through AIO."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _others() -> float:
+    """The simulator's CPU so far (``BIDE_BENCH_SIM_PID``), to take out of the machine's."""
+    pid = os.environ.get("BIDE_BENCH_SIM_PID")
+    return process_cpu_seconds(int(pid)) if pid else 0.0
 
 
 async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
@@ -49,6 +75,7 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                     ok += resp.status_code == 200 and bool(body)
 
         cpu, system, started = _cpu(), _system(), time.monotonic()
+        machine, others = machine_busy_seconds(), _others()
         if rate <= 0:  # unpaced: CONCURRENCY workers, each one request after another
             async def worker(w: int) -> None:
                 for i in range(w, count, concurrency):
@@ -58,7 +85,8 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                 for w in range(concurrency):
                     tg.start_soon(worker, w)
             return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
-                    "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system}
+                    "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system,
+                    "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others)}
         async with anyio.create_task_group() as tg:
             for i in range(count):
                 due = started + i / rate
@@ -67,7 +95,8 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                     await anyio.sleep(delay)
                 tg.start_soon(one, i)
         return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
-                "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system}
+                "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system,
+                "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others)}
 
 
 def main(argv: list[str]) -> int:

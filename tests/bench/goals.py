@@ -3,7 +3,9 @@
 Each repeat measures every row with its baseline in the same run:
 
     CPU per status request   the daemon at 10,000 live operations, saturated, against the bare
-                             httpx loop making the same requests at the same rate
+                             httpx loop making the same requests at the same rate; counted
+                             per process and on the whole machine less the simulator (what
+                             kernel workers do for a process, an AIO fdatasync, counts too)
     saturation               the daemon's requests/s against the bare loop's, unpaced, with the
                              same connections, against the same simulator
     durable appends          1 and 1,000 appenders against SQLite (WAL, synchronous=FULL, one
@@ -51,6 +53,10 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         "cpu_us": float(scale["daemon_cpu_per_request_us"]),  # type: ignore[arg-type]
         "bare_cpu_us": float(scale["bare_loop"]["cpu_per_request_us"]),  # type: ignore[index]
         "cpu_ratio": float(scale["cpu_ratio_vs_bare"]),  # type: ignore[arg-type]
+        # The same counted on the whole machine less the simulator: kernel workers included.
+        "machine_us": float(scale["machine_cpu_per_request_us"]),  # type: ignore[arg-type]
+        "bare_machine_us": float(scale["bare_machine_cpu_per_request_us"]),  # type: ignore[arg-type]
+        "machine_ratio": float(scale["machine_cpu_ratio_vs_bare"]),  # type: ignore[arg-type]
         "req_s": float(scale["requests_per_s"]),  # type: ignore[arg-type]
         "bare_req_s": float(ceiling["requests_per_s"]),
         "saturation_ratio": float(scale["saturation_vs_bare"]),  # type: ignore[arg-type]
@@ -100,6 +106,8 @@ def print_table(r: dict[str, Any]) -> None:
     rows = [
         (f"daemon CPU per request, us ({r['operations']} ops, saturated)", "cpu_us", min,
          "bare httpx", "bare_cpu_us", "cpu_ratio", "<= 1.5x"),
+        ("  the same, the whole machine less the simulator", "machine_us", min,
+         "bare httpx", "bare_machine_us", "machine_ratio", "(kernel workers counted)"),
         ("requests/s at saturation", "req_s", max, "bare, unpaced", "bare_req_s",
          "saturation_ratio", ">= 0.85x"),
         ("durable appends/s, 1 appender", "append_1", max, "SQLite", "sqlite",
@@ -123,6 +131,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"  {'what':<52}{'measured':>26}  {'baseline':<34}{'ratio':>22}  goal")
     for label, key, best, base_label, base_key, ratio_key, goal in rows:
         base = f"{base_label} {span(runs, base_key, max)}" if base_key else ""
-        ratio = span(runs, ratio_key, min if key == "cpu_us" else max) if ratio_key else ""
+        ratio = span(runs, ratio_key, min if key in ("cpu_us", "machine_us") else max
+                     ) if ratio_key else ""
         measured = span(runs, key, best) if key else ""
         print(f"  {label:<52}{measured:>26}  {base:<34}{ratio:>22}  {goal}")
