@@ -13,9 +13,13 @@ take that cost apart, each against the same SQLite baseline measured in the same
     write+fdatasync, growing    one ``write`` and ``fdatasync`` per record on an append-only file
     write+fdatasync, pre-written the same over a file already written (as SQLite's WAL is reused)
     ... behind a hand-off       both again, crossed to a thread and back
+    ... through the kernel      both again from the asyncio loop, the ``fdatasync`` submitted
+                                to the kernel (``eventlog.aio``) and answered on its eventfd:
+                                no thread at all, what the log does where the kernel can
 
 The log's own one-appender figure (``bench_append``) sits on top of "write+fdatasync, growing,
-behind a hand-off", plus framing and encryption.
+through the kernel" (or "behind a hand-off" where the kernel cannot), plus framing and
+encryption.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from eventlog.aio import open_ring
 
 RECORD_BYTES = 700  # about one event line and its seal line, 256-byte payload
 PREWRITTEN_BYTES = 64 * 1024 * 1024
@@ -90,6 +96,45 @@ def _behind_handoff(op: Op, seconds: float) -> float:
     return asyncio.run(main())
 
 
+def _through_kernel(root: Path, prewritten: bool, seconds: float) -> float:
+    """Records/s with one asyncio task writing each record and awaiting its ``fdatasync``,
+    submitted to the kernel and answered on an eventfd the loop watches."""
+    append, close = _file(root, prewritten)
+    fd = append.fd  # type: ignore[attr-defined]
+    record = os.urandom(RECORD_BYTES)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        ring = open_ring(fd)
+        if ring is None:
+            return 0.0
+        waiting: list[asyncio.Future[None]] = []
+
+        def ready() -> None:
+            if ring.reap() is not None:
+                waiting.pop().set_result(None)
+
+        loop.add_reader(ring.fileno(), ready)
+        count, started = 0, time.perf_counter()
+        deadline = started + seconds
+        try:
+            while time.perf_counter() < deadline:
+                os.write(fd, record)
+                waiting.append(loop.create_future())
+                ring.submit(fd)
+                await waiting[-1]
+                count += 1
+            return count / (time.perf_counter() - started)
+        finally:
+            loop.remove_reader(ring.fileno())
+            ring.close()
+
+    try:
+        return asyncio.run(main())
+    finally:
+        close()
+
+
 def _sqlite(root: Path) -> tuple[Op, Callable[[], None]]:
     db = sqlite3.connect(root / f"state-{time.monotonic_ns()}.db", isolation_level=None,
                          check_same_thread=False)
@@ -120,6 +165,7 @@ def _file(root: Path, prewritten: bool) -> tuple[Op, Callable[[], None]]:
         os.write(fd, record)
         os.fdatasync(fd)
 
+    append.fd = fd  # type: ignore[attr-defined]
     return append, lambda: os.close(fd)
 
 
@@ -149,6 +195,8 @@ def run(work: Path, seconds: float, rounds: int = 3) -> dict[str, object]:
             make = functools.partial(_file, root, prewritten)
             measure(f"write+fdatasync, {name}", make, _rate)
             measure(f"write+fdatasync, {name}, behind a hand-off", make, _behind_handoff)
+            rows.setdefault(f"write+fdatasync, {name}, through the kernel", []).append(
+                _through_kernel(root, prewritten, seconds))
     base = max(rows["sqlite, direct"])
     return {label: {"records_per_s": round(max(rates)), "spread": [round(min(rates)),
                                                                    round(max(rates))],

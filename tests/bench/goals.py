@@ -71,6 +71,10 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
             floor["write+fdatasync, growing, behind a hand-off"]["ratio_vs_sqlite"]),
         "floor_prewritten_handoff": float(
             floor["write+fdatasync, pre-written, behind a hand-off"]["ratio_vs_sqlite"]),
+        "floor_growing_kernel": float(
+            floor["write+fdatasync, growing, through the kernel"]["ratio_vs_sqlite"]),
+        "floor_prewritten_kernel": float(
+            floor["write+fdatasync, pre-written, through the kernel"]["ratio_vs_sqlite"]),
         "append_1_vs_sqlite_handoff": float(rows[1]["records_per_s"])
         / float(floor["sqlite, behind a hand-off"]["records_per_s"]),
         "replay_ev_s": float(replay["replay, 1 process (the daemon)"]["events_per_s"]),
@@ -120,6 +124,10 @@ def print_table(r: dict[str, Any]) -> None:
          "floor_growing_handoff", "(growing file, no framing)"),
         ("  the same on a pre-written file / SQLite", "", max, "", "",
          "floor_prewritten_handoff", "(as SQLite's WAL)"),
+        ("  floor: write + kernel fdatasync, no thread / SQLite", "", max, "", "",
+         "floor_growing_kernel", "(growing file, eventlog.aio)"),
+        ("  the same on a pre-written file / SQLite", "", max, "", "",
+         "floor_prewritten_kernel", "(as SQLite's WAL)"),
         ("durable appends/s, 1000 appenders", "append_1000", max, "SQLite", "sqlite",
          "append_1000_ratio", ">= 10x"),
         ("full replay, no snapshot, events/s", "replay_ev_s", max, "", "", "", ">= 300,000"),
