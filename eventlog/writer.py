@@ -86,6 +86,8 @@ from eventlog.verify import Report, verify_log
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKPOINT_EVERY = 1000
 DEFAULT_CHECKPOINT_INTERVAL = 60.0
+#: The largest round the event loop frames itself (records); a larger one goes to the thread.
+LOOP_ROUND_RECORDS = 16
 #: Random bytes drawn at once for nonces (:meth:`LogWriter._nonces`).
 NONCE_POOL_BYTES = 64 * 1024
 
@@ -177,10 +179,10 @@ class LogWriter:
         self._checkpoint_every = checkpoint_every
         self._checkpoint_interval = checkpoint_interval
         self._lock = WriterLock(log_dir)
-        # Batches wait in ``_pending`` (event loop only) until the round before them is done;
-        # ``_round`` is the event every batch of the next round shares, set once it is written
-        # or has failed. One round at a time, written by the event loop (``_ring``) or handed
-        # to the writer thread as ``_job`` (guarded by ``_cv``'s lock).
+        # Batches wait in ``_pending`` until the round before them is done; ``_round`` is the
+        # event every batch of the next round shares, set once it is written or has failed.
+        # One round at a time (``_busy``), written by the event loop (``_ring``) or by the
+        # writer thread (``_job``). All four are guarded by ``_cv``'s lock.
         self._sync = sync
         self._ring: SyncRing | None = None
         self._ring_round: tuple[_Framed, list[_Batch], asyncio.Event] | None = None
@@ -398,30 +400,50 @@ class LogWriter:
                  takeover: Takeover | None = None) -> _Batch:
         """Queue a batch (event loop side). Every batch queued in one pass of the event loop,
         and every one queued while a round is being written, goes into the next round."""
-        if self._round is None:
-            self._round = asyncio.Event()
-        batch = _Batch(payloads, self._round, checkpoint, takeover)
-        self._pending.append(batch)
-        if not self._busy and not self._dispatch_due:
+        with self._cv:
+            if self._round is None:
+                self._round = asyncio.Event()
+            batch = _Batch(payloads, self._round, checkpoint, takeover)
+            self._pending.append(batch)
+            start = not self._busy and not self._dispatch_due
+            if start:
+                self._dispatch_due = True
+        if start:
             assert self._loop is not None
-            self._dispatch_due = True
             self._loop.call_soon(self._dispatch)
         return batch
 
-    def _dispatch(self) -> None:
-        """Start the next round (event loop): written here when it can be, else by the
-        thread."""
-        self._dispatch_due = False
-        if self._busy or not self._pending:
-            return
+    def _take(self) -> tuple[list[_Batch], asyncio.Event]:
+        """The pending batches as the next round (the caller holds ``_cv``)."""
         batches, self._pending = self._pending, []
         done, self._round = self._round, None
         assert done is not None
         self._busy = True
-        if self._ring is not None and self._write_on_loop(batches, done):
+        return batches, done
+
+    def _for_the_loop(self, batches: list[_Batch]) -> bool:
+        """A round the event loop writes itself: a ring, no checkpoint asked for, and small.
+        A large round (many appenders at once) goes to the thread, whose framing then runs
+        beside the event loop's work instead of in front of it."""
+        return (self._ring is not None
+                and sum(len(b.payloads) for b in batches) <= LOOP_ROUND_RECORDS
+                and all(b.checkpoint is None for b in batches))
+
+    def _dispatch(self) -> None:
+        """Start the next round (event loop): written here when it can be, else by the
+        thread."""
+        with self._cv:
+            self._dispatch_due = False
+            if self._busy or not self._pending:
+                return
+            batches, done = self._take()
+        if self._for_the_loop(batches) and self._write_on_loop(batches, done):
             return
-        self._to_thread(functools.partial(
-            self._guarded, batches, functools.partial(self._write_batches, batches)), done)
+        self._to_thread(self._thread_round(batches), done)
+
+    def _thread_round(self, batches: list[_Batch]) -> Callable[[], None]:
+        return functools.partial(self._guarded, batches,
+                                 functools.partial(self._write_batches, batches))
 
     def _to_thread(self, job: Callable[[], None], done: asyncio.Event) -> None:
         with self._cv:
@@ -429,18 +451,22 @@ class LogWriter:
             self._cv.notify()
 
     def _finished(self, done: asyncio.Event) -> None:
-        """A round is written or has failed (event loop): wake its callers, start the next."""
+        """A round is written or has failed (event loop): wake its callers, start the next
+        unless the thread already has."""
         done.set()
-        self._busy = False
-        if self._pending:
+        with self._cv:
+            start = not self._busy and bool(self._pending) and not self._dispatch_due
+            idle = not self._busy and not self._pending
+        if start:
             self._dispatch()
-        elif self._idle is not None:
+        elif idle and self._idle is not None:
             self._idle.set()
 
     def _writer_thread(self) -> None:
         """Run the rounds handed over (those that may block: checkpoints, a new segment, a
-        store, or every round without a ring) until the writer closes; wake the loop once per
-        round."""
+        store; large rounds; every round without a ring) until the writer closes. What queued
+        meanwhile, if it is not for the loop, it writes next at once; it wakes the loop once
+        per round."""
         assert self._loop is not None
         while True:
             with self._cv:
@@ -451,6 +477,12 @@ class LogWriter:
                 (job, done), self._job = self._job, None
             with self._io:
                 job()
+            with self._cv:
+                if self._pending and not self._for_the_loop(self._pending):
+                    batches, next_done = self._take()
+                    self._job = (self._thread_round(batches), next_done)
+                else:
+                    self._busy = False
             try:
                 self._loop.call_soon_threadsafe(self._finished, done)
             except RuntimeError:  # pragma: no cover - the loop closed under a crashed caller
@@ -463,7 +495,7 @@ class LogWriter:
         (nothing done) when the round must go to the thread: a checkpoint or a new segment is
         due (they write key and directory files), or an open holds the file."""
         assert self._ring is not None
-        if self._failed is not None or any(b.checkpoint is not None for b in batches):
+        if self._failed is not None:
             return False
         if not self._io.acquire(blocking=False):
             return False
@@ -488,11 +520,16 @@ class LogWriter:
                         done)
                     return True
                 self._guarded(batches, functools.partial(self._raise_after_undo, framed, exc))
-                assert self._loop is not None
-                self._loop.call_soon(self._finished, done)
+                self._round_ended(done)
             return True
         finally:
             self._io.release()
+
+    def _round_ended(self, done: asyncio.Event) -> None:
+        with self._cv:
+            self._busy = False
+        assert self._loop is not None
+        self._loop.call_soon(self._finished, done)
 
     def _ring_done(self) -> None:
         """The ring's eventfd is readable: the round's ``fdatasync`` has completed."""
@@ -508,6 +545,8 @@ class LogWriter:
         else:
             failure = OSError(-result, os.strerror(-result))
             self._guarded(batches, functools.partial(self._raise_after_undo, framed, failure))
+        with self._cv:
+            self._busy = False
         self._finished(done)
 
     def _raise_after_undo(self, framed: _Framed, exc: OSError) -> None:

@@ -17,7 +17,7 @@ from eventlog.errors import DamagedLogError, LogIOError
 from eventlog.reader import LogReader
 from eventlog.segments import QUARANTINE_DIR, list_segments, segment_name
 from eventlog.verify import verify_log
-from eventlog.writer import LogWriter
+from eventlog.writer import LOOP_ROUND_RECORDS, LogWriter
 from tests.eventlog._logtools import KeySet, build_log, read_lines, verify
 
 pytestmark = pytest.mark.anyio
@@ -79,6 +79,30 @@ async def test_plain_rounds_are_made_durable_by_the_kernel_not_a_thread(
         assert len(synced) == 1
     assert verify(log, ks).verdict == "intact"
     assert list(payloads(log, ks).values()) == [b"p%d" % i for i in range(50)]
+
+
+async def test_a_large_round_is_framed_by_the_thread_beside_the_loop(
+        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many appenders at once make a round larger than the loop frames itself
+    (``LOOP_ROUND_RECORDS``): the thread writes it, so its framing runs beside the loop."""
+    log = tmp_path / "log"
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    async with writer(log, ks, checkpoint_every=100_000) as w:
+        monkeypatch.setattr(os, "fdatasync", counting)
+        async with anyio.create_task_group() as tg:
+            for i in range(4 * LOOP_ROUND_RECORDS):
+                tg.start_soon(w.append, b"q%d" % i)
+        assert synced, "no round went to the thread"
+        await w.append(b"alone")  # one record again: the loop's
+        assert w.sync_mode == "kernel"
+    assert verify(log, ks).verdict == "intact"
+    assert len(payloads(log, ks)) == 4 * LOOP_ROUND_RECORDS + 1
 
 
 async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
