@@ -172,3 +172,30 @@ def test_a_status_outside_100_to_599_is_a_protocol_error(tmp_path: Path) -> None
     assert isinstance(result, NoAnswer)
     assert result.kind == "protocol_error"
     assert "999" in result.detail
+
+
+def test_a_providers_cookies_are_never_kept_or_sent_back(tmp_path: Path) -> None:
+    """Each response sets a new cookie: none rides on a later request (a status request
+    carries only the profile's headers), and the jar does not grow with them."""
+    raw = RawServer()
+    body = b'{"status": "running"}'
+    for i in range(20):
+        raw.replies[f"c{i}"] = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                b"Set-Cookie: s%d=v%d; Path=/\r\n"
+                                b"Connection: close\r\nContent-Length: %d\r\n\r\n"
+                                % (i, i, len(body))) + body
+    try:
+        async def run() -> list[Answer | NoAnswer]:
+            client = _client(tmp_path, raw)
+            try:
+                return [await client.call("GET", f"{raw.base_url}/jobs/c{i}", seconds=5.0,
+                                          cap=4096) for i in range(20)]
+            finally:
+                await client.aclose()
+
+        answers = anyio.run(run)
+    finally:
+        raw.close()
+    assert all(isinstance(a, Answer) and a.status == 200 for a in answers)
+    assert len(raw.seen) == 20
+    assert not [s.path for s in raw.seen if b"\r\ncookie:" in s.head.lower()]
