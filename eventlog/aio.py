@@ -50,7 +50,8 @@ class SyncRing:
     """
 
     def __init__(self, numbers: tuple[int, int, int, int]) -> None:
-        self._setup, self._destroy, self._getevents, self._submit = numbers
+        self._setup, self._destroy, self._getevents, self._submit = (
+            ctypes.c_long(n) for n in numbers)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = self._libc.syscall
         self._syscall.restype = ctypes.c_long
@@ -66,6 +67,11 @@ class SyncRing:
         self._iocbs = (ctypes.c_void_p * 1)(ctypes.addressof(self._iocb))
         self._events = ctypes.create_string_buffer(_EVENT.size * _EVENTS)
         self._no_wait = _Timespec(0, 0)
+        # The arguments of the two calls made per round, built once (ctypes conversions are
+        # most of what such a call costs in Python).
+        self._submit_args = (self._submit, self._ctx, ctypes.c_long(1), self._iocbs)
+        self._reap_args = (self._getevents, self._ctx, ctypes.c_long(0),
+                           ctypes.c_long(_EVENTS), self._events, ctypes.byref(self._no_wait))
         self.in_flight = False
         self.closed = False
 
@@ -77,7 +83,7 @@ class SyncRing:
         """Start an ``fdatasync`` of ``fd``; raises ``OSError`` if the kernel refuses it."""
         _IOCB.pack_into(self._iocb, 0, fd, 0, 0, _IOCB_CMD_FDSYNC, 0, fd, 0, 0, 0, 0,
                         _IOCB_FLAG_RESFD, self._eventfd)
-        if self._call(self._submit, self._ctx, ctypes.c_long(1), self._iocbs) != 1:
+        if self._call(*self._submit_args) != 1:
             raise self._error("io_submit")
         self.in_flight = True
 
@@ -86,8 +92,7 @@ class SyncRing:
         completed yet (a wake-up with nothing to collect)."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._eventfd)
-        got = self._call(self._getevents, self._ctx, ctypes.c_long(0), ctypes.c_long(_EVENTS),
-                         self._events, ctypes.byref(self._no_wait))
+        got = self._call(*self._reap_args)
         if got < 0:
             raise self._error("io_getevents")
         if got == 0:
@@ -118,8 +123,8 @@ class SyncRing:
         self._call(self._destroy, self._ctx)
         os.close(self._eventfd)
 
-    def _call(self, number: int, *args: object) -> int:
-        return int(self._syscall(ctypes.c_long(number), *args))
+    def _call(self, number: ctypes.c_long, *args: object) -> int:
+        return int(self._syscall(number, *args))
 
     @staticmethod
     def _error(what: str) -> OSError:
