@@ -174,11 +174,12 @@ class StatusClient:
         self._credential_seen = ((*key, now), value)
         return value
 
-    def _request_headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
+    def _request_headers(self, url_origin: str, extra: dict[str, str] | None
+                         ) -> dict[str, str]:
         """Headers for one call; the credential only for the provider's own origin."""
         headers = {"Accept": "application/json", "Accept-Encoding": "identity",
                    **self.profile.status.headers, **(extra or {})}
-        if origin(url) == self.profile.origin:
+        if url_origin == self.profile.origin:
             credential = self._credential()
             if credential is not None:
                 headers[credential[0]] = credential[1]
@@ -198,10 +199,11 @@ class StatusClient:
         closes once the requests still using it are done.
         """
         budget = max(MIN_TIMEOUT, seconds)
-        if not origin(url):
+        url_origin = origin(url)
+        if not url_origin:
             return NoAnswer("not_sent", "not sent: the URL does not parse")
         try:
-            request_headers = self._request_headers(url, headers)
+            request_headers = self._request_headers(url_origin, headers)
         except CredentialError as exc:
             return NoAnswer("not_sent", f"not sent: {exc}")
         client = self._client

@@ -49,6 +49,7 @@ the quota holds back is recorded as a ``local_quota`` delay, never sent in a wav
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -151,9 +152,10 @@ class Profile:
     fetch: FetchCall = field(default_factory=FetchCall)
     cancel: CancelCall | None = None
 
-    @property
+    @functools.cached_property
     def origin(self) -> str:
-        """The provider's origin: credentials are sent to it and nowhere else."""
+        """The provider's origin: credentials are sent to it and nowhere else. (Computed once:
+        every status request asks, and a profile never changes.)"""
         return origin(self.status_url("x"))
 
     @property
@@ -167,7 +169,7 @@ class Profile:
                           max_attempts=self.submit.max_attempts,
                           status_path_prefix=self.status_path_prefix)
 
-    @property
+    @functools.cached_property
     def status_path_prefix(self) -> str:
         """The path under which a provider-named status resource may lie (S22)."""
         if self.submit is not None and self.submit.status_path_prefix is not None:
