@@ -173,6 +173,13 @@ def record_hash(line: bytes) -> str:
     return h.hexdigest()
 
 
+def record_digest(line: bytes) -> bytes:
+    """:func:`record_hash` as raw bytes (the writer needs both forms of every hash)."""
+    h = _RECORD_HASHER.copy()
+    h.update(line)
+    return h.digest()
+
+
 def record_hashes(lines: Sequence[bytes]) -> list[str]:
     """``record_hash`` of every line, looping in C (the verifier's fast path)."""
     hashers = list(map(_COPY, repeat(_RECORD_HASHER, len(lines))))
@@ -187,10 +194,22 @@ _HEXDIGEST = operator.methodcaller("hexdigest")
 
 def associated_data(log_id: str, seq: int, prev: str, kid: str) -> bytes:
     """AEAD associated data: binds a ciphertext to its header as stored."""
-    return b"".join(
-        (_AAD_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq), bytes.fromhex(prev),
-         kid.encode("ascii"))
-    )
+    return associated_data_from(aad_prefix(log_id), seq, bytes.fromhex(prev),
+                                kid.encode("ascii"))
+
+
+def aad_prefix(log_id: str) -> bytes:
+    """The part of every record's associated data that only the log decides."""
+    return _AAD_DOMAIN + bytes.fromhex(log_id)
+
+
+def associated_data_from(prefix: bytes, seq: int, prev: bytes, kid: bytes) -> bytes:
+    """:func:`associated_data` from parts already in bytes: the writer's loop over a round
+    converts the log id and each hash once, not once per record."""
+    return b"".join((prefix, _SEQ.pack(seq), prev, kid))
+
+
+_SEQ = struct.Struct(">Q")
 
 
 def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_every: int

@@ -65,9 +65,11 @@ from eventlog.envelope import (
     Seal,
     Segment,
     Takeover,
-    associated_data,
+    aad_prefix,
+    associated_data_from,
     decode_record,
     encode_record,
+    record_digest,
     record_hash,
 )
 from eventlog.errors import DamagedLogError, LogIOError, StoreError
@@ -650,13 +652,19 @@ class LogWriter:
         signed: list[bytes] = []  # the checkpoint lines of this write
         taken: list[int] = []  # lease epochs of the takeovers among them
 
+        prev_raw = bytes.fromhex(prev)
+        prefix = aad_prefix(self.log_id)
+        kid = self._keyring.active
+        kid_raw = kid.encode("ascii")
+
         def emit(line: bytes) -> str:
-            nonlocal seq, prev, size, sealed
+            nonlocal seq, prev, prev_raw, size, sealed
             sealed = False
             lines.append(line)
             size += len(line) + 1
             seq += 1
-            prev = record_hash(line)
+            prev_raw = record_digest(line)
+            prev = prev_raw.hex()
             return prev
 
         def emit_checkpoint(final: bool, takeover: Takeover | None = None) -> Appended:
@@ -693,8 +701,7 @@ class LogWriter:
                     rotate_at.append(len(lines))
                     size = 0
                     emit(encode_record(Segment(seq + 1, prev, self.log_id, index)))
-                kid = self._keyring.active
-                aad = associated_data(self.log_id, seq + 1, prev, kid)
+                aad = associated_data_from(prefix, seq + 1, prev_raw, kid_raw)
                 nonce, ct = self._sealer.seal(payload, aad,
                                               nonces[drawn:drawn + NONCE_BYTES])
                 drawn += NONCE_BYTES
