@@ -62,7 +62,7 @@ from replay.events import (
     encode_event,
 )
 from replay.observations import Registration
-from tests.bench.bare_loop import machine_busy_seconds
+from tests.bench.bare_loop import machine_busy_seconds, process_cpu_seconds
 
 TOKEN = "bench-token-5e1c"
 #: The PostgreSQL node's lease and renewal period (seconds): long enough that the 5 s request
@@ -413,8 +413,7 @@ def _cpu_of(pids: list[int]) -> dict[int, float]:
     out = {}
     for pid in pids:
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+            out[pid] = process_cpu_seconds(pid)
     return out
 
 

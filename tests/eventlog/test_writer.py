@@ -35,6 +35,20 @@ def payloads(log: Path, ks: KeySet) -> dict[int, bytes]:
     return dict(LogReader(log, ks.keyring()).payloads())
 
 
+def count_fdatasync(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, every ``os.fdatasync`` (the writer thread's, never the kernel path's)
+    goes through and is listed by its descriptor."""
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    return synced
+
+
 @pytest.mark.parametrize("sync", ["auto", "thread"])
 async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet, sync: str) -> None:
     log = tmp_path / "log"
@@ -62,15 +76,8 @@ async def test_plain_rounds_are_made_durable_by_the_kernel_not_a_thread(
     """On this kernel the event loop writes plain rounds and submits their fdatasync (AIO):
     the writer thread, and so ``os.fdatasync``, is left to checkpoints and new segments."""
     log = tmp_path / "log"
-    synced: list[int] = []
-    real = os.fdatasync
-
-    def counting(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
-
     async with writer(log, ks, checkpoint_every=100_000) as w:
-        monkeypatch.setattr(os, "fdatasync", counting)
+        synced = count_fdatasync(monkeypatch)
         for i in range(50):
             await w.append(b"p%d" % i)
         assert w.flushes >= 50
@@ -86,15 +93,8 @@ async def test_a_large_round_is_framed_by_the_thread_beside_the_loop(
     """Many appenders at once make a round larger than the loop frames itself
     (``LOOP_ROUND_RECORDS``): the thread writes it, so its framing runs beside the loop."""
     log = tmp_path / "log"
-    synced: list[int] = []
-    real = os.fdatasync
-
-    def counting(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
-
     async with writer(log, ks, checkpoint_every=100_000) as w:
-        monkeypatch.setattr(os, "fdatasync", counting)
+        synced = count_fdatasync(monkeypatch)
         async with anyio.create_task_group() as tg:
             for i in range(4 * LOOP_ROUND_RECORDS):
                 tg.start_soon(w.append, b"q%d" % i)
