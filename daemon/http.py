@@ -24,6 +24,7 @@ body is cut, recorded as truncated, never held in memory), and no cookies kept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import ssl
 import stat
@@ -46,6 +47,19 @@ USER_AGENT = "bide/0.1 (+status polling under a contract)"
 HEADER_CAP = 512  # bytes kept of any recorded header value
 MIN_TIMEOUT = 0.05
 CREDENTIAL_MAX_AGE = 1.0  # seconds a credential read is reused while its file looks unchanged
+URL_CHECKS_KEPT = 16_384  # status URLs whose parse is remembered: one per live operation
+
+
+@functools.lru_cache(maxsize=URL_CHECKS_KEPT)
+def _url_refused(url: str, provider_origin: str, path_prefix: str) -> str | None:
+    """:func:`check_provider_url`, remembered: an operation's status URL is the same at every
+    poll, and parsing it twice per request (here and for its origin) cost about 15 µs."""
+    return check_provider_url(url, provider_origin, path_prefix)
+
+
+@functools.lru_cache(maxsize=URL_CHECKS_KEPT)
+def _origin_of(url: str) -> str:
+    return origin(url)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -111,6 +125,9 @@ class StatusClient:
         self._users: dict[httpx.AsyncClient, int] = {}
         self._retired: set[httpx.AsyncClient] = set()
         self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
+        ref = profile.credential
+        self._credential_file = (os.fspath(credentials_dir / ref.file)
+                                 if ref is not None and credentials_dir is not None else None)
 
     def _build(self) -> httpx.AsyncClient:
         limit = self.profile.quota.max_in_flight
@@ -157,11 +174,10 @@ class StatusClient:
         every ``CREDENTIAL_MAX_AGE`` seconds (a same-size rewrite within one timestamp tick of
         a coarse file system): the stat is one system call, where reading the file on every
         request cost about 0.1 ms."""
-        ref = self.profile.credential
-        if ref is None or self._credentials_dir is None:
+        if self._credential_file is None:
             return read_credential(self.profile, self._credentials_dir)
         try:
-            st = os.stat(self._credentials_dir / ref.file)
+            st = os.stat(self._credential_file)
         except OSError:
             self._credential_seen = None
             return read_credential(self.profile, self._credentials_dir)  # names the problem
@@ -199,7 +215,7 @@ class StatusClient:
         closes once the requests still using it are done.
         """
         budget = max(MIN_TIMEOUT, seconds)
-        url_origin = origin(url)
+        url_origin = _origin_of(url)
         if not url_origin:
             return NoAnswer("not_sent", "not sent: the URL does not parse")
         try:
@@ -283,7 +299,7 @@ class StatusClient:
     ) -> StatusResponseReceived | TransportFailed:
         """The one status request of a poll, as the fact the model reads."""
         status = self.profile.status
-        refused = check_provider_url(url, self.profile.origin, self.profile.status_path_prefix)
+        refused = _url_refused(url, self.profile.origin, self.profile.status_path_prefix)
         if refused is not None:  # S22: only the profile's own status resources
             return TransportFailed(operation_id=operation_id, at=clock(),
                                    request_number=request_number, kind="not_sent",

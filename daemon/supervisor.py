@@ -190,6 +190,7 @@ class Supervisor:
         self._log_recovery = anyio.Lock()
         self._poll_slots = anyio.Semaphore(MAX_POLLS)
         self._changed = anyio.Event()
+        self._change_waiters = 0
         self.metrics_url: str | None = None
         self._log: LogWriter | None = None
         self.polls: anyio.abc.TaskGroup | None = None
@@ -281,8 +282,14 @@ class Supervisor:
             self.metrics.observe(ev, op.provider)
             if isinstance(ev, EscalationRaised):
                 self._announce(ev)
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._announce_change()
+
+    def _announce_change(self) -> None:
+        """Wake whoever waits in :meth:`wait_until`; with no one waiting (nearly always), no
+        new Event is made for each recorded change."""
+        if self._change_waiters:
+            self._changed.set()
+            self._changed = anyio.Event()
 
     def _phase_after(self, ev: LogEvent, op: Operation | None) -> str | None:
         """The phase of the event's operation, for the stories kept: an action's event counts
@@ -352,7 +359,11 @@ class Supervisor:
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds, re-checking after every recorded change."""
         while not predicate():
-            await self._changed.wait()
+            self._change_waiters += 1
+            try:
+                await self._changed.wait()
+            finally:
+                self._change_waiters -= 1
 
     async def _append_durably(self, payloads: list[bytes], on_durable: Callable[[], None]
                               ) -> list[Appended]:
@@ -551,9 +562,7 @@ class Supervisor:
                 await self.contain(op_id, exc, "polling")
             finally:
                 self.busy.discard(op_id)
-                if self.watchers or self.runner.actions:
-                    self._changed.set()  # a decision waiting for this poll may go on
-                    self._changed = anyio.Event()
+                self._announce_change()  # a decision waiting for this poll may go on
                 self.schedule(op_id)
                 if not self.busy:
                     self._idle.set()
