@@ -91,6 +91,20 @@ class EventRecord(msgspec.Struct, frozen=True, tag="event", tag_field="kind",
     ct: str
 
 
+class SealedEvent(msgspec.Struct, frozen=True, tag="event", tag_field="kind"):
+    """An :class:`EventRecord` as the writer builds it: the nonce and ciphertext as raw bytes,
+    which msgspec writes as exactly the padded standard base64 an ``EventRecord`` holds, so
+    the stored line is byte for byte the same. One pass in C instead of two ``b64encode`` and
+    two ``decode`` calls per record. Only ever encoded: readers decode ``EventRecord``."""
+
+    seq: int
+    prev: str
+    log: str
+    kid: str
+    nonce: bytes
+    ct: bytes
+
+
 class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind",
                  forbid_unknown_fields=True, omit_defaults=True):
     """Format 3 adds ``epoch`` (whose key signs it) and, at an epoch boundary, ``next_key``:
@@ -152,7 +166,7 @@ _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
 
 
-def encode_record(record: Record) -> bytes:
+def encode_record(record: Record | SealedEvent) -> bytes:
     """The stored bytes of ``record``, without the trailing newline."""
     return _encoder.encode(record)
 

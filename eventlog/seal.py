@@ -35,8 +35,9 @@ class Sealer:
         return base64.b64encode(nonce).decode("ascii"), base64.b64encode(ct).decode("ascii")
 
     def seal_with(self, nonce: bytes, payload: bytes, aad: bytes) -> bytes:
-        """For large binary blobs whose header (the associated data) carries the nonce: the
-        raw ciphertext. The caller draws ``nonce`` fresh from ``os.urandom``."""
+        """The raw ciphertext, for callers that store the nonce themselves (a blob's header, a
+        record the writer encodes in one pass). The caller draws ``nonce`` from
+        ``os.urandom``."""
         return self._aead.encrypt(nonce, payload, aad)
 
     def open_raw(self, nonce: bytes, ct: bytes, aad: bytes, *, where: str) -> bytes:

@@ -60,9 +60,9 @@ from eventlog.aio import SyncRing, open_ring
 from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
-    EventRecord,
     Recovery,
     Seal,
+    SealedEvent,
     Segment,
     Takeover,
     aad_prefix,
@@ -94,8 +94,7 @@ LOOP_ROUND_RECORDS = 16
 NONCE_POOL_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Appended:
+class Appended(msgspec.Struct, frozen=True):
     """Where a payload landed: its sequence number and record hash."""
 
     seq: int
@@ -702,10 +701,10 @@ class LogWriter:
                     size = 0
                     emit(encode_record(Segment(seq + 1, prev, self.log_id, index)))
                 aad = associated_data_from(prefix, seq + 1, prev_raw, kid_raw)
-                nonce, ct = self._sealer.seal(payload, aad,
-                                              nonces[drawn:drawn + NONCE_BYTES])
+                nonce = nonces[drawn:drawn + NONCE_BYTES]
                 drawn += NONCE_BYTES
-                h = emit(encode_record(EventRecord(seq + 1, prev, self.log_id, kid, nonce, ct)))
+                ct = self._sealer.seal_with(nonce, payload, aad)
+                h = emit(encode_record(SealedEvent(seq + 1, prev, self.log_id, kid, nonce, ct)))
                 results.append(Appended(seq, h))
                 since_cp += 1
                 if since_cp >= self._checkpoint_every:
