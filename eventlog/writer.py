@@ -101,10 +101,37 @@ class Appended(msgspec.Struct, frozen=True):
     hash: str
 
 
+class _RoundDone:
+    """The end of one flush round, awaited by the appender of each of its batches (an
+    ``asyncio.Event`` without its per-waiter bookkeeping: a round of a thousand appenders
+    wakes a thousand futures and keeps no list to search). Event loop side only."""
+
+    __slots__ = ("_loop", "_waiters", "is_set")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+        self.is_set = False
+
+    async def wait(self) -> None:
+        if self.is_set:
+            return
+        waiter = self._loop.create_future()  # cancelling one appender cancels only its own
+        self._waiters.append(waiter)
+        await waiter
+
+    def set(self) -> None:
+        self.is_set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
 @dataclass
 class _Batch:
     payloads: Sequence[bytes]
-    done: asyncio.Event  # shared by every batch of one flush round; set on the loop
+    done: _RoundDone  # shared by every batch of one flush round; set on the loop
     checkpoint: str | None = None  # "periodic" or "final": a checkpoint instead of payloads
     takeover: Takeover | None = None  # the checkpoint records a takeover
     results: list[Appended] | None = None
@@ -183,17 +210,20 @@ class LogWriter:
         # Batches wait in ``_pending`` until the round before them is done; ``_round`` is the
         # event every batch of the next round shares, set once it is written or has failed.
         # One round at a time (``_busy``), written by the event loop (``_ring``) or by the
-        # writer thread (``_job``). All four are guarded by ``_cv``'s lock.
+        # writer thread (``_job``). All four are guarded by ``_state_lock``; ``_cv`` (on the same
+        # lock) is for the writer thread's sleep. The hot paths take ``_state_lock`` directly: its
+        # ``with`` is one C call, the Condition's a Python method around it.
         self._sync = sync
         self._ring: SyncRing | None = None
-        self._ring_round: tuple[_Framed, list[_Batch], asyncio.Event] | None = None
+        self._ring_round: tuple[_Framed, list[_Batch], _RoundDone] | None = None
         self._pending: list[_Batch] = []
-        self._round: asyncio.Event | None = None
+        self._round: _RoundDone | None = None
         self._busy = False  # a round is being written
         self._dispatch_due = False  # a _dispatch is scheduled
         self._idle: asyncio.Event | None = None  # set once no round is pending or busy
-        self._cv = threading.Condition()
-        self._job: tuple[Callable[[], None], asyncio.Event] | None = None
+        self._state_lock = threading.Lock()
+        self._cv = threading.Condition(self._state_lock)
+        self._job: tuple[Callable[[], None], _RoundDone] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -401,9 +431,10 @@ class LogWriter:
                  takeover: Takeover | None = None) -> _Batch:
         """Queue a batch (event loop side). Every batch queued in one pass of the event loop,
         and every one queued while a round is being written, goes into the next round."""
-        with self._cv:
+        with self._state_lock:
             if self._round is None:
-                self._round = asyncio.Event()
+                assert self._loop is not None
+                self._round = _RoundDone(self._loop)
             batch = _Batch(payloads, self._round, checkpoint, takeover)
             self._pending.append(batch)
             start = not self._busy and not self._dispatch_due
@@ -414,8 +445,8 @@ class LogWriter:
             self._loop.call_soon(self._dispatch)
         return batch
 
-    def _take(self) -> tuple[list[_Batch], asyncio.Event]:
-        """The pending batches as the next round (the caller holds ``_cv``)."""
+    def _take(self) -> tuple[list[_Batch], _RoundDone]:
+        """The pending batches as the next round (the caller holds ``_state_lock``)."""
         batches, self._pending = self._pending, []
         done, self._round = self._round, None
         assert done is not None
@@ -433,7 +464,7 @@ class LogWriter:
     def _dispatch(self) -> None:
         """Start the next round (event loop): written here when it can be, else by the
         thread."""
-        with self._cv:
+        with self._state_lock:
             self._dispatch_due = False
             if self._busy or not self._pending:
                 return
@@ -446,16 +477,16 @@ class LogWriter:
         return functools.partial(self._guarded, batches,
                                  functools.partial(self._write_batches, batches))
 
-    def _to_thread(self, job: Callable[[], None], done: asyncio.Event) -> None:
+    def _to_thread(self, job: Callable[[], None], done: _RoundDone) -> None:
         with self._cv:
             self._job = (job, done)
             self._cv.notify()
 
-    def _finished(self, done: asyncio.Event) -> None:
+    def _finished(self, done: _RoundDone) -> None:
         """A round is written or has failed (event loop): wake its callers, start the next
         unless the thread already has."""
         done.set()
-        with self._cv:
+        with self._state_lock:
             start = not self._busy and bool(self._pending) and not self._dispatch_due
             idle = not self._busy and not self._pending
         if start:
@@ -478,7 +509,7 @@ class LogWriter:
                 (job, done), self._job = self._job, None
             with self._io:
                 job()
-            with self._cv:
+            with self._state_lock:
                 if self._pending and not self._for_the_loop(self._pending):
                     batches, next_done = self._take()
                     self._job = (self._thread_round(batches), next_done)
@@ -491,7 +522,7 @@ class LogWriter:
 
     # -- a round on the event loop (the kernel runs its fdatasync) ---------------------------
 
-    def _write_on_loop(self, batches: list[_Batch], done: asyncio.Event) -> bool:
+    def _write_on_loop(self, batches: list[_Batch], done: _RoundDone) -> bool:
         """Frame and write a plain round here and submit its ``fdatasync`` to the ring; False
         (nothing done) when the round must go to the thread: a checkpoint or a new segment is
         due (they write key and directory files), or an open holds the file."""
@@ -526,8 +557,8 @@ class LogWriter:
         finally:
             self._io.release()
 
-    def _round_ended(self, done: asyncio.Event) -> None:
-        with self._cv:
+    def _round_ended(self, done: _RoundDone) -> None:
+        with self._state_lock:
             self._busy = False
         assert self._loop is not None
         self._loop.call_soon(self._finished, done)
@@ -546,7 +577,7 @@ class LogWriter:
         else:
             failure = OSError(-result, os.strerror(-result))
             self._guarded(batches, functools.partial(self._raise_after_undo, framed, failure))
-        with self._cv:
+        with self._state_lock:
             self._busy = False
         self._finished(done)
 
