@@ -29,14 +29,12 @@ from eventlog.envelope import (
     EventRecord,
     Genesis,
     Record,
-    associated_data,
     record_hashes,
 )
 from eventlog.errors import DecryptError, UnknownKeyError
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
-from eventlog.reader import LogReader
-from eventlog.seal import Sealer
+from eventlog.reader import EventOpener, LogReader
 from eventlog.segments import list_segments
 from eventlog.verify import PARALLEL_MIN_BYTES, UNIT_BYTES, plan_units, unit_lines
 
@@ -155,19 +153,14 @@ def _search_unit(unit: _Unit, needle: bytes, unit_bytes: int) -> _Found | None:
             or [r.prev for r in recs[1:]] != hashes[:-1]):
         return None
     genesis = next((r.log for r in recs if isinstance(r, Genesis)), None)
-    sealers: dict[str, Sealer] = {}
+    opener = EventOpener(_keyring)
     hits: list[tuple[int, bytes]] = []
     bad: list[tuple[int, str]] = []
     for rec in recs:
         if not isinstance(rec, EventRecord):
             continue
         try:
-            sealer = sealers.get(rec.kid)
-            if sealer is None:
-                sealer = sealers[rec.kid] = Sealer(_keyring.get(rec.kid))
-            payload = sealer.open(rec.nonce, rec.ct, associated_data(rec.log, rec.seq,
-                                                                     rec.prev, rec.kid),
-                                  where=f"record {rec.seq} (data key {rec.kid})")
+            payload = opener.open(rec)
         except (UnknownKeyError, DecryptError) as exc:
             bad.append((rec.seq, str(exc)))
             continue

@@ -23,7 +23,8 @@ from eventlog.envelope import (
     EventRecord,
     Genesis,
     Record,
-    associated_data,
+    aad_prefix,
+    associated_data_from,
     decode_record,
     record_hash,
     record_hashes,
@@ -47,6 +48,36 @@ class StoredRecord(msgspec.Struct, frozen=True, gc=False):
     record: Record
 
 
+class EventOpener:
+    """Decrypts event records: one :class:`Sealer` per data key, and the associated data's
+    log and key parts converted to bytes once, not per record."""
+
+    def __init__(self, keyring: KeyRing) -> None:
+        self._keyring = keyring
+        self._keys: dict[str, tuple[Sealer, bytes]] = {}
+        self._prefixes: dict[str, bytes] = {}
+
+    def open(self, rec: EventRecord) -> bytes:
+        """The plaintext payload of ``rec``.
+
+        Raises:
+            UnknownKeyError: Its data key is not in the keyring (retired: crypto-shredded).
+            DecryptError: The payload failed authentication; the message names the record.
+        """
+        known = self._keys.get(rec.kid)
+        if known is None:
+            known = self._keys[rec.kid] = (Sealer(self._keyring.get(rec.kid)),
+                                           rec.kid.encode("ascii"))
+        prefix = self._prefixes.get(rec.log)
+        if prefix is None:
+            prefix = self._prefixes[rec.log] = aad_prefix(rec.log)
+        aad = associated_data_from(prefix, rec.seq, bytes.fromhex(rec.prev), known[1])
+        try:
+            return known[0].open(rec.nonce, rec.ct, aad)
+        except DecryptError as exc:
+            raise DecryptError(f"record {rec.seq} (data key {rec.kid}): {exc}") from None
+
+
 class LogReader:
     """Incremental reader: each :meth:`poll` returns the records appended since the last one.
 
@@ -63,8 +94,7 @@ class LogReader:
                 f"or start `bide run` once to create the log"
             )
         self.log_dir = log_dir
-        self._keyring = keyring
-        self._sealers: dict[str, Sealer] = {}
+        self._opener = EventOpener(keyring) if keyring is not None else None
         self._ordinal = 0  # index into the sorted segment list, from 1; 0 = not started
         self._segment: Path | None = None
         self._offset = 0
@@ -161,13 +191,9 @@ class LogReader:
         rec = stored.record
         if not isinstance(rec, EventRecord):
             raise TypeError(f"record {stored.seq} is a {type(rec).__name__}, not an event")
-        if self._keyring is None:
+        if self._opener is None:
             raise EventLogError("reading payloads needs the data keys (keys_dir in the config)")
-        sealer = self._sealers.get(rec.kid)
-        if sealer is None:
-            sealer = self._sealers[rec.kid] = Sealer(self._keyring.get(rec.kid))
-        aad = associated_data(rec.log, rec.seq, rec.prev, rec.kid)
-        return sealer.open(rec.nonce, rec.ct, aad, where=f"record {rec.seq} (data key {rec.kid})")
+        return self._opener.open(rec)
 
     def payloads(self, unreadable: list[tuple[int, str]] | None = None
                  ) -> Iterator[tuple[int, bytes]]:

@@ -48,13 +48,17 @@ class Sealer:
                 f"{where}: failed authentication (wrong data key, or the file was altered)"
             ) from None
 
-    def open(self, nonce_b64: str, ct_b64: str, aad: bytes, *, where: str) -> bytes:
+    def open(self, nonce_b64: str, ct_b64: str, aad: bytes) -> bytes:
+        """The plaintext of a stored record's base64 nonce and ciphertext. The caller names
+        the record in the error: building that text for every record read cost more than
+        the base64 decoding, which ``a2b_base64`` in strict mode does in C (``b64decode``
+        with ``validate`` adds a regular expression per call)."""
         try:
-            nonce = base64.b64decode(nonce_b64, validate=True)
-            ct = base64.b64decode(ct_b64, validate=True)
+            nonce = binascii.a2b_base64(nonce_b64, strict_mode=True)
+            ct = binascii.a2b_base64(ct_b64, strict_mode=True)
             return self._aead.decrypt(nonce, ct, aad)
         except (InvalidTag, binascii.Error, ValueError):
             raise DecryptError(
-                f"{where}: payload failed authentication (wrong data key, or the record or its "
-                f"header was altered); run `bide verify` on the log"
+                "payload failed authentication (wrong data key, or the record or its header "
+                "was altered); run `bide verify` on the log"
             ) from None
