@@ -50,9 +50,9 @@ class Sealer:
 
     def open(self, nonce_b64: str, ct_b64: str, aad: bytes) -> bytes:
         """The plaintext of a stored record's base64 nonce and ciphertext. The caller names
-        the record in the error: building that text for every record read cost more than
-        the base64 decoding, which ``a2b_base64`` in strict mode does in C (``b64decode``
-        with ``validate`` adds a regular expression per call)."""
+        the record in the error, so no text is built for records that open. ``a2b_base64``
+        in strict mode decodes in C; ``b64decode`` with ``validate`` adds a regular
+        expression per call."""
         try:
             nonce = binascii.a2b_base64(nonce_b64, strict_mode=True)
             ct = binascii.a2b_base64(ct_b64, strict_mode=True)
