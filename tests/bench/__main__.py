@@ -179,6 +179,12 @@ def _print_replay(r: dict[str, Any]) -> None:
     print(f"  {'stage':<40}{'seconds':>9}{'events/s':>11}")
     for name, row in r["stages"].items():
         print(f"  {name:<40}{row['seconds']:>9}{row['events_per_s']:>11}")
+    floor = r["floor"]
+    print(f"  floor: each call a replay cannot skip, alone, looped in C ({floor['events']} events)")
+    for name, us in floor["us_per_event"].items():
+        print(f"    {name:<40}{us:>8.3f} us/event")
+    print(f"    {'sum':<40}{floor['total_us']:>8.3f} us/event: at most {floor['cap_one_core']} "
+          f"events/s on one core, {floor['cap_every_core']} on {floor['cores']} cores")
 
 
 def _print_scale(r: dict[str, Any]) -> None:

@@ -20,14 +20,26 @@ verification on open, the snapshot if any, the fold of the events after it):
                                     (N = the default ``snapshot_every``, the worst case)
 
 The goal is 300,000 events/s replayed: events in the log over the time to a ready state.
+
+``floor`` (:func:`c_floor`) times, over the same log, each call a replay cannot skip, each
+alone and looped in C (``map``) so that almost no Python runs around it: reading and
+splitting the segments, decoding the envelopes, hashing the lines (the chain), decoding the
+base64 nonce and ciphertext, the AES-GCM-SIV open, decoding the event. Their sum per event
+bounds what any reader of this format can reach on one core, before the fold and before
+handing events between processes.
 """
 
 from __future__ import annotations
 
+import binascii
+import gc
+import os
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 
 from daemon.config import LogConfig
 from daemon.readers import load_log, load_operation
@@ -35,13 +47,17 @@ from daemon.readers import op_events as events_of
 from daemon.snapshots import load_snapshot, replay_log, save_snapshot
 from eventlog import keys
 from eventlog.envelope import (
+    RECORD_DECODER,
     ZERO_HASH,
     Checkpoint,
     EventRecord,
     Genesis,
     Recovery,
+    aad_prefix,
+    associated_data_from,
     decode_record,
     record_hash,
+    record_hashes,
 )
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
@@ -202,11 +218,67 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
         n, seconds = _best(fn, runs)
         stages[name] = {"events": n, "seconds": round(seconds, 3),
                         "events_per_s": round(n / seconds)}
+    floor = c_floor(log_dir, keyring, runs)
     live = sum(op.phase == "live" for op in replayed.ops.values())
     return {"events": replayed.events, "operations": len(replayed.ops), "live": live,
             "log_bytes": sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl")),
             "snapshot_bytes": snapshots["head"].stat().st_size,
-            "goal_events_per_s": 300_000, "stages": stages}
+            "goal_events_per_s": 300_000, "stages": stages, "floor": floor}
+
+
+def c_floor(log_dir: Path, keyring: KeyRing, runs: int = 3) -> dict[str, object]:
+    """Microseconds per event of each call a replay of this format cannot skip, each timed
+    alone over the whole log (best of ``runs``, at least 3: a floor is a best case), and the
+    events/s their sum allows on one
+    core and on every core, with nothing else running: no fold, no hand-off between
+    processes, no Python around the calls."""
+    paths = [p for _, p in list_segments(log_dir)]
+
+    def read_split() -> list[bytes]:
+        lines: list[bytes] = []
+        for path in paths:
+            lines += path.read_bytes().split(b"\n")[:-1]
+        return lines
+
+    lines = read_split()
+    recs = list(map(RECORD_DECODER.decode, lines))
+    events = [r for r in recs if isinstance(r, EventRecord)]
+    nonces = [r.nonce for r in events]
+    cts = [r.ct for r in events]
+    raw_nonces = [binascii.a2b_base64(n, strict_mode=True) for n in nonces]
+    raw_cts = [binascii.a2b_base64(c, strict_mode=True) for c in cts]
+    prefix, kid = aad_prefix(events[0].log), events[0].kid
+    aads = [associated_data_from(prefix, r.seq, bytes.fromhex(r.prev), kid.encode("ascii"))
+            for r in events]
+    aead = AESGCMSIV(keyring.get(kid))  # what Sealer.open calls, without its wrapper
+    plaintexts = list(map(aead.decrypt, raw_nonces, raw_cts, aads))
+    a2b = binascii.a2b_base64
+
+    calls: dict[str, Callable[[], object]] = {
+        "read + split the segments": read_split,
+        "decode the envelopes (msgspec)": lambda: list(map(RECORD_DECODER.decode, lines)),
+        "SHA-256 of every line (the chain)": lambda: record_hashes(lines),
+        "base64 of nonce and ciphertext": lambda: (list(map(a2b, nonces)), list(map(a2b, cts))),
+        "AES-GCM-SIV open": lambda: list(map(aead.decrypt, raw_nonces, raw_cts, aads)),
+        "decode the events (msgspec)": lambda: list(map(decode_log_event, plaintexts)),
+    }
+    per_event: dict[str, float] = {}
+    gc.disable()  # as the readers run: a million short-lived objects, no cycles
+    try:
+        for name, call in calls.items():
+            best = float("inf")
+            for _ in range(max(runs, 3)):
+                started = time.perf_counter()
+                call()
+                best = min(best, time.perf_counter() - started)
+            per_event[name] = round(best / len(events) * 1e6, 3)
+    finally:
+        gc.enable()
+    total = sum(per_event.values())
+    cores = os.cpu_count() or 1
+    return {"events": len(events), "us_per_event": per_event, "total_us": round(total, 3),
+            "cap_one_core": round(1e6 / total), "cores": cores,
+            "cap_every_core": round(cores * 1e6 / total)}
 
 
 def _state_at(log_dir: Path, keyring: KeyRing, events: int) -> tuple[LogPosition, Ledger]:

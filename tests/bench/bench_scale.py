@@ -309,10 +309,11 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         backends = _db_backends(dsn, daemon.proc.pid) if dsn is not None else []
         b0 = _cpu_of(backends)
         spy = None
-        if out := os.environ.get("BIDE_BENCH_PYSPY"):  # raw stacks of the window, all threads
+        if out := os.environ.get("BIDE_BENCH_PYSPY"):  # the window's samples: see profile.py
             spy = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record", "-f", "raw", "-r",
-                 "250", "-d", str(int(seconds)), "-o", out, "-p", str(daemon.proc.pid)],
+                [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking",
+                 "--gil", "-f", "raw", "-r", "250", "-d", str(int(seconds)), "-o", out,
+                 "-p", str(daemon.proc.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(seconds)
         if spy is not None:
@@ -419,11 +420,17 @@ def _cpu_of(pids: list[int]) -> dict[int, float]:
 
 def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path
                   ) -> dict[str, float]:
-    """The bare loop with no pacing: requests/s and CPU per request at its own saturation."""
-    out = json.loads(subprocess.run(
-        [sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
+    """The bare loop with no pacing: requests/s and CPU per request at its own saturation
+    (with ``BIDE_BENCH_PYSPY=FILE``, profiled into ``FILE.bare`` as the daemon is into FILE)."""
+    spy = ([str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--gil",
+            "-f", "raw", "-r", "250", "-o", f"{profile_to}.bare", "--"]
+           if (profile_to := os.environ.get("BIDE_BENCH_PYSPY")) else [])
+    printed = subprocess.run(
+        [*spy, sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
          str(max(count, 1)), "0", str(concurrency), str(root / "creds" / "sim.token")],
-        capture_output=True, text=True, check=True, timeout=3600).stdout)
+        capture_output=True, text=True, check=True, timeout=3600).stdout
+    # py-spy prints its own lines to the same stdout; the loop's is the one JSON line.
+    out = json.loads(next(line for line in printed.splitlines() if line.startswith("{")))
     return {"requests": out["requests"],
             "requests_per_s": round(out["requests"] / out["seconds"], 1),
             "cpu_per_request_us": round(out["cpu_seconds"] / out["requests"] * 1e6, 1)}

@@ -14,7 +14,8 @@ Each repeat measures every row with its baseline in the same run:
                              thread hand-off a non-blocking daemon needs
     full replay              events/s folding the 1,000,000-event log with no snapshot, and a
                              start from a clean stop's snapshot (what the offline readers and a
-                             restart do)
+                             restart do); and its floor, the same run: what the format's
+                             unskippable C calls alone allow on one core and on every core
 
 and the summary gives, per row, the best repeat and the spread (lowest to highest).
 """
@@ -45,8 +46,10 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
     floor = append["floor"]
     assert isinstance(floor, dict)
     scale = bench_scale.run_one(out, operations, window, RATE, 8, 0, bare_saturated=True)
-    replay = bench_replay.run(out, replay_records, runs=1)["stages"]
+    replayed = bench_replay.run(out, replay_records, runs=1)
+    replay, replay_floor = replayed["stages"], replayed["floor"]
     assert isinstance(replay, dict)
+    assert isinstance(replay_floor, dict)
     ceiling = scale["bare_saturated"]
     assert isinstance(ceiling, dict)
     return {
@@ -80,6 +83,9 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         "replay_ev_s": float(replay["replay, 1 process (the daemon)"]["events_per_s"]),
         "replay_cores_ev_s": float(
             replay["replay, every core (offline readers)"]["events_per_s"]),
+        # What the format's C calls alone allow, nothing else running (bench_replay.c_floor).
+        "replay_floor_ev_s": float(replay_floor["cap_one_core"]),
+        "replay_floor_cores_ev_s": float(replay_floor["cap_every_core"]),
         "start_ev_s": float(replay["start, no snapshot"]["events_per_s"]),
         "snapshot_ev_s": float(replay["start, snapshot at the head"]["events_per_s"]),
     }
@@ -133,6 +139,10 @@ def print_table(r: dict[str, Any]) -> None:
         ("full replay, no snapshot, events/s", "replay_ev_s", max, "", "", "", ">= 300,000"),
         ("full replay, every core (offline readers), events/s", "replay_cores_ev_s", max, "",
          "", "", ">= 300,000"),
+        ("  floor: the format's C calls alone, one core, events/s", "replay_floor_ev_s", max,
+         "", "", "", "(bench_replay.c_floor)"),
+        ("  the same on every core, events/s", "replay_floor_cores_ev_s", max, "", "", "",
+         "(no fold, no hand-off)"),
         ("start with no snapshot, events/s", "start_ev_s", max, "", "", "", ""),
         ("start from the snapshot, events/s", "snapshot_ev_s", max, "", "", "", ""),
     ]
