@@ -311,9 +311,7 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         spy = None
         if out := os.environ.get("BIDE_BENCH_PYSPY"):  # the window's samples: see profile.py
             spy = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking",
-                 "--gil", "-f", "raw", "-r", "250", "-d", str(int(seconds)), "-o", out,
-                 "-p", str(daemon.proc.pid)],
+                [*_py_spy(out), "-d", str(int(seconds)), "-p", str(daemon.proc.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(seconds)
         if spy is not None:
@@ -418,12 +416,17 @@ def _cpu_of(pids: list[int]) -> dict[int, float]:
     return out
 
 
+def _py_spy(out: str) -> list[str]:
+    """py-spy recording raw samples into ``out`` the way ``tests.bench.profile`` reads them."""
+    return [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--gil",
+            "-f", "raw", "-r", "250", "-o", out]
+
+
 def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path
                   ) -> dict[str, float]:
     """The bare loop with no pacing: requests/s and CPU per request at its own saturation
     (with ``BIDE_BENCH_PYSPY=FILE``, profiled into ``FILE.bare`` as the daemon is into FILE)."""
-    spy = ([str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--gil",
-            "-f", "raw", "-r", "250", "-o", f"{profile_to}.bare", "--"]
+    spy = ([*_py_spy(f"{profile_to}.bare"), "--"]
            if (profile_to := os.environ.get("BIDE_BENCH_PYSPY")) else [])
     printed = subprocess.run(
         [*spy, sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
