@@ -171,7 +171,8 @@ class Supervisor:
         self.clients: dict[str, StatusClient] = {}
         self.quotas: dict[str, RateQuota] = {}
         self.pacers: dict[str, RateQuota] = {}  # the same quota, checked as requests leave
-        self.in_flight: dict[str, anyio.Semaphore] = {}
+        self.in_flight: dict[str, anyio.Semaphore] = {}  # provider -> requests in flight
+        self.turns: dict[str, anyio.Semaphore] = {}  # provider -> intents ahead of a slot
         self.prepaid: dict[str, str] = {}  # op id -> registrant holding a future slot
         self._reserved: dict[str, dict[str, int]] = {}  # provider -> registrant -> slots held
         self._waiting: dict[str, dict[str, collections.deque[str]]] = {}  # turns to come
@@ -457,6 +458,7 @@ class Supervisor:
             self.pacers[name] = RateQuota(profile.quota.requests_per_second,
                                           profile.quota.burst)
             self.in_flight[name] = anyio.Semaphore(profile.quota.max_in_flight)
+            self.turns[name] = anyio.Semaphore(profile.quota.max_in_flight)
             previous = self.clients.pop(name, None)
             self.clients[name] = StatusClient(profile, self._credentials_dir())
             if previous is not None and self.polls is not None:
@@ -570,9 +572,9 @@ class Supervisor:
             self._poll_slots.release()
 
     async def _poll_once(self, op: Operation) -> None:
-        """S32: decide; acquire the provider's slot; reload and decide again with a fresh clock;
-        the quota; the intent made durable; the one request; the fact; decide. The slot (the
-        lease of S33) is held only for the intent and the request, never while sleeping."""
+        """S32: decide; take the provider's turn; reload and decide again with a fresh clock;
+        the quota; the intent made durable; a free in-flight slot; the one request; the fact;
+        decide. Nothing is held while sleeping (S33); the in-flight slot only for the request."""
         self.faults.fire("poll", op.operation_id)
         events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), self.clock(),
                         self.draw())
@@ -593,50 +595,73 @@ class Supervisor:
         if self.lease is not None:  # the lease must outlive the request (daemon.lease)
             await self.lease.wait_allows(client.profile.status.timeout_seconds)
         slot = self.in_flight[op.provider]
-        await _acquire(slot)
+        intent = await self._intend(op, slot)
+        if intent is None:
+            return
         try:
-            op = self.ops[op.operation_id]  # reload: waiting for the slot took time
-            now = self.clock()
-            events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), now, self.draw())
-            intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
-            if intent is None:
-                await self.record(events)  # the deadline passed while waiting for the slot
-                return
-            if not await self._quota_allows(op, now):
-                return
-            if self.stopping.is_set():
-                return
-            await self.record(events)  # S13: durable before the request leaves
-            self.faults.fire("request", op.operation_id)
-            await self.provider_turn(op.provider, reserved=True)
-            deadline, _ = op.effective_deadline
-            time_left = deadline - self.clock()
-            # S13: a request needs room to arrive before the deadline, not only to leave.
-            if time_left < SEND_MARGIN:
-                fact: StatusResponseReceived | TransportFailed = TransportFailed(
-                    operation_id=op.operation_id, at=self.clock(),
-                    request_number=intent.request_number, kind="pool_timeout",
-                    detail=f"not sent: less than {SEND_MARGIN:g}s to the deadline once the "
-                           f"intent was durable")
-            elif self.lease is not None and not self.lease.allows(
-                    client.profile.status.timeout_seconds):
-                fact = TransportFailed(
-                    operation_id=op.operation_id, at=self.clock(),
-                    request_number=intent.request_number, kind="not_sent",
-                    detail="not sent: the lease would not outlive the request once the intent "
-                           "was durable")
-            else:
-                url = op.status_location or client.profile.status_url(op.provider_job_id)
-                fact = await client.fetch(operation_id=op.operation_id, url=url,
-                                          request_number=intent.request_number,
-                                          time_left=time_left, clock=self.clock)
-                self.metrics.requests_sent += 1
+            fact = await self._send(self.ops[op.operation_id], client, intent)
         finally:
             slot.release()
         # The fact and its decision in one durable batch: one write and fsync, not two.
         self.faults.fire("decide", op.operation_id)
         after = evolve(self.ops[op.operation_id], fact)
         await self.record([fact, *decide(after, fact, self.clock(), self.draw())])
+
+    async def _intend(self, op: Operation, slot: anyio.Semaphore) -> StatusRequestIntended | None:
+        """Make the next request's intent durable, then take ``slot`` (the provider's
+        in-flight slot) for it; None if no request is to be sent now.
+
+        The provider's turns (as many as its in-flight slots) bound the intents made durable
+        ahead of a free slot: the group commit of the next intents overlaps the requests in
+        flight, and an intent waits at most for one of them to end. The deadline is checked
+        again once the slot is taken (``_send``)."""
+        turn = self.turns[op.provider]
+        await _acquire(turn)
+        try:
+            op = self.ops[op.operation_id]  # reload: waiting for the turn took time
+            now = self.clock()
+            events = decide(op, WakeUp(timer_elapsed=self._timer_elapsed(op)), now, self.draw())
+            intent = next((e for e in events if isinstance(e, StatusRequestIntended)), None)
+            if intent is None:
+                await self.record(events)  # the deadline passed while waiting for the turn
+                return None
+            if not await self._quota_allows(op, now):
+                return None
+            if self.stopping.is_set():
+                return None
+            await self.record(events)  # S13: durable before the request leaves
+            self.faults.fire("request", op.operation_id)
+            await _acquire(slot)
+            return intent
+        finally:
+            turn.release()
+
+    async def _send(self, op: Operation, client: StatusClient,
+                    intent: StatusRequestIntended) -> StatusResponseReceived | TransportFailed:
+        """The one request of ``intent``, or why it was not sent after all."""
+        await self.provider_turn(op.provider, reserved=True)
+        deadline, _ = op.effective_deadline
+        time_left = deadline - self.clock()
+        # S13: a request needs room to arrive before the deadline, not only to leave.
+        if time_left < SEND_MARGIN:
+            return TransportFailed(
+                operation_id=op.operation_id, at=self.clock(),
+                request_number=intent.request_number, kind="pool_timeout",
+                detail=f"not sent: less than {SEND_MARGIN:g}s to the deadline once the "
+                       f"intent was durable")
+        if self.lease is not None and not self.lease.allows(
+                client.profile.status.timeout_seconds):
+            return TransportFailed(
+                operation_id=op.operation_id, at=self.clock(),
+                request_number=intent.request_number, kind="not_sent",
+                detail="not sent: the lease would not outlive the request once the intent "
+                       "was durable")
+        url = op.status_location or client.profile.status_url(op.provider_job_id)
+        fact = await client.fetch(operation_id=op.operation_id, url=url,
+                                  request_number=intent.request_number,
+                                  time_left=time_left, clock=self.clock)
+        self.metrics.requests_sent += 1
+        return fact
 
     def _spawn(self, task: Callable[[str], Coroutine[Any, Any, None]], arg: str) -> None:
         assert self.polls is not None

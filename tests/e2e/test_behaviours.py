@@ -532,11 +532,13 @@ def test_budget_exhausted_after_exactly_the_budget(run: Run) -> None:
 
 def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
         tmp_path: Path, store: str) -> None:
-    """S33: the provider's slot is held only for the intent and its request; an operation
-    that waited for it decides again, with the clock of when it got it, before sending."""
+    """S33: the provider's slot is held only for the request. While it is taken, as many
+    intents as it has slots (here one) are made durable ahead of it, never more; one that
+    waited for the slot past its deadline is not sent."""
     jobs: dict[str, str | list[object]] = {
         "hog": [{"delay": 2.0, "state": "running"}, "succeeded with result"],
         "late": "running",
+        "next": "running",
     }
     with workspace(tmp_path, jobs, store=store) as ws:
         one_slot = "[quota]\nrequests_per_second = 1000\nburst = 1000\nmax_in_flight = 1\n"
@@ -545,22 +547,30 @@ def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
         now = time.time()
         drop_registration(ws, "hog", "hog")  # first poll at +0.2 s holds the slot for 2 s
         drop_registration(ws, "late", "late", deadline_at=now + 1.0)  # due at +0.2 s too
+        drop_registration(ws, "next", "next", deadline_at=now + 1.5)
 
         def ended() -> bool:
             ops = ws.log().ops
-            return len(ops) == 2 and all(o.phase != "live" for o in ops.values())
+            return len(ops) == 3 and all(o.phase != "live" for o in ops.values())
 
-        until(ended, timeout=20, what="both operations to end")
+        until(ended, timeout=20, what="the three operations to end")
         assert daemon.stop() == 0
         log = ws.log()
-        late = log.ops["late"]
-        intents = [e for _, e in log.events
-                   if e.operation_id == "late" and isinstance(e, StatusRequestIntended)]
-        assert late.stop_reason == "deadline_exceeded"
-        assert all(i.at < late.deadline_at for i in intents)  # re-decided after the slot
-        received = ws.sim.requests(kind="status", job_id="late")
-        after = [r.wall - late.deadline_at for r in received if r.wall > late.deadline_at]
-        assert not after, f"requests arrived {after} s after the deadline"
+        for name in ("late", "next"):
+            op = log.ops[name]
+            intents = [e for _, e in log.events
+                       if e.operation_id == name and isinstance(e, StatusRequestIntended)]
+            assert op.stop_reason == "deadline_exceeded"
+            assert all(i.at < op.deadline_at for i in intents)
+            received = ws.sim.requests(kind="status", job_id=name)
+            after = [r.wall - op.deadline_at for r in received if r.wall > op.deadline_at]
+            assert not after, f"{name}: requests arrived {after} s after the deadline"
+        order = [(e.operation_id, type(e)) for _, e in log.events]
+        sent = order.index(("hog", StatusRequestIntended))
+        answered = order.index(("hog", StatusResponseReceived))
+        ahead = [op for op, kind in order[sent:answered] if kind is StatusRequestIntended]
+        assert ahead[0] == "hog"
+        assert len(ahead) == 2, ahead  # one intent made durable ahead of the slot, not two
 
 
 # -- the whole run ------------------------------------------------------------------------------
