@@ -159,7 +159,9 @@ def test_rejected_spool_files_change_nothing(tmp_path: Path) -> None:
         spool = Spool(tmp_path / "state" / "spool")
         (spool.incoming / ("a" * 32 + ".json")).write_text("{not json")
         os.symlink("/etc/passwd", spool.incoming / ("b" * 32 + ".json"))
-        (spool.incoming / ("c" * 32 + ".json")).write_bytes(b" " * 600_000)
+        big = tmp_path / "big.json"  # written beside the spool, renamed in whole
+        big.write_bytes(b" " * 600_000)
+        big.rename(spool.incoming / ("c" * 32 + ".json"))
         unknown = ws.bide("watch", "--provider", "nope", "--job", "x", "--operation", "n1")
         assert unknown.returncode == 1
         assert "no profile for provider 'nope'" in unknown.stdout  # the API said so at once

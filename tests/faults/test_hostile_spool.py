@@ -67,9 +67,11 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         esc_before = before.ops["esc"]
         rejected_before = len(_reasons(spool))
 
-        sparse = spool.incoming / name()
+        # Built beside the spool and renamed in, so the daemon never sees it empty.
+        sparse = tmp_path / "sparse.json"
         with sparse.open("wb") as f:
             f.truncate(10 * 1024**3)  # 10 GB, no blocks: a read would be the attack
+        sparse.rename(spool.incoming / name())
         os.mkfifo(spool.incoming / name())
         os.symlink(tmp_path / "does-not-exist", spool.incoming / name())
         os.symlink(tmp_path, spool.decisions / name())
