@@ -424,8 +424,7 @@ def test_a_spool_decision_cannot_self_approve_either(tmp_path: Path) -> None:
             client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
         spool = Spool(tmp_path / "state" / "spool")
         decision = DecisionFile(1, new_request_id(), "op-odd", "abandon", "", 1)
-        (spool.decisions / f"{decision.request_id}.json").write_bytes(
-            msgspec.json.encode(decision))
+        spool.drop(spool.decisions, decision.request_id, msgspec.json.encode(decision))
         until(lambda: any("allow_self_approval" in p.read_text()
                           for p in spool.rejected.glob("*.reason")), what="the refusal")
         assert ws.log().ops["op-odd"].phase == "escalated"
