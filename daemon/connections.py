@@ -15,7 +15,7 @@ server may close a connection just after any such check; that race is httpcore's
 recorded as a reset).
 
 httpx exposes no network backend setting, so :func:`install` replaces the backend of the
-client's connection pool, and leaves the pool as httpx built it when these internals are not
+transport's connection pool, and leaves the pool as httpx built it when these internals are not
 where this version of it keeps them (the test suite checks they are, for the pinned versions).
 """
 
@@ -123,10 +123,10 @@ class Backend(httpcore.AnyIOBackend):
                                                  socket_options), self._readiness)
 
 
-def install(client: httpx.AsyncClient) -> bool:
-    """Give ``client``'s connection pool the lean backend; False (and nothing changed) where
+def install(transport: httpx.AsyncHTTPTransport) -> bool:
+    """Give ``transport``'s connection pool the lean backend; False (and nothing changed) where
     this httpx or httpcore keeps its pool elsewhere."""
-    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    pool = getattr(transport, "_pool", None)
     if not isinstance(pool, httpcore.AsyncConnectionPool) or not isinstance(
             getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
         return False

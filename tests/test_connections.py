@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -31,8 +32,7 @@ async def answer_each_request(stream: anyio.abc.SocketStream, delay: float = 0.0
 
 
 def test_installs_on_the_pinned_httpx() -> None:
-    client = httpx.AsyncClient()
-    assert connections.install(client), (
+    assert connections.install(httpx.AsyncHTTPTransport()), (
         "httpx/httpcore no longer keep the pool where daemon/connections.py looks; update it "
         "or drop it (the daemon falls back to httpcore's own backend)")
 
@@ -67,8 +67,9 @@ async def test_idle_connections_are_reused_until_the_provider_closes_them(
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, serve)
-        async with httpx.AsyncClient(trust_env=False) as client:
-            assert connections.install(client)
+        transport = httpx.AsyncHTTPTransport(trust_env=False)
+        assert connections.install(transport)
+        async with httpx.AsyncClient(transport=transport) as client:
             with anyio.fail_after(10):
                 first = await client.get(f"http://127.0.0.1:{port}/a")
                 if hangs_up:  # while the client holds the connection idle in its pool
@@ -98,9 +99,10 @@ async def test_a_pool_polls_its_idle_connections_once_per_loop_pass() -> None:
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, serve)
         limits = httpx.Limits(max_connections=inflight, max_keepalive_connections=inflight)
-        async with httpx.AsyncClient(trust_env=False, limits=limits) as client:
-            assert connections.install(client)
-            pool = client._transport._pool  # type: ignore[attr-defined]
+        transport = httpx.AsyncHTTPTransport(trust_env=False, limits=limits)
+        assert connections.install(transport)
+        async with httpx.AsyncClient(transport=transport) as client:
+            pool: Any = transport._pool
             readiness = pool._network_backend._readiness
             real_poll = readiness._poll
 

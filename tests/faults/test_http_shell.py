@@ -199,3 +199,41 @@ def test_a_providers_cookies_are_never_kept_or_sent_back(tmp_path: Path) -> None
     assert all(isinstance(a, Answer) and a.status == 200 for a in answers)
     assert len(raw.seen) == 20
     assert not [s.path for s in raw.seen if b"\r\ncookie:" in s.head.lower()]
+
+
+def test_a_urls_userinfo_never_replaces_the_profiles_credential(tmp_path: Path) -> None:
+    """A status location a provider names may carry ``user:password@`` (it is on the provider's
+    origin, so it passes the URL checks). The request must carry the profile's credential and
+    nothing built from the URL: no Basic authorization the provider chose, and no userinfo on
+    the wire."""
+    raw = RawServer()
+    raw.replies["u"] = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: 2\r\n\r\n{}")
+    creds = tmp_path / "creds"
+    creds.mkdir(mode=0o700)
+    token = creds / "raw.token"
+    token.write_text("profile-credential-5e1\n")
+    token.chmod(0o600)
+    path = tmp_path / "raw.toml"
+    path.write_text(f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
+                    f'[credential]\nfile = "raw.token"\n\n'
+                    f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+    try:
+        async def run() -> object:
+            client = StatusClient(load_profile(path), creds)
+            try:
+                return await client.fetch(
+                    operation_id="op", url=f"http://mallory:chosen@127.0.0.1:{raw.port}/jobs/u",
+                    request_number=1, time_left=5.0, clock=time.time)
+            finally:
+                await client.aclose()
+
+        fact = anyio.run(run)
+    finally:
+        raw.close()
+    assert getattr(fact, "status_code", None) == 200, fact
+    [seen] = raw.seen
+    head = seen.head.lower()
+    assert b"\r\nauthorization: bearer profile-credential-5e1\r\n" in head
+    assert b"basic" not in head
+    assert b"mallory" not in head
