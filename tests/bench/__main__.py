@@ -1,4 +1,4 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|goals|pg|pg-cpu]
+"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|http|goals|pg|pg-cpu]
 [--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C] [--repeat N] [--dsn DSN]``.
 
@@ -25,6 +25,7 @@ from tests.bench import (
     bench_api,
     bench_append,
     bench_epochs,
+    bench_http,
     bench_replay,
     bench_scale,
     bench_verify,
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke run in seconds: 0.5 s per append setting, a 50k-record log")
     p.add_argument("--only", choices=["append", "verify", "replay", "scale", "api", "epochs",
-                                      "goals", "pg", "pg-cpu"],
+                                      "http", "goals", "pg", "pg-cpu"],
                    help="one benchmark; 'goals' is issue 17's table (10,000 operations "
                    "saturated, appends, the 1M-event replay), not part of the default run")
     p.add_argument("--repeat", type=int, default=3,
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         scale = bench_scale.run(out, scales, window, rates, args.concurrency, args.keep)
         results["scale"] = scale
         _print_scale(scale)
+    if args.only in (None, "http"):
+        http = bench_http.run(2_000 if args.quick else 20_000)
+        results["http"] = http
+        bench_http.print_table(http)
     if args.only == "goals":
         table = goals.run(out, args.repeat, seconds, args.window or 12.0,
                           operations=1_000 if args.quick else goals.OPERATIONS,

@@ -8,6 +8,10 @@ Each repeat measures every row with its baseline in the same run:
                              kernel workers do for a process, an AIO fdatasync, counts too)
     saturation               the daemon's requests/s against the bare loop's, unpaced, with the
                              same connections, against the same simulator
+    httpx's client layer     CPU per request through ``AsyncClient`` (as the bare loop sends)
+                             against its transport (as the daemon sends), alternating in one
+                             process (``bench_http``): how much of the two ratios above is the
+                             layer the daemon skips
     durable appends          1 and 1,000 appenders against SQLite (WAL, synchronous=FULL, one
                              transaction per record); and one appender's floor, the same run
                              (``bench_floor``): SQLite and a bare write+fdatasync behind the
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.bench import bench_append, bench_replay, bench_scale
+from tests.bench import bench_append, bench_http, bench_replay, bench_scale
 
 OPERATIONS = 10_000
 RATE = 2_000.0
@@ -46,6 +50,7 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
     floor = append["floor"]
     assert isinstance(floor, dict)
     scale = bench_scale.run_one(out, operations, window, RATE, 8, 0, bare_saturated=True)
+    http = bench_http.run(max(2_000, operations * 2), rounds=1)
     replayed = bench_replay.run(out, replay_records, runs=1)
     replay, replay_floor = replayed["stages"], replayed["floor"]
     assert isinstance(replay, dict)
@@ -63,6 +68,10 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         "req_s": float(scale["requests_per_s"]),  # type: ignore[arg-type]
         "bare_req_s": float(ceiling["requests_per_s"]),
         "saturation_ratio": float(scale["saturation_vs_bare"]),  # type: ignore[arg-type]
+        "http_client_us": float(http["client"][0]["cpu_us_per_request"]),  # type: ignore[index]
+        "http_transport_us": float(
+            http["transport"][0]["cpu_us_per_request"]),  # type: ignore[index]
+        "http_transport_ratio": float(http["transport_vs_client_cpu"]),  # type: ignore[arg-type]
         "append_1": float(rows[1]["records_per_s"]),
         "append_1000": float(rows[1000]["records_per_s"]),
         "sqlite": float(append["sqlite"]["records_per_s"]),  # type: ignore[index]
@@ -120,6 +129,8 @@ def print_table(r: dict[str, Any]) -> None:
          "bare httpx", "bare_machine_us", "machine_ratio", "(kernel workers counted)"),
         ("requests/s at saturation", "req_s", max, "bare, unpaced", "bare_req_s",
          "saturation_ratio", ">= 0.85x"),
+        ("  httpx transport (as the daemon sends), us/request", "http_transport_us", min,
+         "AsyncClient", "http_client_us", "http_transport_ratio", "(bench_http)"),
         ("durable appends/s, 1 appender", "append_1", max, "SQLite", "sqlite",
          "append_1_ratio", ">= 1.0x"),
         ("  the same against SQLite behind the same thread hand-off", "append_1", max,
@@ -149,7 +160,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"  {'what':<52}{'measured':>26}  {'baseline':<34}{'ratio':>22}  goal")
     for label, key, best, base_label, base_key, ratio_key, goal in rows:
         base = f"{base_label} {span(runs, base_key, max)}" if base_key else ""
-        ratio = span(runs, ratio_key, min if key in ("cpu_us", "machine_us") else max
-                     ) if ratio_key else ""
+        lower_is_better = key in ("cpu_us", "machine_us", "http_transport_us")
+        ratio = span(runs, ratio_key, min if lower_is_better else max) if ratio_key else ""
         measured = span(runs, key, best) if key else ""
         print(f"  {label:<52}{measured:>26}  {base:<34}{ratio:>22}  {goal}")
