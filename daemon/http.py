@@ -23,8 +23,8 @@ body is cut, recorded as truncated, never held in memory), and no cookies.
 Requests go straight to httpx's transport (``AsyncHTTPTransport``, its public interface for
 custom transports), not through ``AsyncClient``: everything the client layer adds is what bide
 turns off (redirects, the auth flow and credentials taken from a URL's userinfo, the cookie
-jar, proxies from the environment), and walking through it cost about 170 µs of event-loop CPU
-per request, the largest single share of a status request's cost in the saturated benchmark.
+jar, proxies from the environment), and walking through it cost 100-200 µs of CPU per request
+on the benchmark machine (``python -m tests.bench --only http``).
 So those guarantees hold by construction, not by configuration.
 """
 
