@@ -190,6 +190,15 @@ def _print_replay(r: dict[str, Any]) -> None:
         print(f"    {name:<40}{us:>8.3f} us/event")
     print(f"    {'sum':<40}{floor['total_us']:>8.3f} us/event: at most {floor['cap_one_core']} "
           f"events/s on one core, {floor['cap_every_core']} on {floor['cores']} cores")
+    print(f"    {'+ the fold (Ledger.apply), Python':<40}{floor['fold_us']:>8.3f} us/event: this "
+          f"format with its fold, shared perfectly, at most {floor['cap_every_core_with_fold']} "
+          f"events/s on {floor['cores']} cores")
+    print(f"    {'in order in one process, any framing':<40}{floor['in_order_us']:>8.3f} us/event "
+          f"(decode each event + fold it): at most {floor['cap_in_order']} events/s")
+    print(f"    {'what-if: ' + str(floor['group']) + ' events per sealed record':<40}"
+          f"{floor['grouped_framing_us']:>8.3f} us/event to read, chain and open, then the "
+          f"same decode + fold: at most {floor['cap_grouped_every_core']} on {floor['cores']} "
+          "cores")
 
 
 def _print_scale(r: dict[str, Any]) -> None:
