@@ -156,6 +156,11 @@ def _print_append(r: dict[str, object]) -> None:
     for row in rows:
         label = f"eventlog, {row['appenders']} appenders"
         print(f"  {label:<34}{row['records_per_s']:>12}{row['ratio_vs_sqlite']:>10.2f}x")
+    many = r["many_floor"]
+    assert isinstance(many, dict)
+    print(f"  many appenders' floor, same run (tests/bench/bench_many_floor.py): framing "
+          f"{many['framing_us']} us + the loop's wake-ups {many['wakeup_us']} us per record, one "
+          f"GIL: at most {many['records_per_s']} records/s, {many['ratio_vs_sqlite']:.2f}x")
     floor = r["floor"]
     assert isinstance(floor, dict)
     print("  one appender's floor, same run (tests/bench/bench_floor.py):")

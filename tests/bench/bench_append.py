@@ -20,7 +20,7 @@ import anyio
 from eventlog import keys
 from eventlog.store import LineStore
 from eventlog.writer import LogWriter
-from tests.bench import bench_floor
+from tests.bench import bench_floor, bench_many_floor
 
 PAYLOAD_BYTES = 256
 
@@ -86,9 +86,12 @@ def run(work: Path, seconds: float) -> dict[str, object]:
         n, t = log_throughput(work, appenders, seconds)
         rows.append({"appenders": appenders, "records": n, "seconds": round(t, 3),
                      "records_per_s": round(n / t), "ratio_vs_sqlite": round(n / t / base, 2)})
+    many_floor: dict[str, float] = dict(bench_many_floor.run(PAYLOAD_BYTES, seconds))
+    many_floor["ratio_vs_sqlite"] = round(many_floor["records_per_s"] / base, 2)
     return {
         "payload_bytes": PAYLOAD_BYTES,
         "floor": bench_floor.run(work, seconds),
+        "many_floor": many_floor,
         "sqlite": {"mode": "WAL, synchronous=FULL, one transaction per record, sequential "
                            "(one connection, one thread)",
                    "records": base_n, "seconds": round(base_t, 3),
