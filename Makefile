@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench audit lock clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +23,21 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) -m tests.bench
+
+# The locks pin the daemon's dependencies with hashes (deploy/README.md installs from them);
+# the audit checks every pinned release against the advisories PyPI serves (CI runs it).
+LOCKS := deploy/requirements.lock deploy/requirements-extras.lock
+LOCK_FLAGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	--index-url https://pypi.org/simple --custom-compile-command 'make lock'
+
+audit: $(STAMP)
+	$(PY) -m tests.supply.audit $(LOCKS)
+
+lock: $(STAMP)
+	$(PY) -m pip install --quiet uv
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o deploy/requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra mcp --extra postgres $(LOCK_FLAGS) \
+		-o deploy/requirements-extras.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
