@@ -4,10 +4,10 @@
     spool/decisions/   decisions dropped by `bide decide` (3730, the approvers' group)
     spool/rejected/    files the daemon refused, each with NAME.reason beside it (the newest
                        [spool] rejected_max_files are kept)
-    spool/receipts/    REQUEST_ID.json: what became of each incoming file; 0640, the agents'
-                       group (the directory is setgid), kept [spool] receipt_retention_seconds
-                       (and at most receipt_max_files of them)
-    spool/decided/     the same for decision files, readable by the approvers' group
+    spool/receipts/    REQUEST_ID.json: what became of each incoming file, kept [spool]
+                       receipt_retention_seconds (and at most receipt_max_files of them);
+                       readable by the daemon and the user who dropped the request alone
+    spool/decided/     the same for decision files
 
 Writers drop a file atomically (a dot-file in the same directory, fsync, rename) so the daemon
 never reads half a file. The daemon reads each file with ``O_NOFOLLOW`` and a size cap,
@@ -19,6 +19,11 @@ The role directories are setgid, so a dropped file takes the role's group (which
 user is in) whatever the writer's primary group; the writer makes it 0640 whatever its umask,
 and checks that the daemon's user could open it before the rename: a file the daemon could not
 read is never reported as queued.
+
+A receipt is the daemon's file, 0600, with a POSIX ACL entry that lets the user who dropped
+the request read it: the daemon cannot give a file to another user (no ``CAP_CHOWN``, and the
+unit's system call filter forbids ``chown``), but the owner of a file may set its ACL, so an
+agent reads its own receipts and no other agent does.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 import pwd
 import secrets
 import stat
+import struct
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -151,6 +157,9 @@ class Spool:
         self.receipts = root / "receipts"
         self.decided = root / "decided"
         self.rejected_since_prune = 0
+        #: Who dropped each request the daemon read (request id -> uid): its receipt's reader.
+        self.owners: dict[str, int] = {}
+        self._acl_warned = False
 
     def layout(self, agents_group: str = "", approvers_group: str = ""
                ) -> tuple[tuple[Path, int, str], ...]:
@@ -159,16 +168,16 @@ class Spool:
         A role directory is setgid: a file dropped there takes the role's group, which the
         daemon's user is in, whatever the writer's own primary group, so the daemon can open
         it (0640). It is sticky too: a member cannot remove or replace another's file.
-        Receipts directories are setgid as well: a receipt takes the directory's group, so the
-        agents (or approvers) read their receipts without the daemon changing any owner.
+        Receipts directories need no setgid bit: a receipt is readable through its ACL by the
+        one user who asked, never through its group.
         """
         def role(group: str) -> int:
             return 0o3730 if group else 0o730  # sticky: no one removes another's file
 
         return ((self.root, 0o755, ""), (self.incoming, role(agents_group), agents_group),
                 (self.decisions, role(approvers_group), approvers_group),
-                (self.rejected, 0o750, ""), (self.receipts, 0o2750, agents_group),
-                (self.decided, 0o2750, approvers_group))
+                (self.rejected, 0o750, ""), (self.receipts, 0o750, agents_group),
+                (self.decided, 0o750, approvers_group))
 
     def create(self, agents_group: str = "", approvers_group: str = "") -> None:
         """Make the directories with their modes (the umask is ignored), and hand
@@ -283,7 +292,13 @@ class Spool:
         return entries
 
     def read(self, path: Path) -> tuple[bytes, os.stat_result]:
-        """(content, status) of a spool file; refuses links, non-files and large files."""
+        """(content, status) of a spool file; refuses links, non-files and large files.
+
+        Remembers who owns it, whatever the outcome: its receipt is for that user's eyes."""
+        rid = request_id_of(path)
+        if rid is not None:
+            with contextlib.suppress(OSError):
+                self._remember(rid, os.lstat(path).st_uid)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -318,13 +333,43 @@ class Spool:
         if request_id is not None:
             self.write_receipt(Receipt(request_id, "rejected", None, reason), decision=decision)
 
-    def write_receipt(self, receipt: Receipt, *, decision: bool = False) -> None:
+    def _remember(self, rid: str, uid: int) -> None:
+        self.owners.pop(rid, None)
+        self.owners[rid] = uid
+        while len(self.owners) > OWNERS_KEPT:
+            del self.owners[next(iter(self.owners))]
+
+    def write_receipt(self, receipt: Receipt, *, decision: bool = False,
+                      reader: int | None = None) -> None:
+        """Write ``receipt`` 0600, readable besides the daemon only by ``reader`` (by default
+        the owner of the request file it answers, when this process read that file)."""
+        if reader is None:
+            reader = self.owners.get(receipt.request_id)
         final = self.receipt_path(receipt.request_id, decision=decision)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp")
-        tmp.write_bytes(msgspec.json.encode(receipt))
-        os.chmod(tmp, 0o640)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # left by a crash
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if reader is not None and reader not in (0, os.geteuid()):
+                self._grant_read(fd, reader, final.parent)
+            os.write(fd, msgspec.json.encode(receipt))
+        finally:
+            os.close(fd)
         os.rename(tmp, final)
+
+    def _grant_read(self, fd: int, uid: int, directory: Path) -> None:
+        try:
+            os.setxattr(fd, "system.posix_acl_access", _read_acl(uid))
+        except OSError as exc:
+            if not self._acl_warned:
+                self._acl_warned = True
+                logfmt.warn("cannot give a receipt's reader access: the file system refuses "
+                            "POSIX ACLs; receipts stay readable by the daemon alone (use the "
+                            "local API, or mount the state directory with ACL support)",
+                            directory=directory, error=exc.strerror)
 
     def prune(self, now: float, *, receipt_retention: float, receipt_max: int,
               rejected_max: int) -> int:
@@ -349,6 +394,22 @@ class Spool:
     def done(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+OWNERS_KEPT = 100_000  # request owners remembered for their receipts (about 10 MB at most)
+
+_ACL_VERSION = 2
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+
+
+def _read_acl(uid: int) -> bytes:
+    """``system.posix_acl_access`` for u::rw-,u:UID:r--,g::---,m::r--,o::--- (the kernel's
+    xattr layout: a version, then (tag, perm, id) entries sorted by tag)."""
+    entries = ((_ACL_USER_OBJ, 6, _ACL_UNDEFINED_ID), (_ACL_USER, 4, uid),
+               (_ACL_GROUP_OBJ, 0, _ACL_UNDEFINED_ID), (_ACL_MASK, 4, _ACL_UNDEFINED_ID),
+               (_ACL_OTHER, 0, _ACL_UNDEFINED_ID))
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
 class SpoolPermissionError(Exception):

@@ -11,7 +11,7 @@ Was: a registration or decision dropped while the daemon was down was told "queu
 daemon, starting, rejected it ("cannot open: Permission denied": the file had the user's
 private group and mode 0640, and the daemon is neither its owner nor in that group); the CLI
 said "queued" even where the daemon could never open the file; and every agent read every
-other agent's receipts (0640, group ``bide-agents``; not fixed yet).
+other agent's receipts (0640, group ``bide-agents``).
 """
 
 from __future__ import annotations
@@ -207,6 +207,11 @@ def test_requests_dropped_while_the_daemon_is_down_are_taken_when_it_starts(
         assert _rejected(ws) == {}
         decisions = [e for _, e in log_of(ws).events if isinstance(e, DecisionRecorded)]
         assert [(d.approver, d.option_id) for d in decisions] == [(approver.name, "abandon")]
+        receipt = (ws.root / "state" / "spool" / "decided"
+                   / f"{json.loads(decided.stdout)['request_id']}.json")
+        assert json.loads(read_as(approver, receipt).stdout)["status"] == "recorded"
+        other_approver = people["bides-svc2"]  # in the approvers' group, as the directory is
+        assert read_as(other_approver, receipt).returncode != 0
 
 
 def test_the_cli_refuses_to_queue_what_the_daemon_could_not_open(
@@ -225,6 +230,26 @@ def test_the_cli_refuses_to_queue_what_the_daemon_could_not_open(
             refused.stderr)
         assert f"usermod -aG {AGENTS} {forgotten.name}" in refused.stderr
         assert list(incoming.iterdir()) == []  # nothing left behind, not even a dot-file
+
+
+def test_an_agent_s_receipt_is_readable_by_that_agent_alone(
+        people: dict[str, User], python: Path, unit_filter: list[str], root: Path) -> None:
+    service, alice, bob = (people[n] for n in ("bides-svc", "bides-agent", "bides-agent2"))
+    with workspace(root, jobs={"j1": "running"}, config_extra=SPOOL, api=NO_API) as ws:
+        deploy(ws, service)
+        start_as(ws, python, unit_filter, service)
+        taken = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j1",
+                        "--operation", "op-alice", "--json", "--wait-seconds", "30")
+        assert taken.returncode == 0, taken.stdout + taken.stderr  # alice read her receipt
+        receipt = json.loads(taken.stdout)
+        assert receipt["status"] == "registered"
+        path = ws.root / "state" / "spool" / "receipts" / f"{receipt['request_id']}.json"
+
+        assert json.loads(read_as(alice, path).stdout)["operation_id"] == "op-alice"
+        other = read_as(bob, path)
+        assert other.returncode != 0, other.stdout
+        assert "Permission denied" in other.stderr
+        assert "op-alice" not in other.stdout
 
 
 def test_a_spool_made_by_the_older_unit_still_takes_what_agents_drop(
