@@ -315,7 +315,8 @@ class ActionRunner:
                 status = "escalated" if outcome.options else "failed"
                 ports.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
                                                 f"{outcome.reason}: {outcome.detail}",
-                                                action_id=action_id))
+                                                action_id=action_id),
+                                          reader=action.intent.registered_by_uid)
 
     async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
         ports = self.ports
@@ -335,7 +336,8 @@ class ActionRunner:
                          reason=rejected.reason)
             if rid:
                 ports.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
-                                                f"{rejected.reason}: {rejected.detail}"))
+                                                f"{rejected.reason}: {rejected.detail}"),
+                                          reader=action.intent.registered_by_uid)
             return
         await ports.record(events)
         registered = next(e for e in events if isinstance(e, OperationRegistered))
@@ -344,7 +346,8 @@ class ActionRunner:
                     job=registered.provider_job_id)
         if rid:
             ports.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
-                                            action_id=action.action_id))
+                                            action_id=action.action_id),
+                                      reader=action.intent.registered_by_uid)
 
     async def _download(self, intent: ActionIntended, client: StatusClient
                         ) -> list[ActionEvent]:

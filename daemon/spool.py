@@ -1,19 +1,29 @@
 """The spool: how other processes talk to the daemon, through files.
 
-    spool/incoming/    registrations dropped by `bide watch` (writable by the agents' group)
-    spool/decisions/   decisions dropped by `bide decide` (writable by approvers only)
+    spool/incoming/    registrations dropped by `bide watch` (3730, the agents' group)
+    spool/decisions/   decisions dropped by `bide decide` (3730, the approvers' group)
     spool/rejected/    files the daemon refused, each with NAME.reason beside it (the newest
                        [spool] rejected_max_files are kept)
-    spool/receipts/    REQUEST_ID.json: what became of each incoming file; 0640, the agents'
-                       group (the directory is setgid), kept [spool] receipt_retention_seconds
-                       (and at most receipt_max_files of them)
-    spool/decided/     the same for decision files, readable by the approvers' group
+    spool/receipts/    REQUEST_ID.json: what became of each incoming file, kept [spool]
+                       receipt_retention_seconds (and at most receipt_max_files of them);
+                       readable by the daemon and the user who dropped the request alone
+    spool/decided/     the same for decision files
 
 Writers drop a file atomically (a dot-file in the same directory, fsync, rename) so the daemon
 never reads half a file. The daemon reads each file with ``O_NOFOLLOW`` and a size cap,
 validates it, appends the event, writes the receipt, and only then deletes the file: a crash in
 between leaves the file to be read again, and ingest is idempotent (the operation id is fixed
 by the file, and an id already in the log is not registered twice).
+
+The role directories are setgid, so a dropped file takes the role's group (which the daemon's
+user is in) whatever the writer's primary group; the writer makes it 0640 whatever its umask,
+and checks that the daemon's user could open it before the rename: a file the daemon could not
+read is never reported as queued.
+
+A receipt is the daemon's file, 0600, with a POSIX ACL entry that lets the user who dropped
+the request read it: the daemon cannot give a file to another user (no ``CAP_CHOWN``, and the
+unit's system call filter forbids ``chown``), but the owner of a file may set its ACL, so an
+agent reads its own receipts and no other agent does.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ import os
 import pwd
 import secrets
 import stat
+import struct
 from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
+from daemon import logfmt
 from daemon.errors import UsageError
 from eventlog.fsync import fsync_dir
 from replay.observations import Registration
@@ -145,17 +157,27 @@ class Spool:
         self.receipts = root / "receipts"
         self.decided = root / "decided"
         self.rejected_since_prune = 0
+        #: Who dropped each request the daemon read (request id -> uid): its receipt's reader.
+        self.owners: dict[str, int] = {}
+        self._acl_warned = False
 
     def layout(self, agents_group: str = "", approvers_group: str = ""
                ) -> tuple[tuple[Path, int, str], ...]:
         """(directory, mode, group) of the spool; group "" is the daemon's own.
 
-        Receipts directories are setgid: a receipt takes the directory's group, so the agents
-        (or approvers) read their receipts without the daemon changing any owner.
+        A role directory is setgid: a file dropped there takes the role's group, which the
+        daemon's user is in, whatever the writer's own primary group, so the daemon can open
+        it (0640). It is sticky too: a member cannot remove or replace another's file.
+        Receipts directories need no setgid bit: a receipt is readable through its ACL by the
+        one user who asked, never through its group.
         """
-        return ((self.root, 0o755, ""), (self.incoming, 0o730, agents_group),
-                (self.decisions, 0o730, approvers_group), (self.rejected, 0o750, ""),
-                (self.receipts, 0o2750, agents_group), (self.decided, 0o2750, approvers_group))
+        def role(group: str) -> int:
+            return 0o3730 if group else 0o730  # sticky: no one removes another's file
+
+        return ((self.root, 0o755, ""), (self.incoming, role(agents_group), agents_group),
+                (self.decisions, role(approvers_group), approvers_group),
+                (self.rejected, 0o750, ""), (self.receipts, 0o750, agents_group),
+                (self.decided, 0o750, approvers_group))
 
     def create(self, agents_group: str = "", approvers_group: str = "") -> None:
         """Make the directories with their modes (the umask is ignored), and hand
@@ -163,6 +185,8 @@ class Spool:
 
         Then refuse a decisions directory that anyone but the approvers could write to.
         """
+        for group in {agents_group, approvers_group} - {""}:
+            _check_member(group)
         for d, mode, group in self.layout(agents_group, approvers_group):
             try:
                 if not d.exists():
@@ -179,6 +203,8 @@ class Spool:
                     f"system call filter forbids chown and setgid bits): create it beforehand, "
                     f"e.g. install -d -m {mode:04o}" + (f" -g {group}" if group else "")
                     + f" {d} (the shipped unit does so in ExecStartPre=+)") from None
+            if mode & stat.S_ISGID and not d.stat().st_mode & stat.S_ISGID:
+                _make_setgid(d, mode, group)
         self.check_decisions(agents_group)
 
     def check_decisions(self, agents_group: str = "") -> None:
@@ -213,12 +239,18 @@ class Spool:
         tmp = directory / f".{request_id}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                _readable_by_the_daemon(fd, directory)
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # never leave behind a file nobody will take
+            raise
         os.rename(tmp, final)
-        # An agent may write into spool/incoming (0730) but not open it to fsync: the file
+        # An agent may write into spool/incoming (3730) but not open it to fsync: the file
         # itself is durable, its name is the daemon's to make durable, and the daemon takes it
         # the moment it sees it. Failing here would tell the agent "not registered" about a
         # file the daemon registers anyway (and its retry would register the job twice).
@@ -230,6 +262,8 @@ class Spool:
         """``drop`` for the commands: a failure is a usage error naming the directory."""
         try:
             self.drop(directory, request_id, data)
+        except SpoolUnreadable as exc:
+            raise UsageError(f"not queued: {exc}") from None
         except OSError as exc:
             hint = f" ({who})" if who else ""
             raise UsageError(f"cannot write to the spool {directory}: {exc.strerror}{hint}"
@@ -258,7 +292,13 @@ class Spool:
         return entries
 
     def read(self, path: Path) -> tuple[bytes, os.stat_result]:
-        """(content, status) of a spool file; refuses links, non-files and large files."""
+        """(content, status) of a spool file; refuses links, non-files and large files.
+
+        Remembers who owns it, whatever the outcome: its receipt is for that user's eyes."""
+        rid = request_id_of(path)
+        if rid is not None:
+            with contextlib.suppress(OSError):
+                self._remember(rid, os.lstat(path).st_uid)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -293,13 +333,43 @@ class Spool:
         if request_id is not None:
             self.write_receipt(Receipt(request_id, "rejected", None, reason), decision=decision)
 
-    def write_receipt(self, receipt: Receipt, *, decision: bool = False) -> None:
+    def _remember(self, rid: str, uid: int) -> None:
+        self.owners.pop(rid, None)
+        self.owners[rid] = uid
+        while len(self.owners) > OWNERS_KEPT:
+            del self.owners[next(iter(self.owners))]
+
+    def write_receipt(self, receipt: Receipt, *, decision: bool = False,
+                      reader: int | None = None) -> None:
+        """Write ``receipt`` 0600, readable besides the daemon only by ``reader`` (by default
+        the owner of the request file it answers, when this process read that file)."""
+        if reader is None:
+            reader = self.owners.get(receipt.request_id)
         final = self.receipt_path(receipt.request_id, decision=decision)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp")
-        tmp.write_bytes(msgspec.json.encode(receipt))
-        os.chmod(tmp, 0o640)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # left by a crash
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if reader is not None and reader not in (0, os.geteuid()):
+                self._grant_read(fd, reader, final.parent)
+            os.write(fd, msgspec.json.encode(receipt))
+        finally:
+            os.close(fd)
         os.rename(tmp, final)
+
+    def _grant_read(self, fd: int, uid: int, directory: Path) -> None:
+        try:
+            os.setxattr(fd, "system.posix_acl_access", _read_acl(uid))
+        except OSError as exc:
+            if not self._acl_warned:
+                self._acl_warned = True
+                logfmt.warn("cannot give a receipt's reader access: the file system refuses "
+                            "POSIX ACLs; receipts stay readable by the daemon alone (use the "
+                            "local API, or mount the state directory with ACL support)",
+                            directory=directory, error=exc.strerror)
 
     def prune(self, now: float, *, receipt_retention: float, receipt_max: int,
               rejected_max: int) -> int:
@@ -326,8 +396,97 @@ class Spool:
             path.unlink()
 
 
+OWNERS_KEPT = 100_000  # request owners remembered for their receipts (about 10 MB at most)
+
+_ACL_VERSION = 2
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+
+
+def _read_acl(uid: int) -> bytes:
+    """``system.posix_acl_access`` for u::rw-,u:UID:r--,g::---,m::r--,o::--- (the kernel's
+    xattr layout: a version, then (tag, perm, id) entries sorted by tag)."""
+    entries = ((_ACL_USER_OBJ, 6, _ACL_UNDEFINED_ID), (_ACL_USER, 4, uid),
+               (_ACL_GROUP_OBJ, 0, _ACL_UNDEFINED_ID), (_ACL_MASK, 4, _ACL_UNDEFINED_ID),
+               (_ACL_OTHER, 0, _ACL_UNDEFINED_ID))
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
 class SpoolPermissionError(Exception):
     """The spool's permissions would let the wrong people write; the daemon refuses to start."""
+
+
+class SpoolUnreadable(Exception):
+    """A file about to be dropped is one the daemon's user could not open; not queued."""
+
+
+def _readable_by_the_daemon(fd: int, directory: Path) -> None:
+    """Make the file being dropped 0640 and of the directory's group, then check that the
+    daemon's user (the directory's owner) can open it; :class:`SpoolUnreadable` says why not
+    and what fixes it.
+
+    A role directory is setgid, so the file has its group already; in one that is not (a spool
+    made by an older unit), the writer gives the file the directory's group if it is in it."""
+    os.fchmod(fd, 0o640)  # whatever the umask: the daemon reads through the group
+    dir_st = os.stat(directory)
+    st = os.fstat(fd)
+    if st.st_gid != dir_st.st_gid:
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, -1, dir_st.st_gid)  # allowed into a group the writer is in
+            st = os.fstat(fd)
+    daemon_uid = dir_st.st_uid
+    if daemon_uid == 0 or os.geteuid() == daemon_uid:
+        return
+    daemon = user_name(daemon_uid)
+    try:
+        entry = pwd.getpwuid(daemon_uid)
+        daemon_groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except KeyError:
+        daemon_groups = set()
+    if st.st_gid in daemon_groups:
+        return
+    group, dir_group = _group_name(st.st_gid), _group_name(dir_st.st_gid)
+    if st.st_gid == dir_st.st_gid:
+        raise SpoolUnreadable(
+            f"the daemon's user {daemon} (who owns {directory}) is not in group {group}, "
+            f"which the files dropped there get: it could not open this one. Fix (an "
+            f"administrator): usermod -aG {group} {daemon}, then restart the daemon")
+    raise SpoolUnreadable(
+        f"the file would get group {group}, not {dir_group} (the group of {directory}): you "
+        f"({user_name(os.geteuid())}) are not in {dir_group} and the directory is not setgid, "
+        f"and the daemon's user {daemon} cannot read a file of group {group}. Fix (an "
+        f"administrator): install -d -m 3730 -g {dir_group} {directory}, and usermod -aG "
+        f"{dir_group} {user_name(os.geteuid())} if you should use it")
+
+
+def _make_setgid(directory: Path, mode: int, group: str) -> None:
+    """Set a role directory's setgid bit, or warn: the writers give their files the
+    directory's group themselves, so a spool made by an older unit still works."""
+    try:
+        os.chmod(directory, mode)
+    except PermissionError:
+        logfmt.warn("spool directory is not setgid; writers set their files' group themselves",
+                    directory=directory, fix=f"install -d -m {mode:04o} -g {group} {directory}")
+
+
+def _check_member(group: str) -> None:
+    """The daemon (unless root) must be in each role group: it opens the files dropped in the
+    role's directory through that group."""
+    gid = _gid(group)
+    if os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups():
+        return
+    me = user_name(os.geteuid())
+    raise SpoolPermissionError(
+        f"the daemon's user {me} is not in group {group} (from [spool] in the config), so it "
+        f"could not open the files dropped in the spool by that group's members. Fix: "
+        f"usermod -aG {group} {me} (the shipped unit also names it in SupplementaryGroups=)")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid:{gid}"
 
 
 def _entries(directory: Path) -> list[os.DirEntry[str]]:
