@@ -33,7 +33,7 @@ def test_s39_story_reads_like_the_article() -> None:
         "provider request id req-9, next poll 2025-04-18T10:02:31Z "
         "from provider guidance (Retry-After)",
         "2025-04-18T10:02:31Z polled (request 4 of 5), state running, "
-        "poll_after_seconds '-3' rejected (negative), "
+        "poll_after_seconds -3 rejected (negative), "
         "next poll 2025-04-18T10:03:31Z from local backoff",
         "2025-04-18T10:03:31Z polled (request 5 of 5), state running, "
         "stopped: request_budget_exhausted (5 of 5 status requests used), escalated (#1), "
@@ -53,7 +53,9 @@ def test_s38_each_poll_records_state_next_time_source_count_deadline_code() -> N
     for entry in polls[:-1]:
         assert "poll_scheduled" in entry["events"]  # type: ignore[operator]
         assert " from " in str(entry["text"])
-    assert str(entries[0]["text"]).startswith("registered job exp_71c")
+    # The job id the provider knows the job by is its word, apart from bide's.
+    assert str(entries[0]["text"]).startswith("registered job ⟨provider_text[0]⟩ at acme")
+    assert entries[0]["provider_text"] == ["exp_71c"]
     assert entries[0]["time"] == "2025-04-18T10:00:00Z"
 
 
