@@ -163,18 +163,25 @@ class StoryLine(msgspec.Struct, kw_only=True):
         return "".join(out)
 
 
-def _said_in(text: str, value: str | None) -> list[_Part]:
-    """``text`` (bide's, recorded) with the quoted ``value`` the provider chose (as the
-    model quotes it: ``repr``) marked as the provider's."""
-    if not value:
-        return [text]
-    quoted = repr(value)
-    parts: list[_Part] = []
-    for i, piece in enumerate(text.split(quoted)):
-        if i:
-            parts.append(_Said(value))
-        if piece:
-            parts.append(piece)
+def _said_in(text: str, *values: str | None) -> list[_Part]:
+    """``text`` (bide's, recorded) with each quoted value the provider chose (as the model
+    quotes it: ``repr``) marked as the provider's."""
+    parts: list[_Part] = [text]
+    for value in values:
+        if not value:
+            continue
+        quoted = repr(value)
+        split: list[_Part] = []
+        for part in parts:
+            if isinstance(part, _Said):
+                split.append(part)
+                continue
+            for i, piece in enumerate(part.split(quoted)):
+                if i:
+                    split.append(_Said(value))
+                if piece:
+                    split.append(piece)
+        parts = split
     return parts
 
 
@@ -199,6 +206,7 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
     open_line: dict[str, StoryLine] = {}
     intents: dict[str, StatusRequestIntended] = {}
     states: dict[str, str] = {}  # the last job state each operation's provider reported
+    job_ids: dict[str, str] = {}  # the job id each operation's provider knows its job by
 
     def start(event: Event, *parts: _Part) -> None:
         line = StoryLine(
@@ -247,6 +255,7 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     f"{event.max_rate_limited} rate-limited responses; "
                     f"first poll {format_time(event.first_poll_at)}"
                 )
+                job_ids[op] = event.provider_job_id
                 start(event, "registered job ", _Said(event.provider_job_id), text)
                 open_line.pop(op)  # what follows a registration is a wake-up, not a reply
             case RegistrationRejected():
@@ -311,7 +320,8 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                 extend(event, "succeeded", *shown)
             case OperationStopped():
                 stopped: list[_Part] = [f"stopped: {event.reason} (",
-                                        *_said_in(event.detail, states.get(op)), ")"]
+                                        *_said_in(event.detail, states.get(op),
+                                                  job_ids.get(op)), ")"]
                 if event.provider_error is not None:
                     # Whole, as recorded (bounded by the contract's error_cap_bytes), quoted.
                     cut = " (cut at the contract's error_cap_bytes)" * (

@@ -63,7 +63,8 @@ def escalation_parts(raised: EscalationRaised, op: Operation) -> tuple[str, str]
     (last state, request id, job id, error) as placeholders of the view's ``provider_*``
     fields."""
     c = raised.context
-    detail = _unquoted(c.detail, c.last_state, "provider_state")
+    detail = _unquoted(_unquoted(c.detail, c.last_state, "provider_state"),
+                       c.provider_job_id, "provider_job_id")
     context = msgspec.structs.replace(
         c, detail=detail, provider_job_id=placeholder("provider_job_id"),
         last_state=None if c.last_state is None else placeholder("provider_state"),
