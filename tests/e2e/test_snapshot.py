@@ -232,6 +232,15 @@ def test_a_snapshot_forged_with_the_data_key_and_an_old_backup_is_not_used(tmp_p
         now = json.loads(state.joinpath("snapshot").read_bytes().split(b"\n")[0])
         assert now["position"]["epoch"] > old_epoch["position"]["epoch"]  # keys moved on
 
+        # The backup's own snapshot, genuine but of an epoch whose key is destroyed.
+        shutil.copy2(backup / "snapshot", state / "snapshot")
+        restored = ws.start_daemon()
+        assert re.search(r'msg="state snapshot not used" snapshot=\S*state/snapshot '
+                         r'error=".*names epoch \d+ .*whose key this host does not hold',
+                         restored.output()), restored.output()
+        assert _replayed(restored)[1] == 0
+        assert restored.stop() == 0
+
         _forge_snapshot(ws, backup, drop="op-1")
         third = ws.start_daemon()
         out = third.output()
