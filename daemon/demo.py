@@ -34,7 +34,7 @@ from replay.actions import action_story
 from replay.check import check
 from replay.observations import Registration
 from replay.state import Operation
-from replay.story import story_json
+from replay.story import for_people, story_json
 
 DEMO_TOKEN_BYTES = 24
 TIME_LIMIT = 60.0
@@ -258,7 +258,7 @@ def _report(root: Path, log_dir: Path, keyring: keys.KeyRing, seen: dict[str, in
             lines = sorted([*story_json(events), *action_story(actions)],
                            key=lambda line: float(str(line["at"])))
             print(f"\n== {scenario.name}: {scenario.title}")
-            print("".join(f"{line['time']} {line['text']}\n" for line in lines), end="")
+            print(for_people(lines), end="")
     verify_key = keys.load_verify_key(root / "keys" / keys.VERIFY_KEY)
     report = verify_log(log_dir, verify_key)
     mismatches = check([e for _, e in log.events])

@@ -7,6 +7,7 @@ reported with its sequence number on stderr and left out; the other operations r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ import msgspec
 
 from daemon.config import Config
 from daemon.errors import UsageError
-from daemon.signing import snapshot_signer
+from daemon.signing import snapshot_keys
 from daemon.snapshots import load_snapshot, replay_log, warn_unreadable
 from eventlog.errors import EventLogError
 from eventlog.keys import KeyRing, keys_directory, load_keyring
@@ -122,10 +123,12 @@ def load_ledger(config: Config, keyring: KeyRing) -> Ledger:
         keys_dir: Path | None = keys_directory(config.keys_dir)
     except EventLogError:
         keys_dir = None
-    # state.key (forward-secure logs) or signing.key; an auditor has neither: the whole log
-    signer = snapshot_signer(config, keys_dir)
-    if signer is not None:
-        snapshot = load_snapshot(config.snapshot_path, keyring, signer)
+    # the current epoch key (forward-secure logs) or signing.key; an auditor has neither:
+    # the whole log
+    keys = snapshot_keys(config, keys_dir)
+    if keys.root is not None or (keys.epochs_dir is not None
+                                 and os.access(keys.epochs_dir, os.R_OK | os.X_OK)):
+        snapshot = load_snapshot(config.snapshot_path, keyring, keys)
         if snapshot is not None and mismatch(config.log_dir, snapshot.position) is None:
             return replay_log(config.log_dir, keyring, snapshot)
     return replay_log(config.log_dir, keyring)

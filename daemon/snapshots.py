@@ -2,8 +2,9 @@
 
 The format and its sealing are :mod:`eventlog.snapshot`'s and :mod:`replay.ledger`'s; this
 module adds what needs the running daemon's context: the model digest that ties a snapshot to
-the code that made it, the fallback to a full replay, returning replay's freed heap to the
-OS, and writing in a worker thread with a log line either way.
+the code that made it, the key that tags it (:class:`SnapshotKeys`), the fallback to a full
+replay, returning replay's freed heap to the OS, and writing in a worker thread with a log
+line either way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import anyio
 
 import replay
 from daemon import logfmt
+from eventlog.envelope import FORMAT_VERSION as FORMAT_FORWARD_SECURE
+from eventlog.epochs import EpochSigning, epoch_signer_at
 from eventlog.errors import StoreError
 from eventlog.keys import KeyRing, Signer
 from eventlog.parallel import ParallelReader
@@ -28,6 +31,7 @@ from eventlog.snapshot import (
     SnapshotError,
     open_snapshot,
     seal_snapshot,
+    snapshot_position,
     snapshot_seq,
     write_atomically,
 )
@@ -53,13 +57,67 @@ def model_digest() -> str:
 MODEL = model_digest()
 
 
-def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
+@dataclass(frozen=True)
+class SnapshotKeys:
+    """Which key tags a state snapshot, chosen by the log position it covers.
+
+    On a forward-secure (format 3) log: the seal MAC key of the epoch key in force at that
+    position. The daemon tags with the epoch key it holds, and a snapshot verifies only
+    while that key exists, that is within its epoch: at the epoch's end the key is destroyed,
+    so a copy of it (an old backup of the state directory) together with the data key cannot
+    tag a snapshot the daemon would resume from. A snapshot of an earlier epoch is therefore
+    refused, and the log replayed (a clean stop writes one in the current epoch). On a
+    format-2 log (one signing key, kept on the host): that key's.
+
+    ``signing`` is the running writer's (tags new snapshots; checks, once the log is open,
+    that the snapshot is of the epoch the log is in); ``epochs_dir`` is where epoch keys are
+    read before that (and by offline readers); ``root`` is a format-2 log's signing key.
+    """
+
+    root: Signer | None = None
+    epochs_dir: Path | None = None
+    signing: EpochSigning | None = None
+
+    @classmethod
+    def of(cls, signing: EpochSigning | Signer) -> SnapshotKeys:
+        """The daemon's: its writer's signing (or format 2's one signing key)."""
+        if isinstance(signing, Signer):
+            return cls(root=signing)
+        return cls(epochs_dir=signing.key_dir, signing=signing)
+
+    def to_write(self, position: LogPosition) -> bytes | None:
+        """The key to tag a snapshot at ``position`` with; None when its epoch is over."""
+        if self.signing is not None:
+            return self.signing.snapshot_key(position)
+        return self.root.mac_key if self.root is not None else None
+
+    def to_read(self, position: LogPosition, where: str) -> bytes:
+        """The key a snapshot at ``position`` must be tagged with; :class:`SnapshotError`
+        naming ``where`` and why when this host holds none."""
+        if position.format >= FORMAT_FORWARD_SECURE:
+            signer = (None if self.epochs_dir is None
+                      else epoch_signer_at(self.epochs_dir, position))
+            if signer is None:
+                raise SnapshotError(
+                    f"snapshot {where} names epoch {position.epoch} of log {position.log_id}, "
+                    f"whose key this host does not hold: the epoch ended (its key was "
+                    f"destroyed, so an older snapshot, or one tagged with a key from a backup, "
+                    f"is not trusted), or the snapshot is not this daemon's; it will be "
+                    f"rebuilt")
+            return signer.mac_key
+        if self.root is None:
+            raise SnapshotError(f"snapshot {where} is of a format-2 log, and this log is "
+                                f"forward-secure (or its signing key is not readable here)")
+        return self.root.mac_key
+
+
+def load_snapshot(path: Path, keyring: KeyRing, keys: SnapshotKeys,
                   store: LineStore | None = None) -> Snapshot | None:
     """The state snapshot at ``path``, or the one ``store`` keeps (the log in PostgreSQL:
     whichever node wrote it last) when that one is later; None (and a warning) when there is
-    none or none is usable (damaged, or not tagged with ``signer``'s MAC key: rewritten by
-    someone holding only the data key): the log is the truth, and a full replay rebuilds
-    everything a snapshot held."""
+    none or none is usable (damaged, or not tagged with the key ``keys`` gives for the
+    position it names: rewritten by someone holding only the data key, or an old key): the
+    log is the truth, and a full replay rebuilds everything a snapshot held."""
     found: list[tuple[int, str, bytes]] = []
     try:
         local = path.read_bytes()
@@ -78,7 +136,11 @@ def load_snapshot(path: Path, keyring: KeyRing, signer: Signer,
             found.append((_seq_or_none(stored), "the database's snapshot", stored))
     for _, where, data in sorted(found, key=lambda f: f[0], reverse=True):
         try:
-            position, body = open_snapshot(data, keyring, signer.mac_key, where)
+            claimed = snapshot_position(data)
+            if claimed is None:
+                raise SnapshotError(f"snapshot {where} has no readable header; it will be "
+                                    f"rebuilt")
+            position, body = open_snapshot(data, keyring, keys.to_read(claimed, where), where)
             del data
             snapshot = Snapshot(position, Ledger.load(body, MODEL))
             del body
@@ -141,11 +203,12 @@ def release_freed_heap() -> None:
         pass
 
 
-def save_snapshot(path: Path, keyring: KeyRing, signer: Signer, position: LogPosition,
+def save_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
                   ledger: Ledger, store: LineStore | None = None) -> int:
-    """Write the snapshot to ``path`` and, with the log in a database, keep the same bytes
-    there for the next node (a failure there is logged: the local file is written)."""
-    data = seal_snapshot(keyring, signer.mac_key, position, ledger.dump(MODEL))
+    """Write the snapshot, tagged with ``mac_key`` (:meth:`SnapshotKeys.to_write`), to
+    ``path`` and, with the log in a database, keep the same bytes there for the next node (a
+    failure there is logged: the local file is written)."""
+    data = seal_snapshot(keyring, mac_key, position, ledger.dump(MODEL))
     write_atomically(path, data)
     if store is not None:
         try:
@@ -158,14 +221,19 @@ def save_snapshot(path: Path, keyring: KeyRing, signer: Signer, position: LogPos
     return len(data)
 
 
-async def write_snapshot_in_thread(path: Path, keyring: KeyRing, signer: Signer,
+async def write_snapshot_in_thread(path: Path, keyring: KeyRing, keys: SnapshotKeys,
                                    position: LogPosition, ledger: Ledger,
                                    store: LineStore | None = None) -> None:
     """Encode, seal and write ``ledger`` at ``position`` in a worker thread. A failure is
     logged, not raised: the log is unaffected, and the next start replays more of it."""
     started = time.monotonic()
+    mac_key = keys.to_write(position)  # now: the epoch may end while the thread runs
+    if mac_key is None:
+        logfmt.info("state snapshot not written: its position's epoch has ended",
+                    seq=position.seq, epoch=position.epoch)
+        return
     try:
-        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, signer, position,
+        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, mac_key, position,
                                               ledger, store)
     except OSError as exc:
         logfmt.warn("state snapshot not written; the log is unaffected", error=exc)

@@ -56,7 +56,7 @@ from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
 from daemon.metrics import Metrics, serve_metrics
 from daemon.outbox import escalation_text, write_escalation
 from daemon.profile import Profile, load_profiles, too_long_for_lease
-from daemon.snapshots import load_snapshot, replay_log, write_snapshot_in_thread
+from daemon.snapshots import SnapshotKeys, load_snapshot, replay_log, write_snapshot_in_thread
 from daemon.spool import (
     DOTS,
     DecisionFile,
@@ -75,11 +75,11 @@ from daemon.spool import request_id_of as spool_request_id
 from daemon.timers import RateQuota, TimerHeap
 from daemon.witness.publisher import HeadPublisher
 from eventlog.envelope import Takeover
+from eventlog.epochs import EpochSigning
 from eventlog.errors import EventLogError, FencedError, LogIOError
 from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
-from eventlog.signing import CheckpointSigning
 from eventlog.store import LineStore
 from eventlog.writer import Appended, LogWriter
 from replay.decide import decide, register
@@ -142,9 +142,9 @@ class Supervisor:
         self,
         config: Config,
         keyring: KeyRing,
-        signer: Signer,
+        signer: Signer | None,
         *,
-        signing: CheckpointSigning | None = None,
+        signing: EpochSigning | None = None,
         heads: HeadStore | None = None,
         publisher: HeadPublisher | None = None,
         clock: Callable[[], float] = time.time,
@@ -157,8 +157,14 @@ class Supervisor:
         self.store = store  # the log in PostgreSQL: every write round committed there too
         self.lease = lease  # no request unless the lease outlives it (daemon.lease)
         self.keyring = keyring
-        self.signer = signer  # tags the state snapshot (and signs the log without ``signing``)
-        self.signing = signing  # forward-secure checkpoint signing (eventlog.epochs)
+        self.signing: EpochSigning | Signer  # signs the log: epoch keys, or format 2's one key
+        if signing is not None:
+            self.signing = signing  # forward-secure checkpoint signing (eventlog.epochs)
+        elif signer is not None:
+            self.signing = signer
+        else:
+            raise ValueError("the supervisor needs a signing key or epoch signing")
+        self.snapshot_keys = SnapshotKeys.of(self.signing)  # tag the state snapshot
         self.heads = heads  # every published head; refuses a log rolled back behind them
         self.publisher = publisher  # sends every signed head to the configured witnesses
         self.clock = clock
@@ -351,7 +357,7 @@ class Supervisor:
         async def write() -> None:
             try:
                 await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
-                                               self.signer, position, copy, self.store)
+                                               self.snapshot_keys, position, copy, self.store)
             finally:
                 self._snapshot_writing = False
 
@@ -1205,11 +1211,12 @@ class Supervisor:
         self.load_profiles()
         started = time.monotonic()
         snapshot = await anyio.to_thread.run_sync(load_snapshot, cfg.snapshot_path,
-                                                  self.keyring, self.signer, self.store)
+                                                  self.keyring, self.snapshot_keys,
+                                                  self.store)
         publishing = (self.publisher.running() if self.publisher is not None
                       else contextlib.nullcontext())
         async with publishing, LogWriter(
-                cfg.log_dir, self.keyring, self.signing or self.signer, heads=self.heads,
+                cfg.log_dir, self.keyring, self.signing, heads=self.heads,
                              on_problem=_log_problem, segment_bytes=cfg.log.segment_bytes,
                              checkpoint_every=cfg.log.checkpoint_every,
                              checkpoint_interval=cfg.log.checkpoint_interval_seconds,
@@ -1228,6 +1235,11 @@ class Supervisor:
             if snapshot is not None and log.resumed_at != snapshot.position.seq:
                 logfmt.warn("state snapshot does not match the log; replaying the whole log",
                             snapshot=cfg.snapshot_path, snapshot_seq=snapshot.position.seq)
+                snapshot = None
+            if snapshot is not None and self.snapshot_keys.to_write(snapshot.position) is None:
+                logfmt.warn("state snapshot is of an epoch the log has left (its key is "
+                            "destroyed); replaying the whole log", snapshot=cfg.snapshot_path,
+                            snapshot_epoch=snapshot.position.epoch)
                 snapshot = None
             from_events = snapshot.ledger.events if snapshot is not None else 0
             self.ledger = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring,
@@ -1291,7 +1303,7 @@ class Supervisor:
                     await client.aclose()
         if log.position is not None and log.failed is None:
             # The log is closed and nothing changes any more: snapshot what it holds.
-            await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, self.signer,
+            await write_snapshot_in_thread(cfg.snapshot_path, self.keyring, self.snapshot_keys,
                                            log.position, self.ledger, self.store)
         logfmt.info("stopped", head=f"{log.head_seq}:{log.head_hash}")
 

@@ -166,6 +166,23 @@ def epoch_key_files(directory: Path, log_id: str) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def epoch_signer_at(directory: Path, position: LogPosition) -> Signer | None:
+    """The key of the epoch ``position`` names, if this host still holds it: its file in
+    ``directory`` names the same log and epoch and holds the public key the position records.
+    None when it does not (destroyed when the epoch ended, never here, or another key)."""
+    path = directory / epoch_key_name(position.log_id, position.epoch)
+    if position.format != FORMAT_VERSION or not path.exists():
+        return None
+    try:
+        log, epoch, signer = read_epoch_key(path)
+    except KeyFileError:
+        return None
+    if (log, epoch, _public_b64(signer)) != (position.log_id, position.epoch,
+                                             position.epoch_key):
+        return None
+    return signer
+
+
 @dataclass
 class _State:
     signer: Signer | None
@@ -219,6 +236,19 @@ class EpochSigning(CheckpointSigning):
     @property
     def epoch_key(self) -> str:
         return _public_b64(self._s.signer) if self._s.signer is not None else ""
+
+    def snapshot_key(self, position: LogPosition) -> bytes | None:
+        """The key that tags a state snapshot at ``position``: the seal MAC key of the epoch
+        in force, when ``position`` names that epoch and its key (a snapshot of an earlier
+        epoch has none: its key is destroyed, so whoever keeps a copy of it cannot tag one).
+        A format-2 log's: the root key's."""
+        if self._legacy is not None:
+            return self._legacy.mac_key if position.format != FORMAT_VERSION else None
+        signer = self._s.signer
+        if (signer is None or position.log_id != self._log_id
+                or (position.epoch, position.epoch_key) != (self._s.epoch, self.epoch_key)):
+            return None
+        return signer.mac_key
 
     def stamp(self, position: LogPosition) -> LogPosition:
         if self._legacy is not None:

@@ -3,8 +3,10 @@
 The log stays the truth; a snapshot only saves re-reading it. Its file holds one clear JSON
 header line (format, the :class:`~eventlog.position.LogPosition`, the data key id, the nonce),
 then the AES-256-GCM-SIV ciphertext of the body, with the header as associated data, and last
-a 32-byte HMAC-SHA256 tag over both under the seal MAC key (derived from the signing key, see
-:mod:`eventlog.mac`). A changed position, a swapped body or a snapshot of another log fails
+a 32-byte HMAC-SHA256 tag over both under a seal MAC key (:mod:`eventlog.mac`): the one of
+the epoch key in force at the snapshot's position on a forward-secure log, so a snapshot
+verifies only while that epoch's key exists (see :mod:`eventlog.epochs`), or the one signing
+key's on a format-2 log. A changed position, a swapped body or a snapshot of another log fails
 authentication, and a position that no longer names its record in the log is refused by
 whoever resumes from it. The tag is what makes the snapshot the writer's own: the data key
 alone can decrypt and re-encrypt a body, but not tag it, so a body rewritten by a holder of
@@ -78,14 +80,21 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def snapshot_seq(data: bytes) -> int | None:
+def snapshot_position(data: bytes) -> LogPosition | None:
     """The log position a snapshot claims, read from its header without authenticating it
-    (only to choose which of two snapshots to open first); None when unreadable."""
+    (to choose which of two snapshots to open first, and which key to check its tag with);
+    None when unreadable."""
     end = data.find(b"\n", 0, _MAX_HEADER)
     try:
-        return _header_decoder.decode(data[:end]).position.seq if end > 0 else None
+        return _header_decoder.decode(data[:end]).position if end > 0 else None
     except (msgspec.DecodeError, ValueError):
         return None
+
+
+def snapshot_seq(data: bytes) -> int | None:
+    """The sequence number of :func:`snapshot_position`; None when unreadable."""
+    position = snapshot_position(data)
+    return None if position is None else position.seq
 
 
 def _tag(mac_key: bytes, header: bytes, ct: bytes) -> bytes:
@@ -118,8 +127,9 @@ def open_snapshot(data: bytes, keyring: KeyRing, mac_key: bytes,
                             f"{SNAPSHOT_FORMAT}")
     ct, mac = data[end + 1:-TAG_BYTES], data[-TAG_BYTES:]
     if len(data) < end + 1 + TAG_BYTES or not hmac.compare_digest(mac, _tag(mac_key, raw, ct)):
-        raise SnapshotError(f"snapshot {path} failed authentication: it was not written by "
-                            f"this signing key's daemon, or it was altered; it will be rebuilt")
+        raise SnapshotError(f"snapshot {path} failed authentication: it was not tagged with "
+                            f"the key of the epoch it names (written elsewhere, or forged with "
+                            f"an old key), or it was altered; it will be rebuilt")
     try:
         key = keyring.get(header.kid)
     except UnknownKeyError:

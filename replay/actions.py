@@ -414,9 +414,11 @@ def decide_action(action: Action, decision: DecisionSubmitted, now: float) -> li
 def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
     """Story lines for actions, in the shape of :func:`replay.story.story_json` (S39)."""
     from replay.decide import format_time
+    from replay.story import PROVIDER_LONG_TEXT_LIMIT, bounded
 
     out: list[dict[str, object]] = []
     for ev in events:
+        said: list[str] = []  # the provider's words, named in the text by placeholders
         match ev:
             case ActionIntended():
                 key = ", idempotency key recorded" if ev.idempotency_key else ""
@@ -425,9 +427,13 @@ def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
                         f"{key}{size}, within {ev.timeout_seconds:g}s")
             case ActionSucceeded():
                 if ev.provider_job_id is not None:
-                    where = f", status at {ev.status_location}" if ev.status_location else ""
+                    said.append(bounded(ev.provider_job_id))
+                    where = ""
+                    if ev.status_location:
+                        said.append(bounded(ev.status_location, PROVIDER_LONG_TEXT_LIMIT))
+                        where = ", status at ⟨provider_text[1]⟩"
                     text = (f"submit accepted: HTTP {ev.http_status}, job "
-                            f"{ev.provider_job_id}{where}")
+                            f"⟨provider_text[0]⟩{where}")
                 elif ev.sha256 is not None:
                     text = (f"fetched: HTTP {ev.http_status}, {ev.size} bytes, sha256 "
                             f"{ev.sha256}")
@@ -447,5 +453,6 @@ def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
                         + ("" if ev.accepted else f" rejected ({ev.reason})")
                         + (f" ({ev.note})" if ev.note else ""))
         out.append({"at": ev.at, "time": format_time(ev.at), "operation_id": ev.operation_id,
-                    "text": text, "events": [ev.__struct_config__.tag]})
+                    "text": text, "events": [ev.__struct_config__.tag],
+                    "provider_text": said})
     return out

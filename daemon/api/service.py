@@ -33,6 +33,12 @@ from daemon import __version__, logfmt
 from daemon.actions import ActionRunner, action_escalation_text
 from daemon.api.openapi import openapi_document
 from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
+from daemon.api.provider_text import (
+    bounded,
+    escalation_parts,
+    provider_error,
+    provider_results,
+)
 from daemon.api.schema import (
     ApiPhase,
     DecisionAnswer,
@@ -59,7 +65,6 @@ from daemon.errors import Refused, UsageError
 from daemon.history import Histories
 from daemon.inputs import parse_duration
 from daemon.metrics import Metrics
-from daemon.outbox import escalation_text
 from daemon.spool import SpoolReject, SubmitFile, new_request_id
 from daemon.timers import RateQuota
 from eventlog.keys import KeyRing
@@ -456,7 +461,8 @@ class Api:
         lines += _story_lines(events[before_gap:])
         story = Story(operation_id=op_id, lines=[StoryLine(
             at=float(line["at"]), time=str(line["time"]), text=str(line["text"]),  # type: ignore[arg-type]
-            events=list(line.get("events", []))) for line in lines],  # type: ignore[call-overload]
+            events=list(line.get("events", [])),  # type: ignore[call-overload]
+            provider_text=list(line.get("provider_text", []))) for line in lines],  # type: ignore[call-overload]
             text="".join(f"{line['time']} {line['text']}\n" for line in lines))
         if query.get("format") == "text":
             return Response(200, story.text.encode(), content_type="text/plain; charset=utf-8")
@@ -509,10 +515,11 @@ class Api:
         next_news = op.next_poll_at if live else None
         return OperationView(
             operation_id=op.operation_id, provider=op.provider,
-            provider_job_id=op.provider_job_id, registered_by=op.registered_by,
+            provider_job_id=bounded(op.provider_job_id), registered_by=op.registered_by,
             phase=op.phase, done=not live, stop_reason=op.stop_reason,
-            provider_error=op.provider_error,
-            provider_error_truncated=op.provider_error_truncated, last_state=op.last_state,
+            provider_error=provider_error(op.provider_error),
+            provider_error_truncated=op.provider_error_truncated,
+            provider_state=_bounded(op.last_state),
             status_requests_used=op.status_requests_used,
             max_status_requests=op.max_status_requests,
             transport_failures_used=op.transport_failures_used,
@@ -520,7 +527,7 @@ class Api:
             deadline_at=op.effective_deadline[0], next_news_at=next_news,
             retry_after_seconds=(min(60.0, max(1.0, round(next_news - now, 3)))
                                  if next_news is not None else None),
-            results=dict(op.results),
+            provider_results=provider_results(op.results),
             escalation=self._escalation(op) if op.escalation is not None else None,
             sequence=op.registered_seq)
 
@@ -547,14 +554,18 @@ class Api:
         esc = op.escalation
         assert esc is not None
         raised = self._raised(op.operation_id, esc.escalation_id)
-        text = escalation_text(raised, op) if raised is not None else ""
-        detail = raised.context.detail if raised is not None else ""
+        detail, text = escalation_parts(raised, op) if raised is not None else ("", "")
+        c = raised.context if raised is not None else None
         return EscalationView(
             operation_id=op.operation_id, escalation_id=esc.escalation_id, reason=esc.reason,
             raised_at=esc.raised_at, options=_options(esc.options),
-            registered_by=op.registered_by, detail=detail, provider_error=op.provider_error,
-            text=text, decide_command=f"bide decide {op.operation_id} OPTION --escalation "
-                                      f"{esc.escalation_id}")
+            registered_by=op.registered_by, detail=detail,
+            provider_error=provider_error(op.provider_error),
+            provider_state=_bounded(c.last_state if c is not None else op.last_state),
+            provider_request_id=_bounded(c.last_provider_request_id if c is not None else None),
+            provider_job_id=bounded(op.provider_job_id), text=text,
+            decide_command=f"bide decide {op.operation_id} OPTION --escalation "
+                           f"{esc.escalation_id}")
 
     def _raised(self, op_id: str, number: int) -> EscalationRaised | None:
         kept = self.sup.histories.events(op_id)
@@ -569,6 +580,10 @@ class Api:
             registered_by=action.intent.registered_by, detail=failed.detail,
             text=action_escalation_text(action, failed),
             decide_command=f"bide decide {action.operation_id} OPTION")
+
+
+def _bounded(text: str | None) -> str | None:
+    return None if text is None else bounded(text)
 
 
 def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:

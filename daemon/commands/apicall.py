@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from daemon.api.client import ApiCallError, ApiClient, DaemonUnavailable
+from daemon.api.provider_text import inline
 from daemon.config import Config
 from replay.decide import format_time
 
@@ -38,7 +39,8 @@ def view_line(view: dict[str, Any]) -> str:
            if view.get("phase") == "live" and view.get("next_news_at") is not None else "")
     job = view.get("provider_job_id") or "-"
     return (f"{view['operation_id']}  {view['provider']}/{job}  {view['phase']}{reason}  "
-            f"state={view.get('last_state') or '-'}  requests "
+            f"state={inline('⟨provider_state⟩', view) if view.get('provider_state') else '-'}"
+            f"  requests "
             f"{view.get('status_requests_used', 0)}/{view.get('max_status_requests', 0)}{nxt}")
 
 

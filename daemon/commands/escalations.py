@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from daemon.actions import action_escalation_text
+from daemon.api.provider_text import inline
 from daemon.commands.apicall import require
 from daemon.config import Config, add_config_flag, load_config
 from daemon.outbox import escalation_text
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _text(escalation: dict[str, Any]) -> str:
     if escalation.get("text"):
-        return str(escalation["text"])
+        return inline(str(escalation["text"]), escalation)  # the provider's words, quoted
     lines = [f"bide escalation {escalation['operation_id']} #{escalation['escalation_id']}: "
              f"{escalation['reason']}", "  options:"]
     lines += [f"    {o['number']}. {o['id']}: {o['label']}" for o in escalation["options"]]

@@ -82,7 +82,8 @@ def build_supervisor(cfg: Config, *, store: LineStore | None = None,
     publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file,
                               cfg.witness_ca)
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
-    return Supervisor(cfg, load_keyring(keys_dir), chosen.snapshot_signer,
+    root = chosen.signing if isinstance(chosen.signing, Signer) else None
+    return Supervisor(cfg, load_keyring(keys_dir), root,
                       signing=signing, heads=chosen.heads,
                       publisher=publisher if publisher.enabled else None,
                       store=store, lease=lease)

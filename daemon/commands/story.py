@@ -19,7 +19,7 @@ from daemon.readers import (
     open_keyring,
 )
 from replay.actions import action_story
-from replay.story import story_json
+from replay.story import for_people, story_json
 
 
 def add_parser(sub: Any) -> None:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([{**line, "operation_id": story["operation_id"]}
                           for line in story["lines"]]))
     else:
-        print(story["text"], end="")
+        print(for_people(story["lines"]), end="")
     return 0
 
 
@@ -70,5 +70,5 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(lines))
     else:
-        print("".join(f"{line['time']} {line['text']}\n" for line in lines), end="")
+        print(for_people(lines), end="")
     return 0

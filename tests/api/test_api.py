@@ -21,6 +21,7 @@ from daemon.api.client import ApiCallError, ApiClient
 from daemon.api.listener import _bind
 from daemon.errors import ConfigError
 from daemon.spool import DecisionFile, Spool, new_request_id
+from replay.story import for_people
 from tests.e2e.harness import Workspace, until, workspace
 from tests.faults.support import metrics_url, scrape
 
@@ -59,10 +60,12 @@ def test_register_retry_wait_and_story(tmp_path: Path) -> None:
                                timeout=60)
             assert view["done"] is True
             assert view["phase"] == "succeeded", view["escalation"]["detail"]
-            assert view["results"]["result_url"].endswith("/results/j1")
+            assert view["provider_results"]["result_url"].endswith("/results/j1")
             story = client.call("GET", "/v1/operations/op-1/story")
             assert any("succeeded" in line["text"] for line in story["lines"])
-            assert "registered job j1" in story["text"]
+            # The job id is the provider's word: named in bide's text, given beside it.
+            assert "registered job ⟨provider_text[0]⟩ at sim" in story["text"]
+            assert story["lines"][0]["provider_text"] == ["j1"]
             text = client.call("GET", "/v1/operations/op-1/story", params={"format": "text"})
             assert text == story["text"]
         assert len(ws.sim.requests(kind="status", job_id="j1")) == 3
@@ -71,7 +74,8 @@ def test_register_retry_wait_and_story(tmp_path: Path) -> None:
         status = ws.bide("status", "op-1")
         assert status.returncode == 0
         assert "succeeded" in status.stdout
-        assert ws.bide("story", "op-1").stdout == story["text"]
+        assert ws.bide("story", "op-1").stdout == for_people(story["lines"])
+        assert "registered job j1 at sim" in ws.bide("story", "op-1").stdout
 
 
 def test_a_wait_that_elapses_says_not_done_and_when_to_ask_again(tmp_path: Path) -> None:
@@ -334,15 +338,15 @@ def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None
             watch(client, "op-early", "early")
             assert client.call("GET", "/v1/operations/op-early",
                                params={"wait": "20s"})["phase"] == "succeeded"
-            before = client.call("GET", "/v1/operations/op-early/story")["text"]
+            before = for_people(client.call("GET", "/v1/operations/op-early/story")["lines"])
         assert first.stop() == 0
         ws.start_daemon()  # from the snapshot: op-early's events are not replayed
         with api(ws) as client:
             watch(client, "op-late", "late")
-            after = client.call("GET", "/v1/operations/op-early/story")["text"]
+            after = for_people(client.call("GET", "/v1/operations/op-early/story")["lines"])
             assert after == before == ws.bide("story", "op-early", "--offline").stdout
-            assert "registered job late" in client.call(
-                "GET", "/v1/operations/op-late/story")["text"]
+            assert "registered job late" in for_people(client.call(
+                "GET", "/v1/operations/op-late/story")["lines"])
 
 
 def test_live_operations_per_user_are_capped_and_freed_as_they_end(tmp_path: Path) -> None:
@@ -368,7 +372,7 @@ def test_a_long_story_says_what_it_leaves_out(tmp_path: Path) -> None:
             watch(client, "op-long", "long", max_status_requests=40)
             assert client.call("GET", "/v1/operations/op-long",
                                params={"wait": "30s"})["phase"] == "succeeded"
-            text = client.call("GET", "/v1/operations/op-long/story")["text"]
+            text = for_people(client.call("GET", "/v1/operations/op-long/story")["lines"])
         lines = text.splitlines()
         assert "registered job long" in lines[0]
         assert "succeeded" in lines[-1]

@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 from daemon.config import LogConfig
 from daemon.readers import load_log, load_operation
 from daemon.readers import op_events as events_of
-from daemon.snapshots import load_snapshot, replay_log, save_snapshot
+from daemon.snapshots import SnapshotKeys, load_snapshot, replay_log, save_snapshot
 from eventlog import keys
 from eventlog.envelope import (
     RECORD_DECODER,
@@ -186,13 +186,14 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
     head = verify_log(log_dir, verify_key, writer_live=False).position()
     snapshots = {"head": work / "snapshot-head", "behind": work / "snapshot-behind"}
     signer = keys.load_signer(key_dir)
-    save_snapshot(snapshots["head"], keyring, signer, head, replayed)
+    save_snapshot(snapshots["head"], keyring, signer.mac_key, head, replayed)
     older, ledger = _state_at(log_dir, keyring, replayed.events - behind)
-    save_snapshot(snapshots["behind"], keyring, signer, older, ledger)
+    save_snapshot(snapshots["behind"], keyring, signer.mac_key, older, ledger)
 
     def start(snapshot: Path | None) -> Callable[[], int]:
         def run() -> int:
-            snap = load_snapshot(snapshot, keyring, signer) if snapshot else None
+            snap = (load_snapshot(snapshot, keyring, SnapshotKeys(root=signer)) if snapshot
+                    else None)
             report = verify_log(log_dir, verify_key, writer_live=False,
                                 resume=snap.position if snap else None)
             assert report.damage is None

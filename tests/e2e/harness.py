@@ -28,7 +28,7 @@ import msgspec
 
 from daemon.config import load_config
 from daemon.readers import LoadedLog, load_log, open_keyring
-from daemon.signing import snapshot_signer
+from daemon.signing import snapshot_keys
 from daemon.simulator import RequestRecord, SimulatorHandle, run_in_thread, script_from_dict
 from daemon.snapshots import load_snapshot, replay_log
 from daemon.spool import RegistrationFile, Spool, new_request_id
@@ -432,9 +432,8 @@ def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
     """The snapshot on disk holds exactly what folding the whole log gives; its event count."""
     cfg = load_config(str(ws.config))
     keyring = open_keyring(cfg)
-    signer = snapshot_signer(cfg, keys.keys_directory(cfg.keys_dir))
-    assert signer is not None
-    snap = load_snapshot(cfg.snapshot_path, keyring, signer)
+    snap = load_snapshot(cfg.snapshot_path, keyring,
+                         snapshot_keys(cfg, keys.keys_directory(cfg.keys_dir)))
     assert snap is not None
     full = replay_log(cfg.log_dir, keyring)
     assert snap.ledger.ops == full.ops

@@ -47,7 +47,7 @@ def test_register_poll_to_success_and_story(tmp_path: Path) -> None:
         final = json.loads(waited.stdout)
         assert final["phase"] == "succeeded"
         assert final["status_requests_used"] == 4
-        assert final["results"]["result_url"].endswith("/results/exp-1")
+        assert final["provider_results"]["result_url"].endswith("/results/exp-1")
         assert len(ws.sim.requests(kind="status", job_id="exp-1")) == 4
         assert_intents_precede_requests(ws, "nightly", "exp-1")
         story = ws.bide("story", "nightly")
@@ -69,7 +69,9 @@ def test_escalation_answered_with_decide(tmp_path: Path) -> None:
         listed = ws.bide("escalations", "--json")
         [escalation] = json.loads(listed.stdout)
         assert escalation["reason"] == "unknown_state"
-        assert "manual_review" in escalation["detail"]
+        # bide's detail names the provider's state; the state itself is provider data
+        assert "state ⟨provider_state⟩ is in no list" in escalation["detail"]
+        assert escalation["provider_state"] == "manual_review"
         offered = [o["id"] for o in escalation["options"]]
         assert "abandon" in offered
         assert "cancel_at_provider" not in offered

@@ -4,12 +4,23 @@ is set aside for a full replay."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
 import stat
 from pathlib import Path
 
+import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from daemon.config import load_config
+from daemon.snapshots import MODEL, replay_log
+from eventlog import keys
+from eventlog.epochs import read_epoch_key
+from eventlog.keys import Signer
+from eventlog.position import LogPosition
+from eventlog.snapshot import seal_snapshot
 from tests.e2e.harness import (
     Daemon,
     Workspace,
@@ -178,3 +189,65 @@ def test_offline_status_and_escalations_start_from_the_snapshot_not_from_record_
         broken = ws.bide("story", "op-a", "--offline")
         assert broken.returncode != 0
         assert "run `bide verify`" in broken.stderr
+
+
+def _tag_key_from(backup: Path) -> bytes:
+    """The snapshot tag key an old backup of the state directory yields: ``state.key`` where
+    there was one, else the newest epoch key it holds."""
+    state_key = backup / "state.key"
+    if state_key.exists():
+        seed = base64.b64decode(state_key.read_bytes().strip())
+        return Signer(Ed25519PrivateKey.from_private_bytes(seed)).mac_key
+    newest = max((backup / "epochs").glob("*-epoch-*.key"))
+    return read_epoch_key(newest)[2].mac_key
+
+
+def _forge_snapshot(ws: Workspace, backup: Path, drop: str) -> None:
+    """What the holder of ``data.key`` and an old backup can write: today's head position
+    (the snapshot's header is clear text) with a state in which operation ``drop`` never
+    was, sealed with the data key and tagged with the backup's key."""
+    cfg = load_config(str(ws.config))
+    keyring = keys.load_keyring(keys.keys_directory(cfg.keys_dir))
+    genuine = cfg.snapshot_path.read_bytes()
+    header = json.loads(genuine[:genuine.index(b"\n")])
+    position = msgspec.convert(header["position"], LogPosition)
+    ledger = replay_log(cfg.log_dir, keyring)
+    del ledger.ops[drop]
+    forged = seal_snapshot(keyring, _tag_key_from(backup), position, ledger.dump(MODEL))
+    cfg.snapshot_path.write_bytes(forged)
+
+
+def test_a_snapshot_forged_with_the_data_key_and_an_old_backup_is_not_used(tmp_path: Path
+                                                                          ) -> None:
+    with workspace(tmp_path, {f"job-{i}": "running" for i in range(2)},
+                   config_extra="epoch_checkpoints = 1\n") as ws:
+        _run_until(ws, 2, 4)
+        state = tmp_path / "state"
+        backup = tmp_path / "backup"
+        shutil.copytree(state, backup, ignore=shutil.ignore_patterns("log", "spool", "*.sock"))
+        old_epoch = json.loads(state.joinpath("snapshot").read_bytes().split(b"\n")[0])
+        second = ws.start_daemon()
+        _more_polls(ws, 8)
+        assert second.stop() == 0
+        now = json.loads(state.joinpath("snapshot").read_bytes().split(b"\n")[0])
+        assert now["position"]["epoch"] > old_epoch["position"]["epoch"]  # keys moved on
+
+        # The backup's own snapshot, genuine but of an epoch whose key is destroyed.
+        shutil.copy2(backup / "snapshot", state / "snapshot")
+        restored = ws.start_daemon()
+        assert re.search(r'msg="state snapshot not used" snapshot=\S*state/snapshot '
+                         r'error=".*names epoch \d+ .*whose key this host does not hold',
+                         restored.output()), restored.output()
+        assert _replayed(restored)[1] == 0
+        assert restored.stop() == 0
+
+        _forge_snapshot(ws, backup, drop="op-1")
+        third = ws.start_daemon()
+        out = third.output()
+        assert re.search(r'msg="state snapshot not used" snapshot=\S*state/snapshot', out), out
+        events, from_snapshot = _replayed(third)
+        assert from_snapshot == 0 < events  # the whole log, not the forged state
+        assert ws.bide("status", "op-1").returncode == 0  # the daemon knows op-1
+        assert third.stop() == 0
+        assert "op-1" in ws.log().ops
+        assert_snapshot_is_the_full_fold(ws)

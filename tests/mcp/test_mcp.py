@@ -95,11 +95,11 @@ def test_watch_wait_story_and_an_escalation(ws: Workspace) -> None:
             done = await tool(s, "wait_for_operation", operation_id="op-quick",
                               timeout_seconds=30)
             assert (done["phase"], done["done"]) == ("succeeded", True)
-            assert done["results"]["result_url"].endswith("/results/quick")
+            assert done["provider_results"]["result_url"].endswith("/results/quick")
             story = await tool(s, "operation_story", operation_id="op-quick")
             assert "succeeded" in story["text"]
             resource = await s.read_resource("bide://operations/op-quick/story")
-            assert "registered job quick" in resource.contents[0].text  # type: ignore[union-attr]
+            assert "registered job ⟨provider_text[0]⟩" in resource.contents[0].text  # type: ignore[union-attr]
 
             await tool(s, "watch_job", provider="sim", job_id="odd", operation_id="op-odd")
             escalated = await tool(s, "wait_for_operation", operation_id="op-odd",
