@@ -191,9 +191,15 @@ class Api:
 
     def _caller(self, peer: Peer) -> Caller:
         roles = roles_of(peer, self.groups, daemon_uid=self.daemon_uid)
-        if (peer.uid == 0 and "approver" not in roles and self.groups.approvers
-                and self.sup.config.spool.allow_root_approval):
-            roles.append("approver")
+        if self.groups.approvers:
+            # As the spool's approval_refusal: with an approvers group, the daemon's own user
+            # never approves (it is the one acting on decisions), and root only when the
+            # config says so, whatever groups either is in.
+            allow_root = self.sup.config.spool.allow_root_approval
+            if peer.uid == self.daemon_uid or (peer.uid == 0 and not allow_root):
+                roles = [role for role in roles if role != "approver"]
+            elif peer.uid == 0 and "approver" not in roles:
+                roles.append("approver")
         return Caller(peer=peer, name=user_name(peer.uid), roles=roles)
 
     # -- who sees what -----------------------------------------------------------------------
@@ -310,8 +316,12 @@ class Api:
 
     async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
         if "approver" not in caller.roles:  # before the lookup: the same for every id
+            why = (" (the daemon's own user is never an approver)"
+                   if caller.peer.uid == self.daemon_uid and self.groups.approvers else
+                   " (root is one only with [spool] allow_root_approval = true)"
+                   if caller.peer.uid == 0 and self.groups.approvers else "")
             raise Refused(f"user {caller.name} may not answer escalations: that takes the "
-                          f"approver role ({self.groups.describe('approver')})",
+                          f"approver role ({self.groups.describe('approver')}){why}",
                           code="forbidden", status=403)
         body = _decode(request.body, DecisionRequest)
         found = self._visible_op(caller, op_id)
