@@ -48,6 +48,7 @@ Example::
     socket = "/run/bide/api.sock"         # default: $RUNTIME_DIRECTORY/api.sock, else state_dir
     socket_group = "bide-agents"          # who may connect (mode 0660)
     allow_self_approval = false           # one-person setups: approve your own escalations
+    daemon_user = "bide"                  # the CLI sends only to a socket this user answers
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     agents_group: str | None = None  # default: [spool] agents_group; "" admits everyone
     approvers_group: str | None = None  # default: [spool] approvers_group; "" admits everyone
     operators_group: str = ""  # besides root and the daemon's own user
+    #: The user the daemon runs as: the CLI talks only to a socket answered by this user (or
+    #: root, as systemd is while it holds the socket); "" trusts the socket file's owner.
+    daemon_user: str = ""
     allow_self_approval: bool = False  # may an approver answer their own operation's escalation
     max_live_per_principal: Annotated[int, msgspec.Meta(ge=1)] = 10_000
     registrations_per_second: Annotated[float, msgspec.Meta(gt=0)] = 50.0
