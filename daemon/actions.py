@@ -13,19 +13,23 @@ import hashlib
 import os
 import re
 import secrets
+import stat
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from daemon import logfmt
+from daemon.config import FetchConfig
 from daemon.faults import FaultInjection
 from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
 from daemon.profile import Profile
 from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
+from daemon.timers import RateQuota
 from eventlog.errors import FencedError
 from eventlog.fsync import fsync_dir
 from eventlog.writer import Appended
@@ -83,6 +87,16 @@ class ActionPorts:
     #: by this node's clock; None when it has not (the call is not sent). Without a lease,
     #: the timeout as it is.
     lease_room: Callable[[float, bool], Awaitable[float | None]]
+    #: Fetches: the rate per principal and what ``results/`` keeps (``[fetch]``).
+    fetch_limits: FetchConfig = field(default_factory=FetchConfig)
+
+
+class FetchThrottled(SpoolReject):
+    """A principal asks for fetches faster than ``[fetch] per_principal_per_minute``."""
+
+    def __init__(self, detail: str, retry_after: float) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class ActionRunner:
@@ -90,6 +104,7 @@ class ActionRunner:
         self.ports = ports
         self.actions: dict[str, Action] = {}
         self.results_dir = ports.state_dir / "results"
+        self._fetch_quotas: dict[int, RateQuota] = {}
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -152,11 +167,20 @@ class ActionRunner:
                 return action.operation_id
         return None
 
-    async def ingest_fetch(self, rid: str, ff: FetchFile) -> None:
+    async def ingest_fetch(self, rid: str, ff: FetchFile, requester: int, *,
+                           operator: bool = False) -> ActionIntended:
+        """Record a fetch asked for by the user ``requester`` (the API's peer or the spool
+        file's owner) and start it; returns its intent.
+
+        Only the operation's own registrant (or an operator) may fetch its result, with the
+        provider's credential: for anyone else the operation does not exist, exactly as a
+        missing one. Each principal is held to ``[fetch] per_principal_per_minute``."""
         ports = self.ports
         op = ports.operation(ff.operation_id)
-        if op is None:
+        if op is None or not (operator or (op.registered_by_uid is not None
+                                           and op.registered_by_uid == requester)):
             raise SpoolReject(f"no operation {ff.operation_id!r}")
+        self._take_fetch_slot(requester)
         target = fetch_target(op.phase, op.results, ff.result)
         if isinstance(target, str):
             raise SpoolReject(f"operation {op.operation_id}: {target}")
@@ -171,9 +195,60 @@ class ActionRunner:
             action_id=f"{op.operation_id}.fetch.{n}", kind="fetch", provider=op.provider,
             method="GET", url=url,
             timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
-            spool_request=rid, result_name=name)
+            spool_request=rid or None, result_name=name, requested_by=user_name(requester),
+            requested_by_uid=requester)
         await ports.record([intent])
         self.start(intent.action_id)
+        return intent
+
+    def _take_fetch_slot(self, requester: int) -> None:
+        limits = self.ports.fetch_limits
+        quota = self._fetch_quotas.get(requester)
+        if quota is None:
+            quota = self._fetch_quotas[requester] = RateQuota(
+                limits.per_principal_per_minute / 60.0, limits.burst)
+        wait = quota.reserve()
+        if wait > 0:
+            quota.release()
+            raise FetchThrottled(
+                f"user {user_name(requester)} asks for fetches faster than [fetch] "
+                f"per_principal_per_minute = {limits.per_principal_per_minute:g}; try again in "
+                f"{wait:.1f}s", wait)
+
+    def prune_results(self, keep: str | None = None) -> None:
+        """Remove results older than ``[fetch] results_max_age_seconds``, then the oldest
+        until ``results/`` holds at most ``results_max_bytes``; ``keep`` (the result just
+        stored) always stays, so a fetch larger than the cap is still handed over."""
+        limits = self.ports.fetch_limits
+        now = time.time()
+        try:
+            entries = list(os.scandir(self.results_dir))
+        except FileNotFoundError:
+            return
+        files: list[tuple[float, int, str]] = []
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files.append((st.st_mtime, st.st_size, entry.name))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        for mtime, size, name in files:
+            old = now - mtime > limits.results_max_age_seconds
+            if name == keep or not (old or total > limits.results_max_bytes):
+                continue
+            if name.endswith(".part") and not old:
+                continue  # a download in progress
+            with contextlib.suppress(FileNotFoundError):
+                (self.results_dir / name).unlink()
+            total -= size
+            removed += 1
+        if removed:
+            logfmt.info("results pruned", removed=removed, kept_bytes=total,
+                        max_bytes=limits.results_max_bytes)
 
     async def decide(self, action: Action, decision: DecisionSubmitted) -> ActionDecided:
         events = decide_action(action, decision, self.ports.clock())
@@ -212,8 +287,10 @@ class ActionRunner:
     # -- restart -----------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29)."""
+        """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29).
+        Results kept past their age or the size cap are removed."""
         ports = self.ports
+        self.prune_results()
         for action in list(self.actions.values()):
             if action.phase != "in_flight":
                 continue
@@ -386,6 +463,7 @@ class ActionRunner:
         os.rename(part, final)
         with contextlib.suppress(OSError):
             fsync_dir(self.results_dir)
+        self.prune_results(keep=final.name)
         return events
 
     def _not_sent(self, intent: ActionIntended) -> list[ActionEvent]:

@@ -48,6 +48,7 @@ import watchfiles
 
 from daemon import logfmt, systemd
 from daemon.actions import ACTION_ID, ActionPorts, ActionRunner
+from daemon.api.peer import groups_of
 from daemon.config import Config
 from daemon.errors import ConfigError, Refused
 from daemon.faults import FaultInjection
@@ -202,7 +203,7 @@ class Supervisor:
             operation=lambda op_id: self.ops.get(op_id), operations=lambda: self.ops.values(),
             spool=self.spool, state_dir=config.state_dir, outbox_dir=config.outbox_dir,
             faults=self.faults, count_internal_error=self._count_internal_error,
-            lease_room=self._lease_room))
+            lease_room=self._lease_room, fetch_limits=config.fetch))
         self._main_scope: anyio.CancelScope | None = None
         self._appending = 0  # record() calls between queueing and folding their events
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
@@ -888,7 +889,11 @@ class Supervisor:
                 async with self.one_at_a_time(request.registration.operation_id):
                     await self.runner.ingest_submit(rid, request, st.st_uid)
             elif isinstance(request, FetchFile):
-                await self.runner.ingest_fetch(rid, request)
+                # The file's owner is who asks: only the operation's registrant or an operator
+                # may fetch, as through the API.
+                async with self.one_at_a_time(f"{request.operation_id}\x00fetch"):
+                    await self.runner.ingest_fetch(
+                        rid, request, st.st_uid, operator=self.is_operator(st.st_uid, st.st_gid))
         except SpoolReject as exc:
             logfmt.warn("spool file rejected", file=path.name, reason=exc)
             self.spool.reject(path, rid, str(exc))
@@ -897,6 +902,11 @@ class Supervisor:
             await self.ingest_registration(path, rid, request, st.st_uid)
         else:
             self.spool.done(path)  # its receipt follows the action's outcome
+
+    def is_operator(self, uid: int, gid: int) -> bool:
+        """Root, the daemon's own user, or a member of ``[api] operators_group``."""
+        group = self.config.api.operators_group
+        return uid in (0, os.geteuid()) or bool(group and group in groups_of(uid, gid))
 
     async def ingest_registration(self, path: Path, rid: str, rf: RegistrationFile,
                                   owner: int) -> None:

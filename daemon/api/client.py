@@ -15,6 +15,7 @@ import os
 import pwd
 import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,29 @@ class ApiClient:
             raise DaemonUnavailable(f"the connection to the daemon broke ({exc}); it may have "
                                     f"stopped") from None
         return answer_of(response)
+
+
+    def download(self, path: str, write: Callable[[bytes], None], *,
+                 timeout: float | None = None) -> httpx.Headers:
+        """Stream a binary answer (a fetched result) into ``write``; its headers."""
+        try:
+            with self._client.stream("GET", path, timeout=timeout or self.timeout
+                                     ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    answer_of(response)
+                for chunk in response.iter_bytes():
+                    write(chunk)
+                return response.headers
+        except (httpx.ConnectError, FileNotFoundError) as exc:
+            raise DaemonUnavailable(f"the daemon does not answer on {self.socket_path} "
+                                    f"({exc})") from None
+        except httpx.TimeoutException:
+            raise DaemonError(f"the daemon stopped sending within {timeout or self.timeout:g}s "
+                              f"on {self.socket_path}") from None
+        except httpx.TransportError as exc:
+            raise DaemonUnavailable(f"the connection to the daemon broke ({exc}); it may have "
+                                    f"stopped") from None
 
 
 def answer_of(response: httpx.Response) -> Any:

@@ -24,13 +24,13 @@ from collections.abc import Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import anyio
 import msgspec
 
 from daemon import __version__, logfmt
-from daemon.actions import ActionRunner, action_escalation_text
+from daemon.actions import ActionRunner, FetchThrottled, action_escalation_text
 from daemon.api.openapi import openapi_document
 from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
 from daemon.api.schema import (
@@ -39,6 +39,8 @@ from daemon.api.schema import (
     DecisionRequest,
     EscalationList,
     EscalationView,
+    FetchAnswer,
+    FetchRequest,
     Health,
     LeaseHealth,
     OperationPage,
@@ -60,13 +62,20 @@ from daemon.history import Histories
 from daemon.inputs import parse_duration
 from daemon.metrics import Metrics
 from daemon.outbox import escalation_text
-from daemon.spool import SpoolReject, SubmitFile, new_request_id
+from daemon.spool import FetchFile, SpoolReject, SubmitFile, new_request_id
 from daemon.timers import RateQuota
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
 from replay.actions import Action, action_story
 from replay.decide import format_time
-from replay.events import ActionEvent, ActionFailed, EscalationRaised, LogEvent, Option
+from replay.events import (
+    ActionEvent,
+    ActionFailed,
+    ActionSucceeded,
+    EscalationRaised,
+    LogEvent,
+    Option,
+)
 from replay.observations import DecisionSubmitted, Registration, Withdrawal
 from replay.state import Operation
 from replay.story import story_json
@@ -102,7 +111,8 @@ class Daemon(Protocol):
     def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 T = TypeVar("T")
-_OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision)?$")
+_OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision|/fetch)?$")
+_FETCH_PATH = re.compile(r"^/v1/fetches/([^/]+)(/content)?$")
 _PAGE_LIMIT = 500
 
 
@@ -167,6 +177,13 @@ class Api:
             return self._only(method, "POST") or await self._submit(caller, request)
         if path == "/v1/escalations":
             return self._only(method, "GET") or _json(200, self._escalations(caller))
+        fetch = _FETCH_PATH.match(request.raw_path)
+        if fetch is not None:
+            action_id = unquote(fetch.group(1))
+            if fetch.group(2):
+                return self._only(method, "GET") or self._fetched_content(caller, action_id)
+            return self._only(method, "GET") or await self._fetch_status(caller, action_id,
+                                                                          request.query)
         # Matched before percent-decoding, so an id holding "/" (sent as %2F) stays one.
         m = _OP_PATH.match(request.raw_path)
         if m is None:
@@ -180,6 +197,8 @@ class Api:
             return self._only(method, "GET") or await self._story(caller, op_id, request.query)
         if sub == "/withdrawal":
             return self._only(method, "POST") or await self._withdraw(caller, op_id, request)
+        if sub == "/fetch":
+            return self._only(method, "POST") or await self._fetch(caller, op_id, request)
         return self._only(method, "POST") or await self._decide(caller, op_id, request)
 
     @staticmethod
@@ -339,6 +358,94 @@ class Api:
             escalation_id=escalation.escalation_id if escalation is not None else 1,
             option=body.option, approver=caller.name, resumes=resumes,
             self_approved=self_approved))
+
+    # -- fetches -----------------------------------------------------------------------------
+
+    async def _fetch(self, caller: Caller, op_id: str, request: Request) -> Response:
+        """Record a fetch of the caller's own operation's result (an operator: anyone's) and
+        answer once it ends or ``wait`` runs out; for anyone else the operation is missing."""
+        self._need(caller, "agent", "fetch results")
+        body = _decode(request.body, FetchRequest)
+        seconds = self._wait_seconds(request.query, default="0s")
+        ask = FetchFile(version=1, request_id=new_request_id(), kind="fetch",
+                        operation_id=op_id, result=body.result)
+        try:
+            # One at a time per operation: each fetch's number follows the recorded ones.
+            async with self.sup.one_at_a_time(f"{op_id}\x00fetch"):
+                intent = await self.sup.runner.ingest_fetch(
+                    "", ask, caller.peer.uid, operator="operator" in caller.roles)
+        except FetchThrottled as exc:
+            raise _Throttled(str(exc), math.ceil(exc.retry_after),
+                             code="fetch_rate_limited") from None
+        except SpoolReject as exc:
+            if str(exc).startswith("no operation"):
+                raise Refused(str(exc), code="not_found", status=404) from None
+            raise Refused(str(exc), code="not_fetchable", status=409) from None
+        action = await self._fetch_waited(intent.action_id, op_id, seconds)
+        answer = self._fetch_answer(action)
+        return _json(200 if answer.done else 202, answer)
+
+    async def _fetch_status(self, caller: Caller, action_id: str, query: dict[str, str]
+                            ) -> Response:
+        action = self._own_fetch(caller, action_id)
+        seconds = self._wait_seconds(query, default="0s")
+        action = await self._fetch_waited(action_id, action.operation_id, seconds)
+        return _json(200, self._fetch_answer(action))
+
+    def _fetched_content(self, caller: Caller, action_id: str) -> Response:
+        action = self._own_fetch(caller, action_id)
+        outcome = action.outcome
+        if not isinstance(outcome, ActionSucceeded) or not outcome.stored_as:
+            raise Refused(f"fetch {action_id} has not succeeded (it is {action.phase}); no "
+                          f"content", code="not_fetched", status=409)
+        if "/" in outcome.stored_as or outcome.stored_as in (".", ".."):
+            raise Refused(f"fetch {action_id} names no stored result", code="not_fetched",
+                          status=409)
+        return Response(200, file=self.sup.runner.results_dir / outcome.stored_as,
+                        content_type="application/octet-stream",
+                        headers=[("X-Bide-SHA256", outcome.sha256 or "")])
+
+    def _own_fetch(self, caller: Caller, action_id: str) -> Action:
+        """A fetch of the caller's own operation (an operator: any); else 404, as a missing
+        one."""
+        action = self.sup.runner.actions.get(action_id)
+        if action is not None and action.kind == "fetch":
+            op = self.sup.ops.get(action.operation_id)
+            owner = op.registered_by_uid if op is not None else None
+            if "operator" in caller.roles or (owner is not None and owner == caller.peer.uid):
+                return action
+        raise Refused(f"no fetch {action_id!r}", code="not_found", status=404)
+
+    def _wait_seconds(self, query: dict[str, str], *, default: str) -> float:
+        try:
+            seconds = parse_duration(query.get("wait", default), "wait", allow_zero=True,
+                                     maximum=86400.0)
+        except UsageError as exc:
+            raise Refused(str(exc), code="invalid_wait", status=400, field="wait") from None
+        return min(seconds, self.cfg.max_wait_seconds)
+
+    async def _fetch_waited(self, action_id: str, op_id: str, seconds: float) -> Action:
+        actions = self.sup.runner.actions
+        with anyio.move_on_after(seconds):
+            while actions[action_id].phase == "in_flight":
+                await self.sup.next_event_of(op_id)
+        return actions[action_id]
+
+    @staticmethod
+    def _fetch_answer(action: Action) -> FetchAnswer:
+        outcome = action.outcome
+        intent = action.intent
+        common = dict(operation_id=action.operation_id, action_id=action.action_id,
+                      result_name=intent.result_name, requested_by=intent.requested_by)
+        if isinstance(outcome, ActionSucceeded):
+            return FetchAnswer(status="fetched", done=True, size=outcome.size,
+                               sha256=outcome.sha256, content_path=(
+                                   f"/v1/fetches/{quote(action.action_id, safe='')}/content"),
+                               **common)  # type: ignore[arg-type]
+        if isinstance(outcome, ActionFailed):
+            return FetchAnswer(status="failed", done=True, reason=outcome.reason,
+                               detail=outcome.detail, **common)  # type: ignore[arg-type]
+        return FetchAnswer(status="in_flight", done=False, **common)  # type: ignore[arg-type]
 
     # -- reads -------------------------------------------------------------------------------
 
