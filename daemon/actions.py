@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from daemon import logfmt
+from daemon import logfmt, scoping
 from daemon.config import FetchConfig
 from daemon.faults import FaultInjection
 from daemon.http import Answer, NoAnswer, StatusClient
@@ -126,6 +126,13 @@ class ActionRunner:
         if ACTION_ID.search(reg.operation_id):
             raise SpoolReject(f"operation id {reg.operation_id!r} ends like an action's id "
                               f"(.submit, .fetch.N, .cancel.N); choose another")
+        if self.holder(reg.operation_id) != owner:
+            why = scoping.refusal(reg.operation_id)
+            if why is not None:
+                raise SpoolReject(why)
+        # Another principal's id is this owner's too, recorded apart (daemon.scoping).
+        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
+            reg.operation_id, owner, self.holder))
         action_id = f"{reg.operation_id}.submit"
         fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
         existing = self.actions.get(action_id)
@@ -138,7 +145,7 @@ class ActionRunner:
         if ports.operation(reg.operation_id) is not None:
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
         if not sf.force:
-            duplicate = self._live_with_fingerprint(fp)
+            duplicate = self._live_with_fingerprint(fp, owner)
             if duplicate is not None:
                 raise SpoolReject(f"duplicate submit: operation {duplicate} has the same request "
                                   f"fingerprint and is still live (use --force to submit again)")
@@ -157,15 +164,45 @@ class ActionRunner:
         self.start(action_id)
         return landed[0].seq
 
-    def _live_with_fingerprint(self, fp: str) -> str | None:
+    def _live_with_fingerprint(self, fp: str, owner: int) -> str | None:
+        """The owner's own live operation (or submit) with this fingerprint: another
+        principal's is none of its business, and naming it would tell that it exists."""
         for op in self.ports.operations():
-            if op.request_fingerprint == fp and op.phase in ("live", "escalated"):
-                return op.operation_id
+            if (op.request_fingerprint == fp and op.phase in ("live", "escalated")
+                    and op.registered_by_uid == owner):
+                return scoping.shown(op.operation_id, owner)
         for action in self.actions.values():
             if (action.kind == "submit" and action.intent.request_fingerprint == fp
-                    and action.phase in ("in_flight", "escalated")):
-                return action.operation_id
+                    and action.phase in ("in_flight", "escalated")
+                    and action.intent.registered_by_uid == owner):
+                return scoping.shown(action.operation_id, owner)
         return None
+
+    def holder(self, op_id: str) -> int | None:
+        """Who registered ``op_id`` (or submits it): a uid, None for an operation recorded
+        before registrants were, :data:`daemon.scoping.FREE` when nothing holds it."""
+        op = self.ports.operation(op_id)
+        if op is not None:
+            return op.registered_by_uid
+        submit = self.actions.get(f"{op_id}.submit")
+        if submit is not None:
+            return submit.intent.registered_by_uid
+        return scoping.FREE
+
+    def resolve(self, op_id: str, uid: int) -> str:
+        """The recorded id of what ``uid`` calls ``op_id``: its own scoped operation when
+        another principal holds ``op_id``, else ``op_id`` (an action id too: ``X.fetch.1``)."""
+        if self.holder(op_id) == uid:
+            return op_id
+        mine = scoping.scoped(op_id, uid)
+        if self.holder(mine) != scoping.FREE:
+            return mine
+        m = ACTION_ID.search(op_id)
+        if m is not None:
+            action = scoping.scoped(op_id[:m.start()], uid) + op_id[m.start():]
+            if action in self.actions:
+                return action
+        return op_id
 
     async def ingest_fetch(self, rid: str, ff: FetchFile, requester: int, *,
                            operator: bool = False) -> ActionIntended:
@@ -176,7 +213,7 @@ class ActionRunner:
         provider's credential: for anyone else the operation does not exist, exactly as a
         missing one. Each principal is held to ``[fetch] per_principal_per_minute``."""
         ports = self.ports
-        op = ports.operation(ff.operation_id)
+        op = ports.operation(self.resolve(ff.operation_id, requester))
         if op is None or not (operator or (op.registered_by_uid is not None
                                            and op.registered_by_uid == requester)):
             raise SpoolReject(f"no operation {ff.operation_id!r}")
@@ -381,18 +418,22 @@ class ActionRunner:
             if action.kind == "submit":
                 await self._register(action, outcome)
             elif action.kind == "fetch" and rid:
-                ports.spool.write_receipt(Receipt(rid, "fetched", action.operation_id,
-                                                action_id=action_id, stored_as=outcome.stored_as,
-                                                sha256=outcome.sha256, size=outcome.size))
+                who = action.intent.requested_by_uid
+                ports.spool.write_receipt(Receipt(
+                    rid, "fetched", _shown(action.operation_id, who),
+                    action_id=_shown(action_id, who), stored_as=outcome.stored_as,
+                    sha256=outcome.sha256, size=outcome.size))
             logfmt.info("action succeeded", action=action_id, http=outcome.http_status)
             return
         if isinstance(outcome, ActionFailed):
             self._announce(action, outcome)
             if rid:
                 status = "escalated" if outcome.options else "failed"
-                ports.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
+                who = (action.intent.requested_by_uid if action.kind == "fetch"
+                       else action.intent.registered_by_uid)
+                ports.spool.write_receipt(Receipt(rid, status, _shown(action.operation_id, who),  # type: ignore[arg-type]
                                                 f"{outcome.reason}: {outcome.detail}",
-                                                action_id=action_id))
+                                                action_id=_shown(action_id, who)))
 
     async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
         ports = self.ports
@@ -411,7 +452,8 @@ class ActionRunner:
             logfmt.error("accepted job could not be registered", op=reg.operation_id,
                          reason=rejected.reason)
             if rid:
-                ports.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
+                who = action.intent.registered_by_uid
+                ports.spool.write_receipt(Receipt(rid, "rejected", _shown(reg.operation_id, who),
                                                 f"{rejected.reason}: {rejected.detail}"))
             return
         await ports.record(events)
@@ -420,8 +462,10 @@ class ActionRunner:
         logfmt.info("submitted and registered", op=registered.operation_id,
                     job=registered.provider_job_id)
         if rid:
-            ports.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
-                                            action_id=action.action_id))
+            who = action.intent.registered_by_uid
+            ports.spool.write_receipt(Receipt(rid, "registered",
+                                            _shown(registered.operation_id, who),
+                                            action_id=_shown(action.action_id, who)))
 
     async def _download(self, intent: ActionIntended, client: StatusClient
                         ) -> list[ActionEvent]:
@@ -498,6 +542,10 @@ def action_escalation_text(action: Action, failed: ActionFailed) -> str:
     lines += [f"    {n}. {o.id}: {o.label}" for n, o in enumerate(failed.options, start=1)]
     lines.append(f"  decide with:   bide decide {action.action_id} OPTION [--note TEXT]")
     return "\n".join(lines) + "\n"
+
+
+def _shown(text: str, uid: int | None) -> str:
+    return scoping.shown(text, uid) if uid is not None else text
 
 
 def _safe(name: str) -> str:

@@ -46,7 +46,7 @@ import anyio.abc
 import msgspec
 import watchfiles
 
-from daemon import logfmt, systemd
+from daemon import logfmt, scoping, systemd
 from daemon.actions import ACTION_ID, ActionPorts, ActionRunner
 from daemon.api.peer import groups_of
 from daemon.config import Config
@@ -915,9 +915,10 @@ class Supervisor:
             op, _ = await self.register_operation(rf.registration, owner)
         except Refused as exc:
             logfmt.warn("spool file rejected", file=path.name, reason=exc.detail)
-            self.spool.reject(path, rid, exc.detail)
+            self.spool.reject(path, rid, scoping.shown(exc.detail, owner))
             return
-        self.spool.write_receipt(Receipt(rid, "registered", op.operation_id))
+        self.spool.write_receipt(Receipt(rid, "registered",
+                                         scoping.shown(op.operation_id, owner)))
         self.spool.done(path)
 
     async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
@@ -950,6 +951,13 @@ class Supervisor:
             raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
                           f"(.submit, .fetch.N, .cancel.N); choose another",
                           code="invalid_operation_id", field="operation_id")
+        if self.runner.holder(reg.operation_id) != owner:
+            why = scoping.refusal(reg.operation_id)
+            if why is not None:
+                raise Refused(why, code="invalid_operation_id", field="operation_id")
+        # Another principal's id is this owner's too, recorded apart (daemon.scoping).
+        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
+            reg.operation_id, owner, self.runner.holder))
         existing = self.ops.get(reg.operation_id)
         if existing is not None:
             same = ((existing.request_digest == digest) if digest else

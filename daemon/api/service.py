@@ -29,7 +29,7 @@ from urllib.parse import quote, unquote
 import anyio
 import msgspec
 
-from daemon import __version__, logfmt
+from daemon import __version__, logfmt, scoping
 from daemon.actions import ActionRunner, FetchThrottled, action_escalation_text
 from daemon.api.openapi import openapi_document
 from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
@@ -158,12 +158,13 @@ class Api:
             return error(403, "no_role", f"user {caller.name} has no role here; the groups "
                                          f"that admit one: {wanted}")
         try:
-            return await self._route(caller, request, method, path)
+            response = await self._route(caller, request, method, path)
         except Refused as exc:
             self.sup.metrics.api_rejections[exc.code] += 1
             headers = ([("Retry-After", str(exc.retry_after))]
                        if isinstance(exc, _Throttled) else [])
-            return error(exc.status, exc.code, exc.detail, exc.field, headers)
+            response = error(exc.status, exc.code, exc.detail, exc.field, headers)
+        return _shown_to(caller, response)
 
     async def _route(self, caller: Caller, request: Request, method: str, path: str
                      ) -> Response:
@@ -179,7 +180,7 @@ class Api:
             return self._only(method, "GET") or _json(200, self._escalations(caller))
         fetch = _FETCH_PATH.match(request.raw_path)
         if fetch is not None:
-            action_id = unquote(fetch.group(1))
+            action_id = self.sup.runner.resolve(unquote(fetch.group(1)), caller.peer.uid)
             if fetch.group(2):
                 return self._only(method, "GET") or self._fetched_content(caller, action_id)
             return self._only(method, "GET") or await self._fetch_status(caller, action_id,
@@ -189,7 +190,8 @@ class Api:
         if m is None:
             raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
                           status=404, field="path")
-        op_id, sub = unquote(m.group(1)), m.group(2)
+        # What the caller calls op_id: its own operation under that id (daemon.scoping).
+        op_id, sub = self.sup.runner.resolve(unquote(m.group(1)), caller.peer.uid), m.group(2)
         if sub is None:
             return self._only(method, "GET") or _json(200, await self._get(caller, op_id,
                                                                             request.query))
@@ -276,8 +278,7 @@ class Api:
         now = self.sup.clock()
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
         digest = _digest(body, op_id)
-        existing = self.sup.ops.get(op_id)
-        if existing is None:
+        if self.sup.runner.resolve(op_id, caller.peer.uid) not in self.sup.ops:
             self._throttle(caller)
         reg = _registration(body, op_id, body.job_id, now, request_fingerprint=body.fingerprint,
                             started_at=body.started_at)
@@ -290,17 +291,16 @@ class Api:
         self._need(caller, "agent", "submit jobs")
         body = _decode(request.body, SubmitRequest)
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
-        action_id = f"{op_id}.submit"
+        # Another principal's id is the caller's too, recorded apart (daemon.scoping).
+        recorded = scoping.recorded_id(op_id, caller.peer.uid, self.sup.runner.holder)
+        action_id = f"{recorded}.submit"
         existing = self.sup.runner.actions.get(action_id)
-        if existing is None and self.sup.ops.get(op_id) is None:
+        if existing is None and self.sup.ops.get(recorded) is None:
             self._throttle(caller)
         now = self.sup.clock()
         reg = _registration(body, op_id, "(submitting)", now)
         sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
                         body=body.body, idempotency_key=body.idempotency_key, force=body.force)
-        if existing is not None and existing.intent.registered_by_uid != caller.peer.uid:
-            raise Refused(f"operation id {op_id} is already in use", code="operation_id_in_use",
-                          status=409, field="operation_id")
         try:
             async with self.sup.one_at_a_time(op_id):
                 sequence = await self.sup.runner.ingest_submit(
@@ -310,7 +310,7 @@ class Api:
             raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
                           ) from None
         action = self.sup.runner.actions.get(action_id)
-        op = self.sup.ops.get(op_id)
+        op = self.sup.ops.get(recorded)
         return _json(202 if existing is None else 200, Receipt(
             operation_id=op_id, status="registered" if op is not None else "submitting",
             sequence=sequence if sequence is not None else (
@@ -526,10 +526,15 @@ class Api:
         mine = [op for op in self.sup.ops.values()
                 if (everyone or op.registered_by_uid == caller.peer.uid)
                 and (phase is None or op.phase == phase)]
-        mine.sort(key=lambda op: (op.registered_at, op.operation_id))
+        uid = caller.peer.uid
+
+        def order(op: Operation) -> tuple[float, str]:  # by the ids the caller sees
+            return op.registered_at, scoping.shown(op.operation_id, uid)
+
+        mine.sort(key=order)
         if after:
             key = _cursor_key(after)
-            mine = [op for op in mine if (op.registered_at, op.operation_id) > key]
+            mine = [op for op in mine if order(op) > key]
         page = mine[:limit]
         cursor = (_cursor(page[-1]) if len(mine) > limit else None)
         return OperationPage(operations=[self._view(op) for op in page], next_cursor=cursor)
@@ -686,6 +691,19 @@ class Api:
             registered_by=action.intent.registered_by, detail=failed.detail,
             text=action_escalation_text(action, failed),
             decide_command=f"bide decide {action.operation_id} OPTION")
+
+
+def _shown_to(caller: Caller, response: Response) -> Response:
+    """The answer with the caller's own scoped ids under the ids it chose (daemon.scoping):
+    nothing in it tells an agent that another agent holds the same id."""
+    if response.file is not None:
+        return response
+    marker = scoping.marker(caller.peer.uid).encode()
+    if marker not in response.body:
+        return response
+    text = scoping.shown(response.body.decode("utf-8", "surrogateescape"), caller.peer.uid)
+    response.body = text.encode("utf-8", "surrogateescape")
+    return response
 
 
 def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:
