@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from daemon.api.client import ApiCallError, ApiClient
-from tests.api.bidea_users import shared_dir, unix_users, why_not
+from tests.api.bidea_users import as_user, python_for_everyone, shared_dir, unix_users, why_not
 from tests.api.test_api import api, watch
-from tests.e2e.harness import until, workspace
+from tests.e2e.harness import Daemon, until, workspace
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 
@@ -120,3 +120,49 @@ def test_the_daemon_s_own_user_is_no_approver_even_in_the_approvers_group(
                 assert refused.value.status == 403
                 assert "the daemon's own user is never an approver" in refused.value.detail
             assert ws.log().ops["op-odd"].phase == "escalated"
+
+
+def test_root_approves_over_the_api_only_with_allow_root_approval(tmp_path: Path) -> None:
+    # The daemon runs as its own user here; root and that user are both in the approvers'
+    # group, and neither may answer an escalation (root: allow_root_approval is off).
+    groups = ("bidea-appr2",)
+    with unix_users({"bidea-daemon": groups}, groups, root_in=groups) as users, \
+            shared_dir() as shared:
+        daemon_user = users["bidea-daemon"]
+        python = python_for_everyone(shared)
+        root = shared / "ws"
+        root.mkdir()
+        with workspace(root, jobs={"odd": "mystery"},
+                       api='approvers_group = "bidea-appr2"\nagents_group = ""\n'
+                           'allow_self_approval = true\nsocket_group = ""\n'
+                           'socket_mode = "0666"\n') as ws:
+            subprocess.run(["chown", "-R", f"{daemon_user.uid}:{daemon_user.gid}", str(root)],
+                           check=True)
+            log_path = root / "daemon-as-user.log"
+            with log_path.open("wb") as out:
+                proc = subprocess.Popen(
+                    [str(python), "-m", "daemon.cli", "run", "--config", str(ws.config)],
+                    stdout=out, stderr=subprocess.STDOUT, cwd=root, user=daemon_user.uid,
+                    group=daemon_user.gid, extra_groups=daemon_user.groups,
+                    env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+            daemon = Daemon(proc, log_path)
+            ws.daemons.append(daemon)
+            daemon.wait_ready()
+            with api(ws) as client:
+                assert client.call("GET", "/v1/health")["you"]["uid"] == 0
+                watch(client, "op-odd", "odd")
+                view = client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
+                assert view["phase"] == "escalated"
+                with pytest.raises(ApiCallError) as refused:
+                    client.call("POST", "/v1/operations/op-odd/decision",
+                                body={"option": "abandon", "escalation_id": 1})
+                assert refused.value.status == 403
+                assert "allow_root_approval" in refused.value.detail
+            own = as_user(ws, python, daemon_user, "decide", "op-odd", "abandon",
+                          "--escalation", "1")
+            assert own.returncode == 1, own.stdout + own.stderr
+            assert "the daemon's own user is never an approver" in own.stdout
+            with api(ws) as client:
+                assert client.call("GET", "/v1/operations/op-odd")["phase"] == "escalated"
+            daemon.stop()
+            subprocess.run(["chown", "-R", "0:0", str(root)], check=True)  # root's to read
