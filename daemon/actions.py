@@ -13,19 +13,23 @@ import hashlib
 import os
 import re
 import secrets
+import stat
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from daemon import logfmt
+from daemon import logfmt, scoping
+from daemon.config import FetchConfig
 from daemon.faults import FaultInjection
 from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
 from daemon.profile import Profile
 from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
+from daemon.timers import RateQuota
 from eventlog.errors import FencedError
 from eventlog.fsync import fsync_dir
 from eventlog.writer import Appended
@@ -83,6 +87,16 @@ class ActionPorts:
     #: by this node's clock; None when it has not (the call is not sent). Without a lease,
     #: the timeout as it is.
     lease_room: Callable[[float, bool], Awaitable[float | None]]
+    #: Fetches: the rate per principal and what ``results/`` keeps (``[fetch]``).
+    fetch_limits: FetchConfig = field(default_factory=FetchConfig)
+
+
+class FetchThrottled(SpoolReject):
+    """A principal asks for fetches faster than ``[fetch] per_principal_per_minute``."""
+
+    def __init__(self, detail: str, retry_after: float) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class ActionRunner:
@@ -90,6 +104,7 @@ class ActionRunner:
         self.ports = ports
         self.actions: dict[str, Action] = {}
         self.results_dir = ports.state_dir / "results"
+        self._fetch_quotas: dict[int, RateQuota] = {}
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -111,6 +126,13 @@ class ActionRunner:
         if ACTION_ID.search(reg.operation_id):
             raise SpoolReject(f"operation id {reg.operation_id!r} ends like an action's id "
                               f"(.submit, .fetch.N, .cancel.N); choose another")
+        if self.holder(reg.operation_id) != owner:
+            why = scoping.refusal(reg.operation_id)
+            if why is not None:
+                raise SpoolReject(why)
+        # Another principal's id is this owner's too, recorded apart (daemon.scoping).
+        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
+            reg.operation_id, owner, self.holder))
         action_id = f"{reg.operation_id}.submit"
         fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
         existing = self.actions.get(action_id)
@@ -123,7 +145,7 @@ class ActionRunner:
         if ports.operation(reg.operation_id) is not None:
             raise SpoolReject(f"operation id {reg.operation_id} is already in use")
         if not sf.force:
-            duplicate = self._live_with_fingerprint(fp)
+            duplicate = self._live_with_fingerprint(fp, owner)
             if duplicate is not None:
                 raise SpoolReject(f"duplicate submit: operation {duplicate} has the same request "
                                   f"fingerprint and is still live (use --force to submit again)")
@@ -142,21 +164,60 @@ class ActionRunner:
         self.start(action_id)
         return landed[0].seq
 
-    def _live_with_fingerprint(self, fp: str) -> str | None:
+    def _live_with_fingerprint(self, fp: str, owner: int) -> str | None:
+        """The owner's own live operation (or submit) with this fingerprint: another
+        principal's is none of its business, and naming it would tell that it exists."""
         for op in self.ports.operations():
-            if op.request_fingerprint == fp and op.phase in ("live", "escalated"):
-                return op.operation_id
+            if (op.request_fingerprint == fp and op.phase in ("live", "escalated")
+                    and op.registered_by_uid == owner):
+                return scoping.shown(op.operation_id, owner)
         for action in self.actions.values():
             if (action.kind == "submit" and action.intent.request_fingerprint == fp
-                    and action.phase in ("in_flight", "escalated")):
-                return action.operation_id
+                    and action.phase in ("in_flight", "escalated")
+                    and action.intent.registered_by_uid == owner):
+                return scoping.shown(action.operation_id, owner)
         return None
 
-    async def ingest_fetch(self, rid: str, ff: FetchFile) -> None:
+    def holder(self, op_id: str) -> int | None:
+        """Who registered ``op_id`` (or submits it): a uid, None for an operation recorded
+        before registrants were, :data:`daemon.scoping.FREE` when nothing holds it."""
+        op = self.ports.operation(op_id)
+        if op is not None:
+            return op.registered_by_uid
+        submit = self.actions.get(f"{op_id}.submit")
+        if submit is not None:
+            return submit.intent.registered_by_uid
+        return scoping.FREE
+
+    def resolve(self, op_id: str, uid: int) -> str:
+        """The recorded id of what ``uid`` calls ``op_id``: its own scoped operation when
+        another principal holds ``op_id``, else ``op_id`` (an action id too: ``X.fetch.1``)."""
+        if self.holder(op_id) == uid:
+            return op_id
+        mine = scoping.scoped(op_id, uid)
+        if self.holder(mine) != scoping.FREE:
+            return mine
+        m = ACTION_ID.search(op_id)
+        if m is not None:
+            action = scoping.scoped(op_id[:m.start()], uid) + op_id[m.start():]
+            if action in self.actions:
+                return action
+        return op_id
+
+    async def ingest_fetch(self, rid: str, ff: FetchFile, requester: int, *,
+                           operator: bool = False) -> ActionIntended:
+        """Record a fetch asked for by the user ``requester`` (the API's peer or the spool
+        file's owner) and start it; returns its intent.
+
+        Only the operation's own registrant (or an operator) may fetch its result, with the
+        provider's credential: for anyone else the operation does not exist, exactly as a
+        missing one. Each principal is held to ``[fetch] per_principal_per_minute``."""
         ports = self.ports
-        op = ports.operation(ff.operation_id)
-        if op is None:
+        op = ports.operation(self.resolve(ff.operation_id, requester))
+        if op is None or not (operator or (op.registered_by_uid is not None
+                                           and op.registered_by_uid == requester)):
             raise SpoolReject(f"no operation {ff.operation_id!r}")
+        self._take_fetch_slot(requester)
         target = fetch_target(op.phase, op.results, ff.result)
         if isinstance(target, str):
             raise SpoolReject(f"operation {op.operation_id}: {target}")
@@ -171,9 +232,60 @@ class ActionRunner:
             action_id=f"{op.operation_id}.fetch.{n}", kind="fetch", provider=op.provider,
             method="GET", url=url,
             timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
-            spool_request=rid, result_name=name)
+            spool_request=rid or None, result_name=name, requested_by=user_name(requester),
+            requested_by_uid=requester)
         await ports.record([intent])
         self.start(intent.action_id)
+        return intent
+
+    def _take_fetch_slot(self, requester: int) -> None:
+        limits = self.ports.fetch_limits
+        quota = self._fetch_quotas.get(requester)
+        if quota is None:
+            quota = self._fetch_quotas[requester] = RateQuota(
+                limits.per_principal_per_minute / 60.0, limits.burst)
+        wait = quota.reserve()
+        if wait > 0:
+            quota.release()
+            raise FetchThrottled(
+                f"user {user_name(requester)} asks for fetches faster than [fetch] "
+                f"per_principal_per_minute = {limits.per_principal_per_minute:g}; try again in "
+                f"{wait:.1f}s", wait)
+
+    def prune_results(self, keep: str | None = None) -> None:
+        """Remove results older than ``[fetch] results_max_age_seconds``, then the oldest
+        until ``results/`` holds at most ``results_max_bytes``; ``keep`` (the result just
+        stored) always stays, so a fetch larger than the cap is still handed over."""
+        limits = self.ports.fetch_limits
+        now = time.time()
+        try:
+            entries = list(os.scandir(self.results_dir))
+        except FileNotFoundError:
+            return
+        files: list[tuple[float, int, str]] = []
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files.append((st.st_mtime, st.st_size, entry.name))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        for mtime, size, name in files:
+            old = now - mtime > limits.results_max_age_seconds
+            if name == keep or not (old or total > limits.results_max_bytes):
+                continue
+            if name.endswith(".part") and not old:
+                continue  # a download in progress
+            with contextlib.suppress(FileNotFoundError):
+                (self.results_dir / name).unlink()
+            total -= size
+            removed += 1
+        if removed:
+            logfmt.info("results pruned", removed=removed, kept_bytes=total,
+                        max_bytes=limits.results_max_bytes)
 
     async def decide(self, action: Action, decision: DecisionSubmitted) -> ActionDecided:
         events = decide_action(action, decision, self.ports.clock())
@@ -212,8 +324,10 @@ class ActionRunner:
     # -- restart -----------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29)."""
+        """Intents without outcomes (a crash in between) are ambiguous: judged as such (S29).
+        Results kept past their age or the size cap are removed."""
         ports = self.ports
+        self.prune_results()
         for action in list(self.actions.values()):
             if action.phase != "in_flight":
                 continue
@@ -304,19 +418,23 @@ class ActionRunner:
             if action.kind == "submit":
                 await self._register(action, outcome)
             elif action.kind == "fetch" and rid:
-                ports.spool.write_receipt(Receipt(rid, "fetched", action.operation_id,
-                                                action_id=action_id, stored_as=outcome.stored_as,
-                                                sha256=outcome.sha256, size=outcome.size))
+                who = action.intent.requested_by_uid
+                ports.spool.write_receipt(Receipt(
+                    rid, "fetched", _shown(action.operation_id, who),
+                    action_id=_shown(action_id, who), stored_as=outcome.stored_as,
+                    sha256=outcome.sha256, size=outcome.size), reader=who)
             logfmt.info("action succeeded", action=action_id, http=outcome.http_status)
             return
         if isinstance(outcome, ActionFailed):
             self._announce(action, outcome)
             if rid:
                 status = "escalated" if outcome.options else "failed"
-                ports.spool.write_receipt(Receipt(rid, status, action.operation_id,  # type: ignore[arg-type]
+                who = (action.intent.requested_by_uid if action.kind == "fetch"
+                       else action.intent.registered_by_uid)
+                ports.spool.write_receipt(Receipt(rid, status, _shown(action.operation_id, who),  # type: ignore[arg-type]
                                                 f"{outcome.reason}: {outcome.detail}",
-                                                action_id=action_id),
-                                          reader=action.intent.registered_by_uid)
+                                                action_id=_shown(action_id, who)),
+                                          reader=who)
 
     async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
         ports = self.ports
@@ -335,9 +453,10 @@ class ActionRunner:
             logfmt.error("accepted job could not be registered", op=reg.operation_id,
                          reason=rejected.reason)
             if rid:
-                ports.spool.write_receipt(Receipt(rid, "rejected", reg.operation_id,
+                who = action.intent.registered_by_uid
+                ports.spool.write_receipt(Receipt(rid, "rejected", _shown(reg.operation_id, who),
                                                 f"{rejected.reason}: {rejected.detail}"),
-                                          reader=action.intent.registered_by_uid)
+                                          reader=who)
             return
         await ports.record(events)
         registered = next(e for e in events if isinstance(e, OperationRegistered))
@@ -345,9 +464,11 @@ class ActionRunner:
         logfmt.info("submitted and registered", op=registered.operation_id,
                     job=registered.provider_job_id)
         if rid:
-            ports.spool.write_receipt(Receipt(rid, "registered", registered.operation_id,
-                                            action_id=action.action_id),
-                                      reader=action.intent.registered_by_uid)
+            who = action.intent.registered_by_uid
+            ports.spool.write_receipt(Receipt(rid, "registered",
+                                            _shown(registered.operation_id, who),
+                                            action_id=_shown(action.action_id, who)),
+                                      reader=who)
 
     async def _download(self, intent: ActionIntended, client: StatusClient
                         ) -> list[ActionEvent]:
@@ -389,6 +510,7 @@ class ActionRunner:
         os.rename(part, final)
         with contextlib.suppress(OSError):
             fsync_dir(self.results_dir)
+        self.prune_results(keep=final.name)
         return events
 
     def _not_sent(self, intent: ActionIntended) -> list[ActionEvent]:
@@ -423,6 +545,10 @@ def action_escalation_text(action: Action, failed: ActionFailed) -> str:
     lines += [f"    {n}. {o.id}: {o.label}" for n, o in enumerate(failed.options, start=1)]
     lines.append(f"  decide with:   bide decide {action.action_id} OPTION [--note TEXT]")
     return "\n".join(lines) + "\n"
+
+
+def _shown(text: str, uid: int | None) -> str:
+    return scoping.shown(text, uid) if uid is not None else text
 
 
 def _safe(name: str) -> str:

@@ -48,6 +48,13 @@ Example::
     socket = "/run/bide/api.sock"         # default: $RUNTIME_DIRECTORY/api.sock, else state_dir
     socket_group = "bide-agents"          # who may connect (mode 0660)
     allow_self_approval = false           # one-person setups: approve your own escalations
+    daemon_user = "bide"                  # the CLI sends only to a socket this user answers
+
+    [fetch]
+    per_principal_per_minute = 30         # fetches one user may ask for (then 429 / rejected)
+    burst = 10                            # at once after a quiet spell
+    results_max_age_seconds = 604800      # results/ files older than this are removed
+    results_max_bytes = 10737418240       # and the oldest beyond this total (the newest stays)
 """
 
 from __future__ import annotations
@@ -133,6 +140,9 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     agents_group: str | None = None  # default: [spool] agents_group; "" admits everyone
     approvers_group: str | None = None  # default: [spool] approvers_group; "" admits everyone
     operators_group: str = ""  # besides root and the daemon's own user
+    #: The user the daemon runs as: the CLI talks only to a socket answered by this user (or
+    #: root, as systemd is while it holds the socket); "" trusts the socket file's owner.
+    daemon_user: str = ""
     allow_self_approval: bool = False  # may an approver answer their own operation's escalation
     max_live_per_principal: Annotated[int, msgspec.Meta(ge=1)] = 10_000
     registrations_per_second: Annotated[float, msgspec.Meta(gt=0)] = 50.0
@@ -143,6 +153,16 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
     closed_stories: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # ended operations' stories kept
     story_events_kept: Annotated[int, msgspec.Meta(ge=16)] = 64  # per operation, in memory
+
+
+class FetchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Fetching results (``bide fetch``, ``POST /v1/operations/{id}/fetch``): how often one
+    principal may ask, and how much of ``state_dir/results`` is kept."""
+
+    per_principal_per_minute: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    burst: Annotated[int, msgspec.Meta(ge=1)] = 10
+    results_max_age_seconds: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    results_max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 * 1024**3
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -156,6 +176,7 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
+    fetch: FetchConfig = msgspec.field(default_factory=FetchConfig)
     witness: WitnessConfig = msgspec.field(default_factory=WitnessConfig)
     postgres: PostgresConfig | None = None
 
@@ -180,6 +201,7 @@ class Config:
         self.metrics = raw.metrics
         self.daemon = raw.daemon
         self.api = raw.api
+        self.fetch = raw.fetch
         self.witness = raw.witness
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None

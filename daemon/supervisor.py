@@ -46,8 +46,9 @@ import anyio.abc
 import msgspec
 import watchfiles
 
-from daemon import logfmt, systemd
+from daemon import logfmt, scoping, systemd
 from daemon.actions import ACTION_ID, ActionPorts, ActionRunner
+from daemon.api.peer import groups_of
 from daemon.config import Config
 from daemon.errors import ConfigError, Refused
 from daemon.faults import FaultInjection
@@ -208,7 +209,7 @@ class Supervisor:
             operation=lambda op_id: self.ops.get(op_id), operations=lambda: self.ops.values(),
             spool=self.spool, state_dir=config.state_dir, outbox_dir=config.outbox_dir,
             faults=self.faults, count_internal_error=self._count_internal_error,
-            lease_room=self._lease_room))
+            lease_room=self._lease_room, fetch_limits=config.fetch))
         self._main_scope: anyio.CancelScope | None = None
         self._appending = 0  # record() calls between queueing and folding their events
         self._snapshot_barrier: anyio.Event | None = None  # new appends wait while set
@@ -894,7 +895,11 @@ class Supervisor:
                 async with self.one_at_a_time(request.registration.operation_id):
                     await self.runner.ingest_submit(rid, request, st.st_uid)
             elif isinstance(request, FetchFile):
-                await self.runner.ingest_fetch(rid, request)
+                # The file's owner is who asks: only the operation's registrant or an operator
+                # may fetch, as through the API.
+                async with self.one_at_a_time(f"{request.operation_id}\x00fetch"):
+                    await self.runner.ingest_fetch(
+                        rid, request, st.st_uid, operator=self.is_operator(st.st_uid, st.st_gid))
         except SpoolReject as exc:
             logfmt.warn("spool file rejected", file=path.name, reason=exc)
             self.spool.reject(path, rid, str(exc))
@@ -904,6 +909,11 @@ class Supervisor:
         else:
             self.spool.done(path)  # its receipt follows the action's outcome
 
+    def is_operator(self, uid: int, gid: int) -> bool:
+        """Root, the daemon's own user, or a member of ``[api] operators_group``."""
+        group = self.config.api.operators_group
+        return uid in (0, os.geteuid()) or bool(group and group in groups_of(uid, gid))
+
     async def ingest_registration(self, path: Path, rid: str, rf: RegistrationFile,
                                   owner: int) -> None:
         """Register the job a spool file asks for; the file's owner is who asked."""
@@ -911,9 +921,10 @@ class Supervisor:
             op, _ = await self.register_operation(rf.registration, owner)
         except Refused as exc:
             logfmt.warn("spool file rejected", file=path.name, reason=exc.detail)
-            self.spool.reject(path, rid, exc.detail)
+            self.spool.reject(path, rid, scoping.shown(exc.detail, owner))
             return
-        self.spool.write_receipt(Receipt(rid, "registered", op.operation_id))
+        self.spool.write_receipt(Receipt(rid, "registered",
+                                         scoping.shown(op.operation_id, owner)))
         self.spool.done(path)
 
     async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
@@ -946,6 +957,13 @@ class Supervisor:
             raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
                           f"(.submit, .fetch.N, .cancel.N); choose another",
                           code="invalid_operation_id", field="operation_id")
+        if self.runner.holder(reg.operation_id) != owner:
+            why = scoping.refusal(reg.operation_id)
+            if why is not None:
+                raise Refused(why, code="invalid_operation_id", field="operation_id")
+        # Another principal's id is this owner's too, recorded apart (daemon.scoping).
+        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
+            reg.operation_id, owner, self.runner.holder))
         existing = self.ops.get(reg.operation_id)
         if existing is not None:
             same = ((existing.request_digest == digest) if digest else

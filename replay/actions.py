@@ -425,6 +425,8 @@ def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
                 size = f", at most {ev.max_bytes} bytes" if ev.max_bytes else ""
                 text = (f"{ev.kind} intended (attempt {ev.attempt}): {ev.method} {ev.url}"
                         f"{key}{size}, within {ev.timeout_seconds:g}s")
+                if ev.requested_by:
+                    text += f", requested by {ev.requested_by}"
             case ActionSucceeded():
                 if ev.provider_job_id is not None:
                     said.append(bounded(ev.provider_job_id))

@@ -654,6 +654,9 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
         request_digest: The digest of the whole API request that asked for a submit
             (deadline and budgets too), so a retry that differs is a conflict, not the same.
         result_name: The result field fetched (fetch).
+        requested_by: Who asked for the fetch (the API caller or the spool file's owner, as
+            the kernel says); "" in logs written before it was recorded.
+        requested_by_uid: That user's uid (None before it was recorded).
     """
 
     action_id: Annotated[str, Meta(min_length=1, max_length=300)]
@@ -673,6 +676,8 @@ class ActionIntended(_Event, tag="action_intended", frozen=True, kw_only=True):
     spool_request: str | None = None
     request_digest: str = ""
     result_name: str | None = None
+    requested_by: str = ""
+    requested_by_uid: int | None = None
 
 
 class ActionSucceeded(_Event, tag="action_succeeded", frozen=True, kw_only=True):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
+import pwd
 import socket
 import stat
 from pathlib import Path
@@ -46,11 +47,76 @@ def _in_use(path: Path) -> bool:
     return True
 
 
+def _make_private_parents(directory: Path) -> None:
+    """Create the missing directories on the way to the socket, 0755 and the daemon's own."""
+    missing = []
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            break
+        missing.append(parent)
+    for parent in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            parent.mkdir(mode=0o755)
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether the group ``gid`` holds nobody but ``uid`` (and root): a user-private group."""
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    allowed = {0, uid}
+    if any(_uid_of(name) not in allowed for name in members):
+        return False
+    return all(entry.pw_uid in allowed for entry in pwd.getpwall() if entry.pw_gid == gid)
+
+
+def _uid_of(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _writable_by_others(directory: Path) -> str | None:
+    """Why someone other than the daemon's user and root could create or replace a file in
+    ``directory`` (None: nobody can). The directory itself may be written by no one else,
+    sticky or not; each directory above it may be, only if sticky (as /tmp is: nobody can
+    rename or remove what another user owns there)."""
+    me = os.geteuid()
+    resolved = directory.resolve()
+    for n, parent in enumerate((resolved, *resolved.parents)):
+        st = parent.stat()
+        owner_ok = st.st_uid in (0, me)
+        group_writes = bool(st.st_mode & 0o020) and not _private_group(st.st_gid, me)
+        writable = st.st_mode & 0o002 or group_writes or not owner_ok
+        if not writable:
+            continue
+        if n > 0 and st.st_mode & stat.S_ISVTX and owner_ok:
+            continue
+        who = ("owned by another user" if not owner_ok else
+               "writable by others" if st.st_mode & 0o002 else "writable by its group")
+        sticky = " (sticky, as /tmp is, still lets anyone create a name in it)" if (
+            st.st_mode & stat.S_ISVTX and n == 0) else ""
+        where = "its directory" if n == 0 else "a directory above it,"
+        return f"{where} {parent} is {who}{sticky}"
+    return None
+
+
 def _bind(path: Path, mode: int, group: str) -> socket.socket:
     if len(os.fsencode(path)) > 107:  # sun_path holds 108 bytes with the terminating NUL
         raise ConfigError(f"[api] socket {path} is longer than a Unix socket path may be (107 "
                           f"bytes); set [api] socket to a shorter path")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_private_parents(path.parent)
+    unsafe = _writable_by_others(path.parent)
+    if unsafe is not None:
+        raise ConfigError(
+            f"[api] socket {path}: {unsafe}, so another local user could put their own "
+            f"socket there first and receive the agents' requests; set [api] socket to a path "
+            f"in a directory only the daemon's user (or root) can write, such as "
+            f"/run/bide/api.sock (systemd's RuntimeDirectory=bide) or the state directory, or "
+            f"to a path under a directory that does not exist yet (the daemon creates it "
+            f"0755, its own)")
     try:
         st = path.lstat()
     except FileNotFoundError:

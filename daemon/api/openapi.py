@@ -25,15 +25,19 @@ class Route:
     method: str
     path: str
     summary: str
-    answers: dict[int, type[msgspec.Struct]]
+    answers: dict[int, type[msgspec.Struct]]  # JSON answers (none for a binary one)
     body: type[msgspec.Struct] | None = None
     query: tuple[tuple[str, str, dict[str, Any]], ...] = ()
     errors: tuple[int, ...] = (403, 404)
     text: bool = False  # also answers text/plain
+    binary: bool = False  # the 200 answer is application/octet-stream (a fetched result)
     tags: list[str] = field(default_factory=list)
 
 
 _OP = ("operation_id", "the operation id", {"type": "string", "minLength": 1})
+_ACTION = ("action_id", "the fetch's id (OP.fetch.N)", {"type": "string", "minLength": 1})
+_WAIT = ("wait", "how long to wait for the end, e.g. 30s (capped at 60 s)",
+         {"type": "string", "pattern": "^[0-9smhd.]{1,16}$"})
 
 ROUTES: tuple[Route, ...] = (
     Route("get", "/v1/health", "The daemon's health, the log head, and who you are.",
@@ -84,6 +88,19 @@ ROUTES: tuple[Route, ...] = (
           "one of its options (approvers; never your own operation's unless the config "
           "allows self-approval).", {200: schema.DecisionAnswer}, body=schema.DecisionRequest,
           errors=(400, 403, 404, 409, 422)),
+    Route("post", "/v1/operations/{operation_id}/fetch", "Download your own succeeded "
+          "operation's result through the daemon, with the provider's credential, as a "
+          "recorded action (operators: anyone's; for anyone else the operation does not "
+          "exist). Answers 200 once it ends within wait, else 202 (ask GET /v1/fetches/"
+          "{action_id}). Limited per user by [fetch] per_principal_per_minute (429).",
+          {200: schema.FetchAnswer, 202: schema.FetchAnswer}, body=schema.FetchRequest,
+          query=(_WAIT,), errors=(400, 403, 404, 409, 422, 429)),
+    Route("get", "/v1/fetches/{action_id}", "Where your fetch is; with wait=DURATION, "
+          "answers as soon as it ends.", {200: schema.FetchAnswer}, query=(_WAIT,),
+          errors=(400, 403, 404)),
+    Route("get", "/v1/fetches/{action_id}/content", "The fetched bytes "
+          "(application/octet-stream; X-Bide-SHA256 is the recorded SHA-256: check it).",
+          {}, errors=(403, 404, 409, 410), binary=True),
 )
 
 
@@ -109,14 +126,20 @@ def build() -> dict[str, Any]:
         }
         params = [{"name": name, "in": "query", "required": False, "description": text,
                    "schema": sch} for name, text, sch in route.query]
-        if "{operation_id}" in route.path:
-            name, text, sch = _OP
-            params.insert(0, {"name": name, "in": "path", "required": True,
-                              "description": text, "schema": sch})
+        for name, text, sch in (_OP, _ACTION):
+            if "{" + name + "}" in route.path:
+                params.insert(0, {"name": name, "in": "path", "required": True,
+                                  "description": text, "schema": sch})
         if params:
             operation["parameters"] = params
         if route.body is not None:
             operation["requestBody"] = {"required": True, "content": _content(route.body)}
+        if route.binary:
+            operation["responses"]["200"] = {
+                "description": "the bytes as downloaded",
+                "headers": {"X-Bide-SHA256": {"schema": {"type": "string"}}},
+                "content": {"application/octet-stream": {"schema": {
+                    "type": "string", "contentMediaType": "application/octet-stream"}}}}
         for status, kind in sorted(route.answers.items()):
             content = _content(kind)
             if route.text:
@@ -146,7 +169,7 @@ def build() -> dict[str, Any]:
 
 _ERRORS = {400: "malformed request", 403: "not allowed for this user",
            404: "no such operation (or not yours)", 405: "method not allowed",
-           409: "conflicts with what is recorded", 410: "no longer kept in memory",
+           409: "conflicts with what is recorded", 410: "no longer kept",
            413: "body over 64 KiB", 422: "does not validate", 429: "over a per-user limit",
            500: "bide failed (a bug); the daemon goes on",
            503: "not ready yet; ask again after Retry-After"}

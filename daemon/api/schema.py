@@ -91,6 +91,30 @@ class WithdrawRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     note: Note = ""
 
 
+class FetchRequest(_Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fetch a succeeded operation's result (``bide fetch``): the daemon downloads it with
+    the provider's credential, recorded. Only the operation's registrant (or an operator)."""
+
+    result: Text | None = None  # which result field, when there are several URLs
+
+
+class FetchAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a fetch is: in flight, fetched (its size and SHA-256; the bytes at
+    ``content_path``), or failed (why)."""
+
+    operation_id: str
+    action_id: str
+    status: Literal["in_flight", "fetched", "failed"]
+    done: bool
+    result_name: str | None = None
+    requested_by: str = ""
+    size: int | None = None
+    sha256: str | None = None
+    content_path: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+
+
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     """A registration or submit, durable in the log: ``sequence`` is the log sequence number
     of its registration (of a submit: of its recorded intent, on the first answer)."""

@@ -14,12 +14,15 @@ the listener. Every refusal is counted by its reason.
 from __future__ import annotations
 
 import http
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import h11
 import msgspec
 from anyio.abc import SocketAttribute
@@ -30,6 +33,7 @@ from daemon.api.peer import Peer, peer_of
 from daemon.api.schema import ApiError
 
 _RECEIVE_BYTES = 64 * 1024
+_FILE_CHUNK = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class Response:
     body: bytes = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
     content_type: str = "application/json"
+    #: A file to send as the body (a fetched result), opened and streamed when written in
+    #: chunks, each within ``write_timeout``; ``body`` is then unused.
+    file: Path | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -257,6 +264,8 @@ class ApiServer:
 
     async def _write(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
                      response: Response, *, head: bool = False) -> bool:
+        if response.file is not None:
+            return await self._write_file(conn, stream, response, response.file, head=head)
         headers = [("Content-Type", response.content_type),
                    ("Content-Length", str(len(response.body))),
                    ("Cache-Control", "no-store"), *response.headers]
@@ -267,6 +276,36 @@ class ApiServer:
             if response.body and not head:  # a HEAD answer has the headers only
                 await stream.send(conn.send(h11.Data(data=response.body)) or b"")
             await stream.send(conn.send(h11.EndOfMessage()) or b"")
+        return True
+
+
+    async def _write_file(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
+                          response: Response, path: Path, *, head: bool) -> bool:
+        try:
+            file = path.open("rb")
+        except OSError:
+            return await self._write(conn, stream, error(
+                410, "result_gone", "the fetched result is no longer kept ([fetch] "
+                                    "results_max_age_seconds, results_max_bytes); fetch it again"))
+        with file:
+            size = os.fstat(file.fileno()).st_size
+            headers = [("Content-Type", response.content_type),
+                       ("Content-Length", str(size)), ("Cache-Control", "no-store"),
+                       *response.headers]
+            with anyio.fail_after(self.limits.write_timeout):
+                await stream.send(conn.send(h11.Response(
+                    status_code=response.status, headers=headers,
+                    reason=_reason(response.status))) or b"")
+            left = 0 if head else size
+            while left > 0:
+                chunk = await anyio.to_thread.run_sync(file.read, min(left, _FILE_CHUNK))
+                if not chunk:  # the file shrank: the promised length cannot be kept
+                    return False
+                left -= len(chunk)
+                with anyio.fail_after(self.limits.write_timeout):
+                    await stream.send(conn.send(h11.Data(data=chunk)) or b"")
+            with anyio.fail_after(self.limits.write_timeout):
+                await stream.send(conn.send(h11.EndOfMessage()) or b"")
         return True
 
 

@@ -24,13 +24,13 @@ from collections.abc import Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import anyio
 import msgspec
 
-from daemon import __version__, logfmt
-from daemon.actions import ActionRunner, action_escalation_text
+from daemon import __version__, logfmt, scoping
+from daemon.actions import ActionRunner, FetchThrottled, action_escalation_text
 from daemon.api.openapi import openapi_document
 from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
 from daemon.api.provider_text import (
@@ -45,6 +45,8 @@ from daemon.api.schema import (
     DecisionRequest,
     EscalationList,
     EscalationView,
+    FetchAnswer,
+    FetchRequest,
     Health,
     LeaseHealth,
     OperationPage,
@@ -65,13 +67,20 @@ from daemon.errors import Refused, UsageError
 from daemon.history import Histories
 from daemon.inputs import parse_duration
 from daemon.metrics import Metrics
-from daemon.spool import SpoolReject, SubmitFile, new_request_id
+from daemon.spool import FetchFile, SpoolReject, SubmitFile, new_request_id
 from daemon.timers import RateQuota
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
 from replay.actions import Action, action_story
 from replay.decide import format_time
-from replay.events import ActionEvent, ActionFailed, EscalationRaised, LogEvent, Option
+from replay.events import (
+    ActionEvent,
+    ActionFailed,
+    ActionSucceeded,
+    EscalationRaised,
+    LogEvent,
+    Option,
+)
 from replay.observations import DecisionSubmitted, Registration, Withdrawal
 from replay.state import Operation
 from replay.story import story_json
@@ -107,7 +116,8 @@ class Daemon(Protocol):
     def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 T = TypeVar("T")
-_OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision)?$")
+_OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision|/fetch)?$")
+_FETCH_PATH = re.compile(r"^/v1/fetches/([^/]+)(/content)?$")
 _PAGE_LIMIT = 500
 
 
@@ -153,12 +163,13 @@ class Api:
             return error(403, "no_role", f"user {caller.name} has no role here; the groups "
                                          f"that admit one: {wanted}")
         try:
-            return await self._route(caller, request, method, path)
+            response = await self._route(caller, request, method, path)
         except Refused as exc:
             self.sup.metrics.api_rejections[exc.code] += 1
             headers = ([("Retry-After", str(exc.retry_after))]
                        if isinstance(exc, _Throttled) else [])
-            return error(exc.status, exc.code, exc.detail, exc.field, headers)
+            response = error(exc.status, exc.code, exc.detail, exc.field, headers)
+        return _shown_to(caller, response)
 
     async def _route(self, caller: Caller, request: Request, method: str, path: str
                      ) -> Response:
@@ -172,12 +183,20 @@ class Api:
             return self._only(method, "POST") or await self._submit(caller, request)
         if path == "/v1/escalations":
             return self._only(method, "GET") or _json(200, self._escalations(caller))
+        fetch = _FETCH_PATH.match(request.raw_path)
+        if fetch is not None:
+            action_id = self.sup.runner.resolve(unquote(fetch.group(1)), caller.peer.uid)
+            if fetch.group(2):
+                return self._only(method, "GET") or self._fetched_content(caller, action_id)
+            return self._only(method, "GET") or await self._fetch_status(caller, action_id,
+                                                                          request.query)
         # Matched before percent-decoding, so an id holding "/" (sent as %2F) stays one.
         m = _OP_PATH.match(request.raw_path)
         if m is None:
             raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
                           status=404, field="path")
-        op_id, sub = unquote(m.group(1)), m.group(2)
+        # What the caller calls op_id: its own operation under that id (daemon.scoping).
+        op_id, sub = self.sup.runner.resolve(unquote(m.group(1)), caller.peer.uid), m.group(2)
         if sub is None:
             return self._only(method, "GET") or _json(200, await self._get(caller, op_id,
                                                                             request.query))
@@ -185,6 +204,8 @@ class Api:
             return self._only(method, "GET") or await self._story(caller, op_id, request.query)
         if sub == "/withdrawal":
             return self._only(method, "POST") or await self._withdraw(caller, op_id, request)
+        if sub == "/fetch":
+            return self._only(method, "POST") or await self._fetch(caller, op_id, request)
         return self._only(method, "POST") or await self._decide(caller, op_id, request)
 
     @staticmethod
@@ -196,9 +217,15 @@ class Api:
 
     def _caller(self, peer: Peer) -> Caller:
         roles = roles_of(peer, self.groups, daemon_uid=self.daemon_uid)
-        if (peer.uid == 0 and "approver" not in roles and self.groups.approvers
-                and self.sup.config.spool.allow_root_approval):
-            roles.append("approver")
+        if self.groups.approvers:
+            # As the spool's approval_refusal: with an approvers group, the daemon's own user
+            # never approves (it is the one acting on decisions), and root only when the
+            # config says so, whatever groups either is in.
+            allow_root = self.sup.config.spool.allow_root_approval
+            if peer.uid == self.daemon_uid or (peer.uid == 0 and not allow_root):
+                roles = [role for role in roles if role != "approver"]
+            elif peer.uid == 0 and "approver" not in roles:
+                roles.append("approver")
         return Caller(peer=peer, name=user_name(peer.uid), roles=roles)
 
     # -- who sees what -----------------------------------------------------------------------
@@ -256,8 +283,7 @@ class Api:
         now = self.sup.clock()
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
         digest = _digest(body, op_id)
-        existing = self.sup.ops.get(op_id)
-        if existing is None:
+        if self.sup.runner.resolve(op_id, caller.peer.uid) not in self.sup.ops:
             self._throttle(caller)
         reg = _registration(body, op_id, body.job_id, now, request_fingerprint=body.fingerprint,
                             started_at=body.started_at)
@@ -270,17 +296,16 @@ class Api:
         self._need(caller, "agent", "submit jobs")
         body = _decode(request.body, SubmitRequest)
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
-        action_id = f"{op_id}.submit"
+        # Another principal's id is the caller's too, recorded apart (daemon.scoping).
+        recorded = scoping.recorded_id(op_id, caller.peer.uid, self.sup.runner.holder)
+        action_id = f"{recorded}.submit"
         existing = self.sup.runner.actions.get(action_id)
-        if existing is None and self.sup.ops.get(op_id) is None:
+        if existing is None and self.sup.ops.get(recorded) is None:
             self._throttle(caller)
         now = self.sup.clock()
         reg = _registration(body, op_id, "(submitting)", now)
         sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
                         body=body.body, idempotency_key=body.idempotency_key, force=body.force)
-        if existing is not None and existing.intent.registered_by_uid != caller.peer.uid:
-            raise Refused(f"operation id {op_id} is already in use", code="operation_id_in_use",
-                          status=409, field="operation_id")
         try:
             async with self.sup.one_at_a_time(op_id):
                 sequence = await self.sup.runner.ingest_submit(
@@ -290,7 +315,7 @@ class Api:
             raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
                           ) from None
         action = self.sup.runner.actions.get(action_id)
-        op = self.sup.ops.get(op_id)
+        op = self.sup.ops.get(recorded)
         return _json(202 if existing is None else 200, Receipt(
             operation_id=op_id, status="registered" if op is not None else "submitting",
             sequence=sequence if sequence is not None else (
@@ -315,8 +340,12 @@ class Api:
 
     async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
         if "approver" not in caller.roles:  # before the lookup: the same for every id
+            why = (" (the daemon's own user is never an approver)"
+                   if caller.peer.uid == self.daemon_uid and self.groups.approvers else
+                   " (root is one only with [spool] allow_root_approval = true)"
+                   if caller.peer.uid == 0 and self.groups.approvers else "")
             raise Refused(f"user {caller.name} may not answer escalations: that takes the "
-                          f"approver role ({self.groups.describe('approver')})",
+                          f"approver role ({self.groups.describe('approver')}){why}",
                           code="forbidden", status=403)
         body = _decode(request.body, DecisionRequest)
         found = self._visible_op(caller, op_id)
@@ -334,6 +363,94 @@ class Api:
             escalation_id=escalation.escalation_id if escalation is not None else 1,
             option=body.option, approver=caller.name, resumes=resumes,
             self_approved=self_approved))
+
+    # -- fetches -----------------------------------------------------------------------------
+
+    async def _fetch(self, caller: Caller, op_id: str, request: Request) -> Response:
+        """Record a fetch of the caller's own operation's result (an operator: anyone's) and
+        answer once it ends or ``wait`` runs out; for anyone else the operation is missing."""
+        self._need(caller, "agent", "fetch results")
+        body = _decode(request.body, FetchRequest)
+        seconds = self._wait_seconds(request.query, default="0s")
+        ask = FetchFile(version=1, request_id=new_request_id(), kind="fetch",
+                        operation_id=op_id, result=body.result)
+        try:
+            # One at a time per operation: each fetch's number follows the recorded ones.
+            async with self.sup.one_at_a_time(f"{op_id}\x00fetch"):
+                intent = await self.sup.runner.ingest_fetch(
+                    "", ask, caller.peer.uid, operator="operator" in caller.roles)
+        except FetchThrottled as exc:
+            raise _Throttled(str(exc), math.ceil(exc.retry_after),
+                             code="fetch_rate_limited") from None
+        except SpoolReject as exc:
+            if str(exc).startswith("no operation"):
+                raise Refused(str(exc), code="not_found", status=404) from None
+            raise Refused(str(exc), code="not_fetchable", status=409) from None
+        action = await self._fetch_waited(intent.action_id, op_id, seconds)
+        answer = self._fetch_answer(action)
+        return _json(200 if answer.done else 202, answer)
+
+    async def _fetch_status(self, caller: Caller, action_id: str, query: dict[str, str]
+                            ) -> Response:
+        action = self._own_fetch(caller, action_id)
+        seconds = self._wait_seconds(query, default="0s")
+        action = await self._fetch_waited(action_id, action.operation_id, seconds)
+        return _json(200, self._fetch_answer(action))
+
+    def _fetched_content(self, caller: Caller, action_id: str) -> Response:
+        action = self._own_fetch(caller, action_id)
+        outcome = action.outcome
+        if not isinstance(outcome, ActionSucceeded) or not outcome.stored_as:
+            raise Refused(f"fetch {action_id} has not succeeded (it is {action.phase}); no "
+                          f"content", code="not_fetched", status=409)
+        if "/" in outcome.stored_as or outcome.stored_as in (".", ".."):
+            raise Refused(f"fetch {action_id} names no stored result", code="not_fetched",
+                          status=409)
+        return Response(200, file=self.sup.runner.results_dir / outcome.stored_as,
+                        content_type="application/octet-stream",
+                        headers=[("X-Bide-SHA256", outcome.sha256 or "")])
+
+    def _own_fetch(self, caller: Caller, action_id: str) -> Action:
+        """A fetch of the caller's own operation (an operator: any); else 404, as a missing
+        one."""
+        action = self.sup.runner.actions.get(action_id)
+        if action is not None and action.kind == "fetch":
+            op = self.sup.ops.get(action.operation_id)
+            owner = op.registered_by_uid if op is not None else None
+            if "operator" in caller.roles or (owner is not None and owner == caller.peer.uid):
+                return action
+        raise Refused(f"no fetch {action_id!r}", code="not_found", status=404)
+
+    def _wait_seconds(self, query: dict[str, str], *, default: str) -> float:
+        try:
+            seconds = parse_duration(query.get("wait", default), "wait", allow_zero=True,
+                                     maximum=86400.0)
+        except UsageError as exc:
+            raise Refused(str(exc), code="invalid_wait", status=400, field="wait") from None
+        return min(seconds, self.cfg.max_wait_seconds)
+
+    async def _fetch_waited(self, action_id: str, op_id: str, seconds: float) -> Action:
+        actions = self.sup.runner.actions
+        with anyio.move_on_after(seconds):
+            while actions[action_id].phase == "in_flight":
+                await self.sup.next_event_of(op_id)
+        return actions[action_id]
+
+    @staticmethod
+    def _fetch_answer(action: Action) -> FetchAnswer:
+        outcome = action.outcome
+        intent = action.intent
+        common = dict(operation_id=action.operation_id, action_id=action.action_id,
+                      result_name=intent.result_name, requested_by=intent.requested_by)
+        if isinstance(outcome, ActionSucceeded):
+            return FetchAnswer(status="fetched", done=True, size=outcome.size,
+                               sha256=outcome.sha256, content_path=(
+                                   f"/v1/fetches/{quote(action.action_id, safe='')}/content"),
+                               **common)  # type: ignore[arg-type]
+        if isinstance(outcome, ActionFailed):
+            return FetchAnswer(status="failed", done=True, reason=outcome.reason,
+                               detail=outcome.detail, **common)  # type: ignore[arg-type]
+        return FetchAnswer(status="in_flight", done=False, **common)  # type: ignore[arg-type]
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -414,10 +531,15 @@ class Api:
         mine = [op for op in self.sup.ops.values()
                 if (everyone or op.registered_by_uid == caller.peer.uid)
                 and (phase is None or op.phase == phase)]
-        mine.sort(key=lambda op: (op.registered_at, op.operation_id))
+        uid = caller.peer.uid
+
+        def order(op: Operation) -> tuple[float, str]:  # by the ids the caller sees
+            return op.registered_at, scoping.shown(op.operation_id, uid)
+
+        mine.sort(key=order)
         if after:
             key = _cursor_key(after)
-            mine = [op for op in mine if (op.registered_at, op.operation_id) > key]
+            mine = [op for op in mine if order(op) > key]
         page = mine[:limit]
         cursor = (_cursor(page[-1]) if len(mine) > limit else None)
         return OperationPage(operations=[self._view(op) for op in page], next_cursor=cursor)
@@ -584,6 +706,19 @@ class Api:
 
 def _bounded(text: str | None) -> str | None:
     return None if text is None else bounded(text)
+
+
+def _shown_to(caller: Caller, response: Response) -> Response:
+    """The answer with the caller's own scoped ids under the ids it chose (daemon.scoping):
+    nothing in it tells an agent that another agent holds the same id."""
+    if response.file is not None:
+        return response
+    marker = scoping.marker(caller.peer.uid).encode()
+    if marker not in response.body:
+        return response
+    text = scoping.shown(response.body.decode("utf-8", "surrogateescape"), caller.peer.uid)
+    response.body = text.encode("utf-8", "surrogateescape")
+    return response
 
 
 def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:

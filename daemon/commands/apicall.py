@@ -16,7 +16,7 @@ __all__ = ["ApiCallError", "ApiClient", "connect", "print_result", "require", "v
 
 def connect(cfg: Config) -> ApiClient | None:
     """A client when the daemon answers on its socket, else None."""
-    client = ApiClient(cfg.socket_path)
+    client = ApiClient(cfg.socket_path, daemon_user=cfg.api.daemon_user)
     if client.answers():
         return client
     client.close()

@@ -96,7 +96,7 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
     path = f"/v1/operations/{quote(op_id, safe='')}"
     view: dict[str, Any] | None = None
     pause = 0.1
-    client = ApiClient(cfg.socket_path)
+    client = ApiClient(cfg.socket_path, daemon_user=cfg.api.daemon_user)
     if not client.answers():  # not running (or another config's socket): say so at once
         client.close()
         raise DaemonUnavailable(
