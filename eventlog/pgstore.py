@@ -6,19 +6,28 @@ Tables (schema version :data:`SCHEMA_VERSION`, created and upgraded only by ``bi
 
     bide_meta       key/value: ``schema_version``
     bide_records    seq (primary key), segment, byte_offset, line (the exact stored bytes),
-                    hash (the record hash), epoch (the lease epoch it was committed under);
-                    append-only: a trigger refuses UPDATE, DELETE and TRUNCATE
-    bide_lease      one row: holder, epoch (only grows), expires_at (the database's clock)
+                    hash (the record hash, computed by the database), epoch (the lease epoch it
+                    was committed under); append-only: a trigger refuses UPDATE, DELETE and
+                    TRUNCATE
+    bide_lease      one row: holder, epoch (grows by one per takeover, capped at
+                    :data:`EPOCH_CAP`), expires_at (the database's clock, at most
+                    :data:`LEASE_CAP_SECONDS` ahead); a trigger holds every role to that
     bide_snapshots  the latest state snapshot (name ``state``): the snapshot file's exact
                     bytes (sealed and tagged, see ``eventlog.snapshot``) and the record seq it
                     was taken at; a node taking the log over starts from it
 
-Fencing: a node takes an expired lease by raising the epoch in the same ``UPDATE``; every append
-transaction reads the lease row ``FOR SHARE`` and refuses (:class:`FencedError`) when the epoch
-is not the node's own, so a takeover (which must update that row) waits for an append in flight
-and every append after it is refused. The first line of a round must follow the stored head
-(its ``prev`` is the hash of the record before it): a node never forks the chain in the
-database. Committed rounds are announced with ``NOTIFY bide_records`` for standbys.
+The database enforces the fencing (version 2). The daemons' role has SELECT and nothing else
+on the tables: it writes only through SECURITY DEFINER functions (:data:`NODE_FUNCTIONS`),
+owned by the role that ran ``bide log init``, with a fixed search_path. ``bide_take_lease``
+takes an expired lease by raising the epoch by one in the same ``UPDATE``; ``bide_append``
+locks the lease row ``FOR SHARE`` and refuses a round whose epoch is not the one in force, so a
+takeover (which must update that row) waits for an append in flight and every append after it
+is refused. It also refuses a line that is not numbered one past the stored head, whose
+``prev`` is not the stored hash of the record before it, or that is not at the next place in
+the segment layout, and computes each record's hash itself: a node never forks the chain in
+the database, and the daemons' role cannot insert a row that breaks it. Committed rounds are
+announced with ``NOTIFY bide_records`` for standbys. The owner of the tables (and any
+superuser) is not fenced: it can disable the triggers and write anything.
 
 Passwords come from a file (``password_file``) or libpq's own ``PGPASSFILE``; a DSN that holds
 one is refused, and no message here ever includes a DSN.
@@ -49,7 +58,7 @@ except ImportError as _exc:  # pragma: no cover - the test extra installs it
         "the PostgreSQL store needs psycopg 3, which the core install leaves out: "
         "pip install 'bide[postgres]'") from _exc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Every error psycopg raises (for callers that must not import psycopg themselves).
 DatabaseError = psycopg.Error
 NOTIFY_CHANNEL = "bide_records"
@@ -96,8 +105,194 @@ CREATE TRIGGER bide_records_no_truncate BEFORE TRUNCATE ON bide_records
     FOR EACH STATEMENT EXECUTE FUNCTION bide_records_append_only();
 """
 
+#: ``eventlog.envelope``'s record-hash domain: the database hashes each line as the verifier
+#: does (a wrong domain would refuse the second line of every round: the tests would see it).
+_RECORD_DOMAIN_HEX = b"bide.record.v1\n".hex()
+#: The highest lease epoch: far below bigint's maximum, so that no value can be written that
+#: leaves a takeover (which adds one) nowhere to go; 2**53 - 1 also survives a JSON float.
+EPOCH_CAP = 2**53 - 1
+#: The longest a lease may be taken or renewed for (the config allows up to 3600 s).
+LEASE_CAP_SECONDS = 3600
+
+#: Version 2: the database enforces fencing. The daemon's role inserts no record and updates
+#: no lease row itself: it calls these SECURITY DEFINER functions (owned by the role that ran
+#: ``bide log init``, their search_path fixed by :func:`init_schema`), which check inside the
+#: transaction what bide's own statements used to. A trigger holds the lease row to its rules
+#: for every role (the owner included, short of disabling it).
+_SCHEMA_V2 = f"""
+ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_epoch_cap;
+ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_holder_length;
+UPDATE bide_lease SET expires_at = now() + interval '{LEASE_CAP_SECONDS} seconds'
+    WHERE expires_at > now() + interval '{LEASE_CAP_SECONDS} seconds';
+ALTER TABLE bide_lease ADD CONSTRAINT bide_lease_epoch_cap CHECK (epoch <= {EPOCH_CAP}),
+    ADD CONSTRAINT bide_lease_holder_length CHECK (length(holder) <= 256);
+
+CREATE OR REPLACE FUNCTION bide_lease_guard() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP <> 'UPDATE' THEN
+        RAISE EXCEPTION 'bide_lease holds one row, updated only (% refused)', TG_OP;
+    END IF;
+    IF NEW.id <> OLD.id THEN
+        RAISE EXCEPTION 'bide_lease: the row''s id is fixed';
+    END IF;
+    IF NEW.epoch <> OLD.epoch AND NEW.epoch <> OLD.epoch + 1 THEN
+        RAISE EXCEPTION 'bide_lease: the epoch grows by one per takeover (% to % refused)',
+            OLD.epoch, NEW.epoch;
+    END IF;
+    IF NEW.expires_at > now() + interval '{LEASE_CAP_SECONDS} seconds' THEN
+        RAISE EXCEPTION 'bide_lease: a lease runs at most {LEASE_CAP_SECONDS} s (until % refused)',
+            NEW.expires_at;
+    END IF;
+    RETURN NEW;
+END $fn$;
+DROP TRIGGER IF EXISTS bide_lease_guard ON bide_lease;
+CREATE TRIGGER bide_lease_guard BEFORE UPDATE OR DELETE ON bide_lease
+    FOR EACH ROW EXECUTE FUNCTION bide_lease_guard();
+DROP TRIGGER IF EXISTS bide_lease_no_truncate ON bide_lease;
+CREATE TRIGGER bide_lease_no_truncate BEFORE TRUNCATE ON bide_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION bide_lease_guard();
+
+CREATE OR REPLACE FUNCTION bide_take_lease(p_holder text, p_seconds float8)
+    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    taken bigint;
+BEGIN
+    UPDATE bide_lease SET holder = p_holder, epoch = epoch + 1,
+           expires_at = now() + make_interval(secs => p_seconds)
+     WHERE id = 1 AND expires_at <= now() RETURNING epoch INTO taken;
+    IF FOUND THEN
+        RETURN NEXT taken;
+    END IF;
+END $fn$;
+
+CREATE OR REPLACE FUNCTION bide_renew_lease(p_seconds float8, p_holder text, p_epoch bigint)
+    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    renewed bigint;
+BEGIN
+    UPDATE bide_lease SET expires_at = now() + make_interval(secs => p_seconds)
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch RETURNING epoch INTO renewed;
+    IF FOUND THEN
+        RETURN NEXT renewed;
+    END IF;
+END $fn$;
+
+CREATE OR REPLACE FUNCTION bide_release_lease(p_holder text, p_epoch bigint)
+    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    released bigint;
+BEGIN
+    UPDATE bide_lease SET expires_at = now() - interval '1 microsecond'
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch RETURNING epoch INTO released;
+    IF FOUND THEN
+        PERFORM pg_notify('{NOTIFY_CHANNEL}', 'lease');
+        RETURN NEXT released;
+    END IF;
+END $fn$;
+
+-- One write round: under the lease epoch in force (the row locked FOR SHARE, so a takeover
+-- waits for the round and every round after it sees the new epoch), each line numbered one
+-- past the record before it, its "prev" that record's hash, at the next place in the segment
+-- layout; the hashes are computed here, never taken from the caller. Refused rounds insert
+-- nothing and say why.
+CREATE OR REPLACE FUNCTION bide_append(p_epoch bigint, p_seqs bigint[], p_segments integer[],
+        p_offsets bigint[], p_lines bytea[], OUT lease_epoch bigint, OUT head_seq bigint,
+        OUT head_hash text, OUT refused text)
+    LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    n integer := coalesce(cardinality(p_lines), 0);
+    want_seq bigint;
+    prev text;
+    seg integer;
+    next_off bigint;
+    got text[];
+    hashes text[] := array_fill(NULL::text, ARRAY[n]);
+BEGIN
+    SELECT l.epoch INTO lease_epoch FROM bide_lease l WHERE l.id = 1 FOR SHARE;
+    SELECT r.seq, r.hash, r.segment, r.byte_offset + length(r.line) + 1
+      INTO head_seq, head_hash, seg, next_off
+      FROM bide_records r ORDER BY r.seq DESC LIMIT 1;
+    IF lease_epoch IS DISTINCT FROM p_epoch THEN
+        refused := format('the lease epoch is %s, not %s', lease_epoch, p_epoch);
+        RETURN;
+    END IF;
+    IF n = 0 OR coalesce(cardinality(p_seqs), 0) <> n OR coalesce(cardinality(p_segments), 0) <> n
+       OR coalesce(cardinality(p_offsets), 0) <> n THEN
+        refused := 'a round is one or more lines, each with its seq, segment and offset';
+        RETURN;
+    END IF;
+    want_seq := coalesce(head_seq + 1, 0);
+    prev := coalesce(head_hash, repeat('0', 64));
+    seg := coalesce(seg, 0);
+    next_off := coalesce(next_off, 0);
+    FOR i IN 1 .. n LOOP
+        IF p_seqs[i] IS DISTINCT FROM want_seq THEN
+            refused := format('line %s is record %s, not %s (one past the head)', i,
+                              p_seqs[i], want_seq);
+            RETURN;
+        END IF;
+        got := regexp_match(encode(substring(p_lines[i] FROM 1 FOR 160), 'escape'),
+                            '^[{{]"kind":"[a-z]+","seq":([0-9]+),"prev":"([0-9a-f]{{64}})","');
+        IF got IS NULL OR got[1] <> want_seq::text THEN
+            refused := format('record %s is not a bide record numbered %s', want_seq, want_seq);
+            RETURN;
+        END IF;
+        IF got[2] <> prev THEN
+            refused := format('record %s does not link to record %s (its prev is not that '
+                              'record''s hash)', want_seq, want_seq - 1);
+            RETURN;
+        END IF;
+        IF NOT ((p_segments[i] = seg AND p_offsets[i] = next_off)
+                OR (p_segments[i] = seg + 1 AND p_offsets[i] = 0)) THEN
+            refused := format('record %s is at segment %s offset %s, not where the record '
+                              'before it ends', want_seq, p_segments[i], p_offsets[i]);
+            RETURN;
+        END IF;
+        prev := encode(sha256(decode('{_RECORD_DOMAIN_HEX}', 'hex') || p_lines[i]), 'hex');
+        hashes[i] := prev;
+        seg := p_segments[i];
+        next_off := p_offsets[i] + length(p_lines[i]) + 1;
+        want_seq := want_seq + 1;
+    END LOOP;
+    INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
+        SELECT r.seq, r.segment, r.byte_offset, r.line, r.hash, p_epoch
+          FROM unnest(p_seqs, p_segments, p_offsets, p_lines, hashes)
+               AS r(seq, segment, byte_offset, line, hash);
+    PERFORM pg_notify('{NOTIFY_CHANNEL}', p_seqs[n]::text);
+END $fn$;
+
+-- Keep a snapshot: only under the epoch in force, at a record the database holds, over an
+-- older one only. Returns whether it was kept.
+CREATE OR REPLACE FUNCTION bide_keep_snapshot(p_epoch bigint, p_seq bigint, p_hash text,
+        p_data bytea) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    kept integer;
+BEGIN
+    WITH lease AS (SELECT l.epoch FROM bide_lease l WHERE l.id = 1 FOR SHARE),
+         ins AS (INSERT INTO bide_snapshots AS s (name, seq, data)
+                 SELECT 'state', p_seq, p_data
+                  WHERE (SELECT epoch FROM lease) = p_epoch
+                    AND (SELECT r.hash FROM bide_records r WHERE r.seq = p_seq) = p_hash
+                 ON CONFLICT (name) DO UPDATE
+                     SET seq = excluded.seq, data = excluded.data, written_at = now()
+                     WHERE s.seq < excluded.seq
+                 RETURNING 1)
+    SELECT count(*) INTO kept FROM ins;
+    RETURN kept > 0;
+END $fn$;
+"""
+
 #: Each version's upgrade from the one before (index 0 creates version 1).
-_UPGRADES: tuple[str, ...] = (_SCHEMA_V1,)
+_UPGRADES: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
+#: What the daemon's role may call (and nothing else writes): each runs as the schema's owner.
+NODE_FUNCTIONS = (
+    "bide_append(bigint, bigint[], integer[], bigint[], bytea[])",
+    "bide_take_lease(text, float8)",
+    "bide_renew_lease(float8, text, bigint)",
+    "bide_release_lease(text, bigint)",
+    "bide_keep_snapshot(bigint, bigint, text, bytea)",
+)
+TABLES = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
 
 
 @dataclass(frozen=True)
@@ -229,7 +424,10 @@ def schema_version(conn: psycopg.Connection[Any]) -> int | None:
 def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
                 writer: str | None = None) -> tuple[int | None, int]:
     """Create or upgrade the schema to :data:`SCHEMA_VERSION` in one transaction; grant
-    ``reader`` (SELECT) and ``writer`` (what the daemon needs). Returns (before, after)."""
+    ``reader`` SELECT and ``writer`` (the daemons' role) SELECT and the node functions.
+    Every run also takes back any INSERT, UPDATE, DELETE or TRUNCATE that a role other than
+    the owner holds on the tables (what version 1 granted the daemons' role): only the
+    functions write. Returns (before, after)."""
     try:
         before = schema_version(conn)
         if before is not None and before > SCHEMA_VERSION:
@@ -242,32 +440,76 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
             cur.execute("INSERT INTO bide_meta (key, value) VALUES ('schema_version', %s) "
                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         (str(SCHEMA_VERSION),))
-            tables = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
             cur.execute("SELECT current_schema()")
             row = cur.fetchone()
             schema = sql.Identifier(str(row[0]) if row and row[0] else "public")
+            _secure_functions(cur, schema)
+            _revoke_writes(cur)
             for role in (reader, writer):
                 if role:
                     cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
                         schema, sql.Identifier(role)))
-            if reader:
-                for t in tables:
-                    cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
-                        sql.Identifier(t), sql.Identifier(reader)))
+                    for t in TABLES:
+                        cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                            sql.Identifier(t), sql.Identifier(role)))
             if writer:
-                cur.execute(sql.SQL("GRANT SELECT, INSERT ON bide_records, bide_snapshots "
-                                    "TO {}").format(sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT SELECT, UPDATE ON bide_lease TO {}").format(
-                    sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT SELECT ON bide_meta TO {}").format(
-                    sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT UPDATE (data, seq, written_at) ON bide_snapshots "
-                                    "TO {}").format(sql.Identifier(writer)))
+                for fn in NODE_FUNCTIONS:
+                    cur.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                        sql.SQL(fn), sql.Identifier(writer)))
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
         raise StoreError(f"bide log init failed: {reason(exc)}") from None
     return before, SCHEMA_VERSION
+
+
+def _secure_functions(cur: psycopg.Cursor[Any], schema: sql.Identifier) -> None:
+    """The node functions run as their owner with the search path fixed to the schema (and
+    pg_temp last), so no object a caller creates is ever picked up by them; nobody may call
+    them but the roles granted (PostgreSQL grants EXECUTE to PUBLIC by default)."""
+    for fn in NODE_FUNCTIONS:
+        cur.execute(sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = {}, "
+                            "pg_temp").format(sql.SQL(fn), schema))
+        cur.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(sql.SQL(fn)))
+
+
+#: Every role but the owner (0: PUBLIC) granted anything on a table, or on one of its columns.
+_GRANTEES = """
+SELECT DISTINCT c.relname::text, CASE WHEN g.grantee = 0 THEN NULL
+                                      ELSE pg_get_userbyid(g.grantee)::text END
+  FROM pg_class c,
+       LATERAL (SELECT (aclexplode(c.relacl)).grantee
+                UNION SELECT (aclexplode(a.attacl)).grantee FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL) AS g
+ WHERE c.oid = ANY(%s::regclass[]) AND g.grantee <> c.relowner
+"""
+
+
+def _revoke_writes(cur: psycopg.Cursor[Any]) -> None:
+    cur.execute(_GRANTEES, (list(TABLES),))
+    for table, role in cur.fetchall():
+        cur.execute(sql.SQL("REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER "
+                            "ON {} FROM {}").format(
+            sql.Identifier(table),
+            sql.SQL("PUBLIC") if role is None else sql.Identifier(role)))
+
+
+def writer_unfenced(conn: psycopg.Connection[Any], writer: str) -> str | None:
+    """Why the database cannot fence ``writer`` (it is a superuser, or it owns the tables or
+    is a member of their owner), or None."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT r.rolsuper, pg_has_role(r.oid, c.relowner, 'USAGE'), "
+                    "pg_get_userbyid(c.relowner) FROM pg_roles r, pg_class c "
+                    "WHERE r.rolname = %s AND c.oid = 'bide_records'::regclass", (writer,))
+        row = cur.fetchone()
+    conn.rollback()
+    if row is None:
+        return None
+    if row[0]:
+        return f"role {writer} is a superuser"
+    if row[1]:
+        return f"role {writer} owns the bide_ tables (or is a member of their owner, {row[2]})"
+    return None
 
 
 def require_schema(conn: psycopg.Connection[Any]) -> None:
@@ -328,10 +570,10 @@ class PgStore:
         first = lines[0].seq
         try:
             row = conn.execute(APPEND_ROUND, {
-                "prev_seq": first - 1, "prev_hash": prev_hash, "epoch": self.epoch,
-                "seqs": [ln.seq for ln in lines], "segments": [ln.segment for ln in lines],
-                "offsets": [ln.offset for ln in lines], "lines": [ln.data for ln in lines],
-                "hashes": [ln.hash for ln in lines], "last": str(lines[-1].seq)}).fetchone()
+                "epoch": self.epoch, "seqs": [ln.seq for ln in lines],
+                "segments": [ln.segment for ln in lines],
+                "offsets": [ln.offset for ln in lines],
+                "lines": [ln.data for ln in lines]}).fetchone()
         except psycopg.errors.UniqueViolation:
             self.close()
             raise DivergedError(
@@ -342,18 +584,17 @@ class PgStore:
             self.close()  # the outcome of a commit cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
         assert row is not None
-        epoch, stored_prev, inserted, _ = row
+        epoch, head_seq, head_hash, refused = row
         if epoch != self.epoch:
             self.fenced += 1
             raise FencedError(
                 f"append refused: the log's lease epoch is {epoch}, not this node's "
                 f"{self.epoch} (another node took over); this node stops sending and "
                 f"falls back to standby")
-        if inserted != len(lines):
-            raise DivergedError(
-                f"append refused: record {first - 1} in the database is "
-                f"{'missing' if stored_prev is None else 'another record'}; this "
-                f"node's copy of the log is not the database's (re-sync it)")
+        if refused is not None:
+            why = _divergence(first, prev_hash, head_seq, head_hash, refused)
+            raise DivergedError(f"append refused: {why}; this node's copy of the log is not "
+                                f"the database's (re-sync it)")
         self.commits += 1
 
     def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
@@ -390,41 +631,29 @@ class PgStore:
             raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
 
-#: A write round in one statement: lock the lease row FOR SHARE (a takeover, which updates it,
-#: waits for the statement, and every statement after the takeover sees the new epoch), check
-#: the epoch and that the round follows the stored head, insert, and announce it. Returns the
-#: epoch in force, the stored hash before the round, and how many rows went in (0: refused).
-APPEND_ROUND = f"""
-WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
-     prev AS (SELECT hash FROM bide_records WHERE seq = %(prev_seq)s),
-     allowed AS (SELECT 1 FROM lease WHERE epoch = %(epoch)s AND
-                 (%(prev_seq)s < 0 OR (SELECT hash FROM prev) = %(prev_hash)s)),
-     ins AS (INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
-             SELECT r.seq, r.segment, r.byte_offset, r.line, r.hash, %(epoch)s
-             FROM unnest(%(seqs)b::bigint[], %(segments)b::integer[], %(offsets)b::bigint[],
-                         %(lines)b::bytea[], %(hashes)b::text[])
-                  AS r(seq, segment, byte_offset, line, hash)
-             WHERE EXISTS (SELECT 1 FROM allowed)
-             RETURNING 1)
-SELECT (SELECT epoch FROM lease), (SELECT hash FROM prev), (SELECT count(*) FROM ins),
-       CASE WHEN EXISTS (SELECT 1 FROM ins)
-            THEN pg_notify('{NOTIFY_CHANNEL}', %(last)s) END
-"""
+#: A write round: ``bide_append`` (see :data:`_SCHEMA_V2`) checks the epoch, the numbering,
+#: the ``prev`` links and the places, inserts, and announces the round. Returns the epoch in
+#: force, the stored head (seq, hash) before the round, and why it was refused (NULL: stored).
+APPEND_ROUND = ("SELECT lease_epoch, head_seq, head_hash, refused FROM bide_append("
+                "%(epoch)s, %(seqs)b::bigint[], %(segments)b::integer[], %(offsets)b::bigint[], "
+                "%(lines)b::bytea[])")
 
-#: Keep a snapshot: only under the epoch in force, at a record the database holds, over an
-#: older one only. Returns whether it was kept.
-KEEP_SNAPSHOT = """
-WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
-     kept AS (INSERT INTO bide_snapshots (name, seq, data)
-              SELECT 'state', %(seq)s, %(data)s
-              WHERE (SELECT epoch FROM lease) = %(epoch)s
-                AND (SELECT hash FROM bide_records WHERE seq = %(seq)s) = %(hash)s
-              ON CONFLICT (name) DO UPDATE
-                  SET seq = excluded.seq, data = excluded.data, written_at = now()
-                  WHERE bide_snapshots.seq < excluded.seq
-              RETURNING 1)
-SELECT count(*) FROM kept
-"""
+#: Keep a snapshot (``bide_keep_snapshot``): only under the epoch in force, at a record the
+#: database holds, over an older one only. Returns whether it was kept.
+KEEP_SNAPSHOT = "SELECT bide_keep_snapshot(%(epoch)s, %(seq)s, %(hash)s, %(data)s)"
+
+def _divergence(first: int, prev_hash: str, head_seq: int | None, head_hash: str | None,
+                refused: str) -> str:
+    """Why a round was refused, in the node's terms where they apply."""
+    if head_seq is not None and first <= head_seq:
+        return (f"the database already holds record {first} (a commit whose outcome was "
+                f"lost?)")
+    if first > (-1 if head_seq is None else head_seq) + 1:
+        return f"record {first - 1} in the database is missing"
+    if first > 0 and head_hash != prev_hash:
+        return f"record {first - 1} in the database is another record"
+    return f"the database refused the round: {refused}"
+
 
 #: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
 LINES_AFTER = ("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
@@ -551,20 +780,14 @@ def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     return LeaseRow(str(row[0]), int(row[1]), remaining)
 
 
-#: Take an expired (or handed-over) lease, raising the epoch in the same statement; returns
-#: the new epoch, or no row while another node holds it. Parameters: holder, seconds.
-TAKE_LEASE = ("UPDATE bide_lease SET holder = %s, epoch = epoch + 1, "
-              "expires_at = now() + make_interval(secs => %s) "
-              "WHERE id = 1 AND expires_at <= now() RETURNING epoch")
+#: Take an expired (or handed-over) lease, raising the epoch by one in the same statement;
+#: returns the new epoch, or no row while another node holds it. Parameters: holder, seconds.
+TAKE_LEASE = "SELECT * FROM bide_take_lease(%s, %s)"
 #: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch.
-RENEW_LEASE = ("UPDATE bide_lease SET expires_at = now() + make_interval(secs => %s) "
-               "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch")
+RENEW_LEASE = "SELECT * FROM bide_renew_lease(%s, %s, %s)"
 #: Hand the lease over at once (graceful stop): expire it now and wake the standbys; the
 #: epoch stays, the next taker raises it. Parameters: holder, epoch.
-RELEASE_LEASE = ("WITH released AS (UPDATE bide_lease "
-                 "SET expires_at = now() - interval '1 microsecond' "
-                 "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch) "
-                 f"SELECT epoch, pg_notify('{NOTIFY_CHANNEL}', 'lease') FROM released")
+RELEASE_LEASE = "SELECT * FROM bide_release_lease(%s, %s)"
 
 
 def _returned(conn: psycopg.Connection[Any], statement: str,

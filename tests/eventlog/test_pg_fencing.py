@@ -1,0 +1,234 @@
+"""The database itself enforces the fencing, against a holder of the daemons' role (the role a
+node connects as, granted by ``bide log init --writer-role``): no row of its own in the
+records, no value of its own in the lease; only the node functions write, and they refuse a
+round under a stale epoch, out of sequence, off the chain or off the segment layout."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+from daemon.lease import Lease
+from eventlog import pgstore
+from eventlog.envelope import ZERO_HASH, record_hash
+from eventlog.store import write_segments
+from eventlog.verify import verify_log
+from eventlog.writer import LogWriter
+from tests.e2e.harness import until
+from tests.eventlog._logtools import KeySet, payload_for
+from tests.pgsupport import role
+
+MAX_BIGINT = 2**63 - 1
+APPEND = ("SELECT lease_epoch, head_seq, head_hash, refused FROM bide_append(%s, %s::bigint[], "
+          "%s::integer[], %s::bigint[], %s::bytea[])")
+
+
+@pytest.fixture
+def writer_dsn(pg_dsn: str) -> Iterator[str]:
+    """The schema initialised by its owner, and a DSN for the daemons' role it granted."""
+    name = f"bidep_w_{secrets.token_hex(4)}"
+    with contextmanager(role)(pg_dsn, name) as dsn:
+        with pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn:
+            pgstore.init_schema(conn, writer=name)
+        yield dsn
+
+
+def _line(seq: int, prev: str, body: str = "x") -> bytes:
+    return f'{{"kind":"event","seq":{seq},"prev":"{prev}","log":"{body}"}}'.encode()
+
+
+def _count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM bide_records").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_writer_role_cannot_write_the_tables_directly(writer_dsn: str) -> None:
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        for statement in (
+            "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch) "
+            "VALUES (0, 1, 0, 'junk', 'h', 0)",
+            f"UPDATE bide_lease SET epoch = {MAX_BIGINT}",
+            "UPDATE bide_lease SET expires_at = 'infinity'",
+            "DELETE FROM bide_lease",
+            "INSERT INTO bide_snapshots (name, seq, data) VALUES ('state', 0, 'junk')",
+            "UPDATE bide_meta SET value = '1'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+        assert _count(conn) == 0
+        assert conn.execute("SELECT epoch FROM bide_lease").fetchone() == (0,)
+
+
+def test_a_round_off_the_chain_or_under_a_stale_epoch_is_refused(writer_dsn: str) -> None:
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        epoch_row = conn.execute("SELECT * FROM bide_take_lease('node-a', 30)").fetchone()
+        assert epoch_row == (1,)
+        first = _line(0, ZERO_HASH)
+        second_at = len(first) + 1
+        ok = conn.execute(APPEND, (1, [0], [1], [0], [first])).fetchone()
+        assert ok == (1, None, None, None)
+        stored = conn.execute("SELECT hash, epoch FROM bide_records").fetchone()
+        assert stored == (record_hash(first), 1)  # computed by the database, not given
+        good = _line(1, record_hash(first))
+        for why, args in {
+            "wrong prev": (1, [1], [1], [second_at], [_line(1, "f" * 64)]),
+            "a gap": (1, [2], [1], [second_at], [_line(2, record_hash(first))]),
+            "record 0 again": (1, [0], [1], [0], [_line(0, ZERO_HASH, "y")]),
+            "seq column and line disagree": (1, [1], [1], [second_at],
+                                             [_line(5, record_hash(first))]),
+            "not a record": (1, [1], [1], [second_at], [b"junk"]),
+            "off the layout": (1, [1], [1], [second_at + 7], [good]),
+            "a later line off the chain": (1, [1, 2], [1, 1], [second_at,
+                                                               second_at + len(good) + 1],
+                                           [good, _line(2, "0" * 64)]),
+            "a stale epoch": (0, [1], [1], [second_at], [good]),
+            "an epoch ahead": (2, [1], [1], [second_at], [good]),
+        }.items():
+            row = conn.execute(APPEND, args).fetchone()
+            assert row is not None
+            assert row[3] is not None, why
+            assert _count(conn) == 1, why
+        assert conn.execute(APPEND, (1, [1], [1], [second_at], [good])).fetchone() == (
+            1, 0, record_hash(first), None)
+        assert _count(conn) == 2
+        # A snapshot only at a record the database holds, under the epoch in force.
+        keep = "SELECT bide_keep_snapshot(%s, %s, %s, %s)"
+        assert conn.execute(keep, (1, 1, "f" * 64, b"forged")).fetchone() == (False,)
+        assert conn.execute(keep, (0, 1, record_hash(good), b"stale")).fetchone() == (False,)
+        assert conn.execute(keep, (1, 1, record_hash(good), b"kept")).fetchone() == (True,)
+
+
+def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str,
+                                                            writer_dsn: str) -> None:
+    # Even the owner's own UPDATE is held to the lease's rules by its trigger.
+    with psycopg.connect(pg_dsn, autocommit=True) as owner:
+        for statement in (f"UPDATE bide_lease SET epoch = {MAX_BIGINT}",
+                          "UPDATE bide_lease SET epoch = 9007199254740991",  # the cap
+                          "UPDATE bide_lease SET epoch = epoch + 2",
+                          "UPDATE bide_lease SET epoch = epoch - 1",
+                          "UPDATE bide_lease SET expires_at = 'infinity'",
+                          "UPDATE bide_lease SET expires_at = now() + interval '2 hours'",
+                          "DELETE FROM bide_lease"):
+            with pytest.raises(psycopg.errors.RaiseException, match="bide_lease"):
+                owner.execute(statement)
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        for statement in ("SELECT * FROM bide_take_lease('node-a', 1e9)",
+                          "SELECT * FROM bide_take_lease('node-a', 'infinity')",
+                          "SELECT * FROM bide_take_lease(repeat('a', 10000), 5)"):
+            with pytest.raises(psycopg.Error):
+                conn.execute(statement)
+        assert conn.execute("SELECT * FROM bide_take_lease('node-a', 0.2)").fetchone() == (1,)
+    # Once node-a's lease runs out, the next node takes it at the next epoch.
+    taken: list[int] = []
+    with pgstore.connect(pgstore.PgSettings(writer_dsn)) as conn:
+
+        def take() -> bool:
+            epoch = pgstore.take_lease(conn, "node-b", 30)
+            taken.extend([] if epoch is None else [epoch])
+            return bool(taken)
+
+        until(take, 10, "node-b to take the lease node-a let run out")
+    assert taken == [2]
+
+
+def test_renewing_past_the_cap_is_refused(writer_dsn: str) -> None:
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT * FROM bide_take_lease('node-a', 30)").fetchone() == (1,)
+        with pytest.raises(psycopg.errors.RaiseException, match="at most 3600 s"):
+            conn.execute("SELECT * FROM bide_renew_lease(1e9, 'node-a', 1)")
+        row = conn.execute("SELECT EXTRACT(EPOCH FROM (expires_at - now())) FROM bide_lease"
+                           ).fetchone()
+        assert row is not None
+        assert float(row[0]) <= 30
+
+
+#: What ``bide log init --writer-role`` granted in schema version 1.
+_V1_GRANTS = ("GRANT SELECT, INSERT ON bide_records, bide_snapshots TO {w}",
+              "GRANT SELECT, UPDATE ON bide_lease TO {w}",
+              "GRANT SELECT ON bide_meta TO {w}",
+              "GRANT UPDATE (data, seq, written_at) ON bide_snapshots TO {w}")
+
+
+def test_log_init_upgrades_version_1_and_takes_the_direct_grants_back(pg_dsn: str) -> None:
+    name = f"bidep_w_{secrets.token_hex(4)}"
+    with contextmanager(role)(pg_dsn, name) as writer:
+        with psycopg.connect(pg_dsn) as conn:  # a database set up by bide 1's `log init`
+            conn.execute(pgstore._UPGRADES[0])
+            conn.execute("INSERT INTO bide_meta VALUES ('schema_version', '1')")
+            conn.execute("UPDATE bide_lease SET expires_at = 'infinity'")
+            for grant in _V1_GRANTS:
+                conn.execute(sql.SQL(grant).format(w=sql.Identifier(name)))
+            conn.commit()
+        with pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn:
+            assert pgstore.init_schema(conn, writer=name) == (1, pgstore.SCHEMA_VERSION)
+            assert pgstore.init_schema(conn, writer=name) == (pgstore.SCHEMA_VERSION,) * 2
+        with psycopg.connect(writer, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
+                             "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE bide_snapshots SET data = 'junk'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE bide_lease SET epoch = epoch + 1")
+            # The infinite lease a version-1 writer could set was cut to the cap on upgrade.
+            row = conn.execute("SELECT expires_at < 'infinity' FROM bide_lease").fetchone()
+            assert row == (True,)
+
+
+def test_log_init_names_a_writer_role_the_database_cannot_fence(pg_dsn: str) -> None:
+    with pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn:
+        pgstore.init_schema(conn)
+        assert pgstore.writer_unfenced(conn, "postgres") == "role postgres is a superuser"
+
+
+def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
+        writer_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    """The documented setup end to end: the daemons' role, with only SELECT and the functions,
+    takes the lease, appends a log that exports byte for byte and verifies, keeps a snapshot,
+    hands the lease over, and the next node takes it at the next epoch."""
+    settings = pgstore.PgSettings(writer_dsn)
+
+    async def run() -> tuple[int, int]:
+        a = Lease(settings, tmp_path / "a-log", lease_seconds=30, renew_seconds=5)
+        b = Lease(settings, tmp_path / "b-log", lease_seconds=30, renew_seconds=5)
+        await a.open()
+        await b.open()
+        try:
+            epoch = await a.acquire()
+            store = pgstore.PgStore(settings, epoch)
+            try:
+                async with LogWriter(tmp_path / "a-log", ks.keyring(), ks.signer(),
+                                     segment_bytes=2048, checkpoint_every=5,
+                                     checkpoint_interval=3600, store=store) as w:
+                    for start in range(0, 30, 3):
+                        await w.append_many([payload_for(i) for i in range(start, start + 3)])
+                with pgstore.connect(settings) as conn:
+                    head = pgstore.head(conn)
+                assert head is not None
+                assert store.save_snapshot(head[0], head[1], b"snapshot")
+            finally:
+                store.close()
+            await a.release()
+            with anyio.fail_after(10):
+                return epoch, await b.acquire()
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    first, second = anyio.run(run)
+    assert (first, second) == (1, 2)
+    with pgstore.connect(settings, read_only=True) as conn:
+        write_segments(pgstore.iter_all(conn), tmp_path / "export")
+    report = verify_log(tmp_path / "export", ks.verify_key())
+    assert report.damage is None
+    assert report.torn is None
+    assert (tmp_path / "b-log").is_dir()  # the standby copied the log before taking over
