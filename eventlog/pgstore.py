@@ -120,6 +120,15 @@ LEASE_CAP_SECONDS = 3600
 #: transaction what bide's own statements used to. A trigger holds the lease row to its rules
 #: for every role (the owner included, short of disabling it).
 _SCHEMA_V2 = f"""
+DO $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM bide_lease WHERE epoch > {EPOCH_CAP}) THEN
+        RAISE EXCEPTION 'the lease epoch is above % (written by hand?); with every node '
+            'stopped, set it one past the last epoch the records were committed under: '
+            'UPDATE bide_lease SET epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM '
+            'bide_records), then run bide log init again', {EPOCH_CAP};
+    END IF;
+END $fn$;
 ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_epoch_cap;
 ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_holder_length;
 UPDATE bide_lease SET expires_at = now() + interval '{LEASE_CAP_SECONDS} seconds'

@@ -19,6 +19,7 @@ from psycopg import sql
 from daemon.lease import Lease
 from eventlog import pgstore
 from eventlog.envelope import ZERO_HASH, record_hash
+from eventlog.errors import StoreError
 from eventlog.store import write_segments
 from eventlog.verify import verify_log
 from eventlog.writer import LogWriter
@@ -232,3 +233,21 @@ def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
     assert report.damage is None
     assert report.torn is None
     assert (tmp_path / "b-log").is_dir()  # the standby copied the log before taking over
+
+
+def test_log_init_refuses_to_upgrade_a_lease_epoch_past_the_cap_and_names_the_fix(
+        pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn) as conn:  # version 1, its epoch set to bigint's maximum
+        conn.execute(pgstore._UPGRADES[0])
+        conn.execute("INSERT INTO bide_meta VALUES ('schema_version', '1')")
+        conn.execute(f"UPDATE bide_lease SET epoch = {MAX_BIGINT}")
+        conn.commit()
+    with pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn:
+        with pytest.raises(StoreError, match="set it one past the last epoch"):
+            pgstore.init_schema(conn)
+        assert pgstore.schema_version(conn) == 1  # nothing changed
+        conn.rollback()
+        conn.execute("UPDATE bide_lease SET epoch = (SELECT coalesce(max(epoch), 0) + 1 "
+                     "FROM bide_records)")
+        conn.commit()
+        assert pgstore.init_schema(conn) == (1, pgstore.SCHEMA_VERSION)
