@@ -524,16 +524,27 @@ def writer_unfenced(conn: psycopg.Connection[Any], writer: str) -> str | None:
     return None
 
 
+#: Versions whose tables a reader (export, verify, status) reads as this version's: version 2
+#: changed who may write, not what is stored.
+READABLE_VERSIONS = (1, 2)
+
+
 def require_schema(conn: psycopg.Connection[Any]) -> None:
-    """Refuse a database whose schema this version does not know, naming the fix."""
+    """Refuse a database whose schema this version does not know, naming the fix. On a
+    read-only connection an older schema whose tables read the same is accepted."""
     try:
         version = schema_version(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('transaction_read_only')")
+            row = cur.fetchone()
         conn.rollback()
     except psycopg.Error as exc:
         raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
     if version is None:
         raise SchemaError("the database holds no bide schema (no bide_meta table in the "
                           "search path); create it with `bide log init --dsn DSN`")
+    if version in READABLE_VERSIONS and row is not None and row[0] == "on":
+        return
     if version != SCHEMA_VERSION:
         raise SchemaError(f"the database holds bide schema version {version}; this bide "
                           f"needs {SCHEMA_VERSION}: run `bide log init --dsn DSN` to upgrade"

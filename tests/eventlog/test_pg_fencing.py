@@ -19,7 +19,7 @@ from psycopg import sql
 from daemon.lease import Lease
 from eventlog import pgstore
 from eventlog.envelope import ZERO_HASH, record_hash
-from eventlog.errors import StoreError
+from eventlog.errors import SchemaError, StoreError
 from eventlog.store import write_segments
 from eventlog.verify import verify_log
 from eventlog.writer import LogWriter
@@ -251,3 +251,15 @@ def test_log_init_refuses_to_upgrade_a_lease_epoch_past_the_cap_and_names_the_fi
                      "FROM bide_records)")
         conn.commit()
         assert pgstore.init_schema(conn) == (1, pgstore.SCHEMA_VERSION)
+
+
+def test_a_version_1_schema_is_still_read_but_a_node_needs_the_upgrade(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(pgstore._UPGRADES[0])
+        conn.execute("INSERT INTO bide_meta VALUES ('schema_version', '1')")
+        conn.commit()
+    with pgstore.connect(pgstore.PgSettings(pg_dsn), read_only=True) as conn:
+        pgstore.require_schema(conn)  # export, verify and status read it as before
+    with (pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn,
+          pytest.raises(SchemaError, match="run `bide log init --dsn DSN` to upgrade")):
+        pgstore.require_schema(conn)
