@@ -1,7 +1,9 @@
 """One active node per database log: the lease, kept by the node's own clock.
 
-The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows, and an expiry
-on the database's clock. This module is the node's side:
+The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows (by one per
+takeover), and an expiry on the database's clock. The node changes it only through the
+database's checked functions (``bide_take_lease``, ``bide_renew_lease``,
+``bide_release_lease``): its role has no UPDATE on the row. This module is the node's side:
 
     * :meth:`Lease.acquire` is the standby loop: it copies the records committed since its
       last look into the local segment files (so a takeover replays only the tail) and tries
