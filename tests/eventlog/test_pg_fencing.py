@@ -263,3 +263,50 @@ def test_a_version_1_schema_is_still_read_but_a_node_needs_the_upgrade(pg_dsn: s
     with (pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn,
           pytest.raises(SchemaError, match="run `bide log init --dsn DSN` to upgrade")):
         pgstore.require_schema(conn)
+
+
+def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
+        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    """As the deploy guide sets it up: the tables and functions belong to an ordinary role
+    (the functions run as it), and the daemons' role appends and keeps the lease through
+    them."""
+    owner_name, writer_name = (f"bidep_{k}_{secrets.token_hex(4)}" for k in "ow")
+    with (contextmanager(role)(pg_dsn, owner_name) as owner_dsn,
+          contextmanager(role)(pg_dsn, writer_name) as writer_dsn):
+        schema = f"bidep_s_{secrets.token_hex(4)}"  # dropped with its owner (DROP OWNED)
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(schema), sql.Identifier(owner_name)))
+        options = f"-csearch_path={schema}"
+        owner = pgstore.PgSettings(psycopg.conninfo.make_conninfo(owner_dsn, options=options))
+        writer = pgstore.PgSettings(psycopg.conninfo.make_conninfo(writer_dsn,
+                                                                   options=options))
+        with pgstore.connect(owner) as conn:
+            assert pgstore.init_schema(conn, writer=writer_name)[1] == pgstore.SCHEMA_VERSION
+            assert pgstore.writer_unfenced(conn, writer_name) is None
+            assert pgstore.writer_unfenced(conn, owner_name) is not None
+        with pgstore.connect(writer) as conn:
+            epoch = pgstore.take_lease(conn, "node-a", 30)
+        assert epoch == 1
+        store = pgstore.PgStore(writer, epoch)
+
+        async def run() -> None:
+            async with LogWriter(tmp_path / "log", ks.keyring(), ks.signer(),
+                                 checkpoint_interval=3600, store=store) as w:
+                await w.append_many([payload_for(i) for i in range(5)])
+
+        try:
+            anyio.run(run)
+        finally:
+            store.close()
+        with pgstore.connect(writer) as conn:
+            assert pgstore.release_lease(conn, "node-a", 1)
+            assert pgstore.take_lease(conn, "node-b", 30) == 2
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, "
+                             "hash, epoch) VALUES (1000, 9, 0, 'junk', 'h', 2)")
+            conn.rollback()
+            head = pgstore.head(conn)
+        assert head is not None
+        assert head[0] >= 5
+
