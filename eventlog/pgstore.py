@@ -19,10 +19,13 @@ Tables (schema version :data:`SCHEMA_VERSION`, created and upgraded only by ``bi
 The database enforces the fencing (version 2). The daemons' role has SELECT and nothing else
 on the tables: it writes only through SECURITY DEFINER functions (:data:`NODE_FUNCTIONS`),
 owned by the role that ran ``bide log init``, with a fixed search_path. ``bide_take_lease``
-takes an expired lease by raising the epoch by one in the same ``UPDATE``; ``bide_append``
-locks the lease row ``FOR SHARE`` and refuses a round whose epoch is not the one in force, so a
-takeover (which must update that row) waits for an append in flight and every append after it
-is refused. It also refuses a line that is not numbered one past the stored head, whose
+takes an expired lease by raising the epoch by one in the same ``UPDATE`` and hands the taker
+a secret for the term (:class:`Term`; the row keeps only its hash). ``bide_append`` locks the
+lease row ``FOR SHARE`` and refuses a round whose epoch is not the one in force or that does
+not bring that term's secret, so a takeover (which must update that row) waits for an append
+in flight, every append after it is refused, and the daemons' role alone (which can read the
+epoch) cannot write inside another node's term. Renewals, releases and snapshots need the
+secret too. It also refuses a line that is not numbered one past the stored head, whose
 ``prev`` is not the stored hash of the record before it, or that is not at the next place in
 the segment layout, and computes each record's hash itself: a node never forks the chain in
 the database, and the daemons' role cannot insert a row that breaks it. Committed rounds are
@@ -38,7 +41,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +138,13 @@ UPDATE bide_lease SET expires_at = now() + interval '{LEASE_CAP_SECONDS} seconds
     WHERE expires_at > now() + interval '{LEASE_CAP_SECONDS} seconds';
 ALTER TABLE bide_lease ADD CONSTRAINT bide_lease_epoch_cap CHECK (epoch <= {EPOCH_CAP}),
     ADD CONSTRAINT bide_lease_holder_length CHECK (length(holder) <= 256);
+-- The hash of the secret bide_take_lease gave the node that took the epoch: an append, a
+-- renewal, a release or a snapshot must bring the secret itself, so the daemons' role alone
+-- (which can read the epoch and the holder) cannot act inside another node's term.
+ALTER TABLE bide_lease ADD COLUMN IF NOT EXISTS term_hash text NOT NULL DEFAULT '';
+
+CREATE OR REPLACE FUNCTION bide_term_hash(p_term text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $fn$ SELECT encode(sha256(convert_to(p_term, 'UTF8')), 'hex') $fn$;
 
 CREATE OR REPLACE FUNCTION bide_lease_guard() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -161,38 +171,41 @@ DROP TRIGGER IF EXISTS bide_lease_no_truncate ON bide_lease;
 CREATE TRIGGER bide_lease_no_truncate BEFORE TRUNCATE ON bide_lease
     FOR EACH STATEMENT EXECUTE FUNCTION bide_lease_guard();
 
-CREATE OR REPLACE FUNCTION bide_take_lease(p_holder text, p_seconds float8)
-    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
-DECLARE
-    taken bigint;
+CREATE OR REPLACE FUNCTION bide_take_lease(p_holder text, p_seconds float8,
+        OUT taken_epoch bigint, OUT term text)
+    RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 BEGIN
-    UPDATE bide_lease SET holder = p_holder, epoch = epoch + 1,
+    term := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
+    UPDATE bide_lease SET holder = p_holder, epoch = epoch + 1, term_hash = bide_term_hash(term),
            expires_at = now() + make_interval(secs => p_seconds)
-     WHERE id = 1 AND expires_at <= now() RETURNING epoch INTO taken;
+     WHERE id = 1 AND expires_at <= now() RETURNING epoch INTO taken_epoch;
     IF FOUND THEN
-        RETURN NEXT taken;
+        RETURN NEXT;
     END IF;
 END $fn$;
 
-CREATE OR REPLACE FUNCTION bide_renew_lease(p_seconds float8, p_holder text, p_epoch bigint)
+CREATE OR REPLACE FUNCTION bide_renew_lease(p_seconds float8, p_holder text, p_epoch bigint,
+        p_term text)
     RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     renewed bigint;
 BEGIN
     UPDATE bide_lease SET expires_at = now() + make_interval(secs => p_seconds)
-     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch RETURNING epoch INTO renewed;
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch
+       AND term_hash = bide_term_hash(p_term) RETURNING epoch INTO renewed;
     IF FOUND THEN
         RETURN NEXT renewed;
     END IF;
 END $fn$;
 
-CREATE OR REPLACE FUNCTION bide_release_lease(p_holder text, p_epoch bigint)
+CREATE OR REPLACE FUNCTION bide_release_lease(p_holder text, p_epoch bigint, p_term text)
     RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     released bigint;
 BEGIN
     UPDATE bide_lease SET expires_at = now() - interval '1 microsecond'
-     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch RETURNING epoch INTO released;
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch
+       AND term_hash = bide_term_hash(p_term) RETURNING epoch INTO released;
     IF FOUND THEN
         PERFORM pg_notify('{NOTIFY_CHANNEL}', 'lease');
         RETURN NEXT released;
@@ -204,21 +217,25 @@ END $fn$;
 -- past the record before it, its "prev" that record's hash, at the next place in the segment
 -- layout; the hashes are computed here, never taken from the caller. Refused rounds insert
 -- nothing and say why.
-CREATE OR REPLACE FUNCTION bide_append(p_epoch bigint, p_seqs bigint[], p_segments integer[],
-        p_offsets bigint[], p_lines bytea[], OUT lease_epoch bigint, OUT head_seq bigint,
-        OUT head_hash text, OUT refused text)
+CREATE OR REPLACE FUNCTION bide_append(p_epoch bigint, p_term text, p_seqs bigint[],
+        p_segments integer[], p_offsets bigint[], p_lines bytea[], OUT lease_epoch bigint,
+        OUT in_term boolean, OUT head_seq bigint, OUT head_hash text, OUT refused text)
     LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     n integer := coalesce(cardinality(p_lines), 0);
     head_segment integer;
     head_end bigint;
 BEGIN
-    SELECT l.epoch INTO lease_epoch FROM bide_lease l WHERE l.id = 1 FOR SHARE;
+    SELECT l.epoch, l.epoch = p_epoch AND l.term_hash = bide_term_hash(p_term)
+      INTO lease_epoch, in_term FROM bide_lease l WHERE l.id = 1 FOR SHARE;
+    in_term := coalesce(in_term, false);
     SELECT r.seq, r.hash, r.segment, r.byte_offset + length(r.line) + 1
       INTO head_seq, head_hash, head_segment, head_end
       FROM bide_records r ORDER BY r.seq DESC LIMIT 1;
-    IF lease_epoch IS DISTINCT FROM p_epoch THEN
-        refused := format('the lease epoch is %s, not %s', lease_epoch, p_epoch);
+    IF NOT in_term THEN
+        refused := format('the lease epoch in force is %s; this round is not from the node '
+                          'that took epoch %s (or the term''s secret is wrong)', lease_epoch,
+                          p_epoch);
         RETURN;
     END IF;
     IF n = 0 OR coalesce(cardinality(p_seqs), 0) <> n OR coalesce(cardinality(p_segments), 0) <> n
@@ -275,15 +292,16 @@ END $fn$;
 
 -- Keep a snapshot: only under the epoch in force, at a record the database holds, over an
 -- older one only. Returns whether it was kept.
-CREATE OR REPLACE FUNCTION bide_keep_snapshot(p_epoch bigint, p_seq bigint, p_hash text,
-        p_data bytea) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+CREATE OR REPLACE FUNCTION bide_keep_snapshot(p_epoch bigint, p_term text, p_seq bigint,
+        p_hash text, p_data bytea) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     kept integer;
 BEGIN
-    WITH lease AS (SELECT l.epoch FROM bide_lease l WHERE l.id = 1 FOR SHARE),
+    WITH lease AS (SELECT l.epoch, l.term_hash FROM bide_lease l WHERE l.id = 1 FOR SHARE),
          ins AS (INSERT INTO bide_snapshots AS s (name, seq, data)
                  SELECT 'state', p_seq, p_data
                   WHERE (SELECT epoch FROM lease) = p_epoch
+                    AND (SELECT term_hash FROM lease) = bide_term_hash(p_term)
                     AND (SELECT r.hash FROM bide_records r WHERE r.seq = p_seq) = p_hash
                  ON CONFLICT (name) DO UPDATE
                      SET seq = excluded.seq, data = excluded.data, written_at = now()
@@ -298,11 +316,11 @@ END $fn$;
 _UPGRADES: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
 #: What the daemon's role may call (and nothing else writes): each runs as the schema's owner.
 NODE_FUNCTIONS = (
-    "bide_append(bigint, bigint[], integer[], bigint[], bytea[])",
+    "bide_append(bigint, text, bigint[], integer[], bigint[], bytea[])",
     "bide_take_lease(text, float8)",
-    "bide_renew_lease(float8, text, bigint)",
-    "bide_release_lease(text, bigint)",
-    "bide_keep_snapshot(bigint, bigint, text, bytea)",
+    "bide_renew_lease(float8, text, bigint, text)",
+    "bide_release_lease(text, bigint, text)",
+    "bide_keep_snapshot(bigint, text, bigint, text, bytea)",
 )
 TABLES = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
 
@@ -556,16 +574,28 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
 # -- records -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Term:
+    """A lease epoch as the node that took it holds it: the epoch, and the secret the
+    database gave it with the epoch (it keeps only the secret's hash). Every append, renewal,
+    release and snapshot of the term brings the secret: holding the daemons' role is not
+    enough to act inside another node's term. The secret is never printed."""
+
+    epoch: int
+    secret: str = field(repr=False)
+
+
 class PgStore:
-    """The :class:`~eventlog.store.LineStore` of one node: appends under ``epoch``.
+    """The :class:`~eventlog.store.LineStore` of one node: appends under its lease term.
 
     Not thread-safe: the log writer's thread is its only caller. A failure closes the
     connection; the next call opens a new one.
     """
 
-    def __init__(self, settings: PgSettings, epoch: int) -> None:
+    def __init__(self, settings: PgSettings, term: Term) -> None:
         self.settings = settings
-        self.epoch = epoch
+        self.epoch = term.epoch
+        self._term = term
         self._conn: psycopg.Connection[Any] | None = None
         #: Rounds refused because another node's epoch was in force.
         self.fenced = 0
@@ -593,7 +623,8 @@ class PgStore:
         first = lines[0].seq
         try:
             row = conn.execute(APPEND_ROUND, {
-                "epoch": self.epoch, "seqs": [ln.seq for ln in lines],
+                "epoch": self.epoch, "term": self._term.secret,
+                "seqs": [ln.seq for ln in lines],
                 "segments": [ln.segment for ln in lines],
                 "offsets": [ln.offset for ln in lines],
                 "lines": [ln.data for ln in lines]}).fetchone()
@@ -607,13 +638,14 @@ class PgStore:
             self.close()  # the outcome of a commit cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
         assert row is not None
-        epoch, head_seq, head_hash, refused = row
-        if epoch != self.epoch:
+        epoch, in_term, head_seq, head_hash, refused = row
+        if not in_term:
             self.fenced += 1
-            raise FencedError(
-                f"append refused: the log's lease epoch is {epoch}, not this node's "
-                f"{self.epoch} (another node took over); this node stops sending and "
-                f"falls back to standby")
+            why = (f"the log's lease epoch is {epoch}, not this node's {self.epoch} (another "
+                   f"node took over)" if epoch != self.epoch else
+                   f"the database does not know this node's secret for epoch {epoch}")
+            raise FencedError(f"append refused: {why}; this node stops sending and falls "
+                              f"back to standby")
         if refused is not None:
             why = _divergence(first, prev_hash, head_seq, head_hash, refused)
             raise DivergedError(f"append refused: {why}; this node's copy of the log is not "
@@ -627,8 +659,8 @@ class PgStore:
         try:
             with connect(self.settings, autocommit=True) as conn:
                 row = conn.execute(KEEP_SNAPSHOT, {"seq": seq, "hash": record_hash,
-                                                   "data": data, "epoch": self.epoch}
-                                   ).fetchone()
+                                                   "data": data, "epoch": self.epoch,
+                                                   "term": self._term.secret}).fetchone()
         except psycopg.Error as exc:
             raise StoreError(f"keeping the snapshot in PostgreSQL failed: {reason(exc)}") from None
         except StoreError as exc:
@@ -657,13 +689,13 @@ class PgStore:
 #: A write round: ``bide_append`` (see :data:`_SCHEMA_V2`) checks the epoch, the numbering,
 #: the ``prev`` links and the places, inserts, and announces the round. Returns the epoch in
 #: force, the stored head (seq, hash) before the round, and why it was refused (NULL: stored).
-APPEND_ROUND = ("SELECT lease_epoch, head_seq, head_hash, refused FROM bide_append("
-                "%(epoch)s, %(seqs)b::bigint[], %(segments)b::integer[], %(offsets)b::bigint[], "
-                "%(lines)b::bytea[])")
+APPEND_ROUND = ("SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append("
+                "%(epoch)s, %(term)s, %(seqs)b::bigint[], %(segments)b::integer[], "
+                "%(offsets)b::bigint[], %(lines)b::bytea[])")
 
 #: Keep a snapshot (``bide_keep_snapshot``): only under the epoch in force, at a record the
 #: database holds, over an older one only. Returns whether it was kept.
-KEEP_SNAPSHOT = "SELECT bide_keep_snapshot(%(epoch)s, %(seq)s, %(hash)s, %(data)s)"
+KEEP_SNAPSHOT = "SELECT bide_keep_snapshot(%(epoch)s, %(term)s, %(seq)s, %(hash)s, %(data)s)"
 
 def _divergence(first: int, prev_hash: str, head_seq: int | None, head_hash: str | None,
                 refused: str) -> str:
@@ -804,13 +836,15 @@ def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
 
 
 #: Take an expired (or handed-over) lease, raising the epoch by one in the same statement;
-#: returns the new epoch, or no row while another node holds it. Parameters: holder, seconds.
-TAKE_LEASE = "SELECT * FROM bide_take_lease(%s, %s)"
-#: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch.
-RENEW_LEASE = "SELECT * FROM bide_renew_lease(%s, %s, %s)"
+#: returns the new epoch and the term's secret, or no row while another node holds it.
+#: Parameters: holder, seconds.
+TAKE_LEASE = "SELECT taken_epoch, term FROM bide_take_lease(%s, %s)"
+#: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch,
+#: the term's secret.
+RENEW_LEASE = "SELECT * FROM bide_renew_lease(%s, %s, %s, %s)"
 #: Hand the lease over at once (graceful stop): expire it now and wake the standbys; the
-#: epoch stays, the next taker raises it. Parameters: holder, epoch.
-RELEASE_LEASE = "SELECT * FROM bide_release_lease(%s, %s)"
+#: epoch stays, the next taker raises it. Parameters: holder, epoch, the term's secret.
+RELEASE_LEASE = "SELECT * FROM bide_release_lease(%s, %s, %s)"
 
 
 def _returned(conn: psycopg.Connection[Any], statement: str,
@@ -822,19 +856,23 @@ def _returned(conn: psycopg.Connection[Any], statement: str,
     return None if row is None else int(row[0])
 
 
-def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> int | None:
+def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> Term | None:
     """:data:`TAKE_LEASE` on a plain connection (tools and tests; the daemon's
     :class:`daemon.lease.Lease` runs the same statements on its pool)."""
-    return _returned(conn, TAKE_LEASE, (holder, seconds))
+    with conn.cursor() as cur:
+        cur.execute(TAKE_LEASE, (holder, seconds))
+        row = cur.fetchone()
+    conn.commit()
+    return None if row is None else Term(int(row[0]), str(row[1]))
 
 
-def renew_lease(conn: psycopg.Connection[Any], holder: str, epoch: int,
+def renew_lease(conn: psycopg.Connection[Any], holder: str, term: Term,
                 seconds: float) -> bool:
-    return _returned(conn, RENEW_LEASE, (seconds, holder, epoch)) is not None
+    return _returned(conn, RENEW_LEASE, (seconds, holder, term.epoch, term.secret)) is not None
 
 
-def release_lease(conn: psycopg.Connection[Any], holder: str, epoch: int) -> bool:
-    return _returned(conn, RELEASE_LEASE, (holder, epoch)) is not None
+def release_lease(conn: psycopg.Connection[Any], holder: str, term: Term) -> bool:
+    return _returned(conn, RELEASE_LEASE, (holder, term.epoch, term.secret)) is not None
 
 
 def env_dsn() -> str | None:

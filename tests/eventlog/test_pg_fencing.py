@@ -28,8 +28,9 @@ from tests.eventlog._logtools import KeySet, payload_for
 from tests.pgsupport import role
 
 MAX_BIGINT = 2**63 - 1
-APPEND = ("SELECT lease_epoch, head_seq, head_hash, refused FROM bide_append(%s, %s::bigint[], "
-          "%s::integer[], %s::bigint[], %s::bytea[])")
+APPEND = ("SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append(%s, %s, "
+          "%s::bigint[], %s::integer[], %s::bigint[], %s::bytea[])")
+TAKE = "SELECT taken_epoch, term FROM bide_take_lease(%s, %s)"
 
 
 @pytest.fixture
@@ -44,6 +45,12 @@ def writer_dsn(pg_dsn: str) -> Iterator[str]:
 
 def _line(seq: int, prev: str, body: str = "x") -> bytes:
     return f'{{"kind":"event","seq":{seq},"prev":"{prev}","log":"{body}"}}'.encode()
+
+
+def _take(conn: psycopg.Connection[Any], holder: str, seconds: float) -> tuple[int, str]:
+    row = conn.execute(TAKE, (holder, seconds)).fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
 
 
 def _count(conn: psycopg.Connection[Any]) -> int:
@@ -71,41 +78,65 @@ def test_the_writer_role_cannot_write_the_tables_directly(writer_dsn: str) -> No
 
 def test_a_round_off_the_chain_or_under_a_stale_epoch_is_refused(writer_dsn: str) -> None:
     with psycopg.connect(writer_dsn, autocommit=True) as conn:
-        epoch_row = conn.execute("SELECT * FROM bide_take_lease('node-a', 30)").fetchone()
-        assert epoch_row == (1,)
+        epoch, term = _take(conn, "node-a", 30)
+        assert epoch == 1
         first = _line(0, ZERO_HASH)
         second_at = len(first) + 1
-        ok = conn.execute(APPEND, (1, [0], [1], [0], [first])).fetchone()
-        assert ok == (1, None, None, None)
+        ok = conn.execute(APPEND, (1, term, [0], [1], [0], [first])).fetchone()
+        assert ok == (1, True, None, None, None)
         stored = conn.execute("SELECT hash, epoch FROM bide_records").fetchone()
         assert stored == (record_hash(first), 1)  # computed by the database, not given
         good = _line(1, record_hash(first))
         for why, args in {
-            "wrong prev": (1, [1], [1], [second_at], [_line(1, "f" * 64)]),
-            "a gap": (1, [2], [1], [second_at], [_line(2, record_hash(first))]),
-            "record 0 again": (1, [0], [1], [0], [_line(0, ZERO_HASH, "y")]),
-            "seq column and line disagree": (1, [1], [1], [second_at],
+            "wrong prev": (1, term, [1], [1], [second_at], [_line(1, "f" * 64)]),
+            "a gap": (1, term, [2], [1], [second_at], [_line(2, record_hash(first))]),
+            "record 0 again": (1, term, [0], [1], [0], [_line(0, ZERO_HASH, "y")]),
+            "seq column and line disagree": (1, term, [1], [1], [second_at],
                                              [_line(5, record_hash(first))]),
-            "not a record": (1, [1], [1], [second_at], [b"junk"]),
-            "off the layout": (1, [1], [1], [second_at + 7], [good]),
-            "a later line off the chain": (1, [1, 2], [1, 1], [second_at,
-                                                               second_at + len(good) + 1],
+            "not a record": (1, term, [1], [1], [second_at], [b"junk"]),
+            "off the layout": (1, term, [1], [1], [second_at + 7], [good]),
+            "a later line off the chain": (1, term, [1, 2], [1, 1],
+                                           [second_at, second_at + len(good) + 1],
                                            [good, _line(2, "0" * 64)]),
-            "a stale epoch": (0, [1], [1], [second_at], [good]),
-            "an epoch ahead": (2, [1], [1], [second_at], [good]),
+            "a stale epoch": (0, term, [1], [1], [second_at], [good]),
+            "an epoch ahead": (2, term, [1], [1], [second_at], [good]),
+            # Whoever holds the role can read the epoch, not the term's secret.
+            "the epoch in force without its secret": (1, "f" * 64, [1], [1], [second_at],
+                                                      [good]),
+            "no secret": (1, "", [1], [1], [second_at], [good]),
         }.items():
             row = conn.execute(APPEND, args).fetchone()
             assert row is not None
-            assert row[3] is not None, why
+            assert row[4] is not None, why
             assert _count(conn) == 1, why
-        assert conn.execute(APPEND, (1, [1], [1], [second_at], [good])).fetchone() == (
-            1, 0, record_hash(first), None)
+        assert conn.execute(APPEND, (1, term, [1], [1], [second_at], [good])).fetchone() == (
+            1, True, 0, record_hash(first), None)
         assert _count(conn) == 2
-        # A snapshot only at a record the database holds, under the epoch in force.
-        keep = "SELECT bide_keep_snapshot(%s, %s, %s, %s)"
-        assert conn.execute(keep, (1, 1, "f" * 64, b"forged")).fetchone() == (False,)
-        assert conn.execute(keep, (0, 1, record_hash(good), b"stale")).fetchone() == (False,)
-        assert conn.execute(keep, (1, 1, record_hash(good), b"kept")).fetchone() == (True,)
+        # A snapshot only at a record the database holds, by the term in force.
+        keep = "SELECT bide_keep_snapshot(%s, %s, %s, %s, %s)"
+        assert conn.execute(keep, (1, term, 1, "f" * 64, b"forged")).fetchone() == (False,)
+        assert conn.execute(keep, (0, term, 1, record_hash(good), b"stale")).fetchone() == (
+            False,)
+        assert conn.execute(keep, (1, "f" * 64, 1, record_hash(good), b"no secret")
+                            ).fetchone() == (False,)
+        assert conn.execute(keep, (1, term, 1, record_hash(good), b"kept")).fetchone() == (
+            True,)
+
+
+def test_the_role_alone_cannot_renew_or_release_another_nodes_term(writer_dsn: str) -> None:
+    """The epoch and the holder are readable by the role: without the term's secret neither
+    keeps a dead node's lease alive nor hands a live one over."""
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        epoch, term = _take(conn, "node-a", 30)
+        for statement, params in (
+                ("SELECT * FROM bide_renew_lease(30, 'node-a', %s, %s)", (epoch, "f" * 64)),
+                ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, "f" * 64)),
+                ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, ""))):
+            assert conn.execute(statement, params).fetchone() is None
+        row = conn.execute("SELECT expires_at > now() FROM bide_lease").fetchone()
+        assert row == (True,)
+        assert conn.execute("SELECT * FROM bide_release_lease('node-a', %s, %s)",
+                            (epoch, term)).fetchone() == (epoch,)
 
 
 def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str,
@@ -127,14 +158,14 @@ def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str,
                           "SELECT * FROM bide_take_lease(repeat('a', 10000), 5)"):
             with pytest.raises(psycopg.Error):
                 conn.execute(statement)
-        assert conn.execute("SELECT * FROM bide_take_lease('node-a', 0.2)").fetchone() == (1,)
+        assert _take(conn, "node-a", 0.2)[0] == 1
     # Once node-a's lease runs out, the next node takes it at the next epoch.
     taken: list[int] = []
     with pgstore.connect(pgstore.PgSettings(writer_dsn)) as conn:
 
         def take() -> bool:
-            epoch = pgstore.take_lease(conn, "node-b", 30)
-            taken.extend([] if epoch is None else [epoch])
+            term = pgstore.take_lease(conn, "node-b", 30)
+            taken.extend([] if term is None else [term.epoch])
             return bool(taken)
 
         until(take, 10, "node-b to take the lease node-a let run out")
@@ -143,9 +174,9 @@ def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str,
 
 def test_renewing_past_the_cap_is_refused(writer_dsn: str) -> None:
     with psycopg.connect(writer_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT * FROM bide_take_lease('node-a', 30)").fetchone() == (1,)
+        epoch, term = _take(conn, "node-a", 30)
         with pytest.raises(psycopg.errors.RaiseException, match="at most 3600 s"):
-            conn.execute("SELECT * FROM bide_renew_lease(1e9, 'node-a', 1)")
+            conn.execute("SELECT * FROM bide_renew_lease(1e9, 'node-a', %s, %s)", (epoch, term))
         row = conn.execute("SELECT EXTRACT(EPOCH FROM (expires_at - now())) FROM bide_lease"
                            ).fetchone()
         assert row is not None
@@ -205,7 +236,7 @@ def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
         await b.open()
         try:
             epoch = await a.acquire()
-            store = pgstore.PgStore(settings, epoch)
+            store = pgstore.PgStore(settings, a.term)
             try:
                 async with LogWriter(tmp_path / "a-log", ks.keyring(), ks.signer(),
                                      segment_bytes=2048, checkpoint_every=5,
@@ -286,9 +317,10 @@ def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
             assert pgstore.writer_unfenced(conn, writer_name) is None
             assert pgstore.writer_unfenced(conn, owner_name) is not None
         with pgstore.connect(writer) as conn:
-            epoch = pgstore.take_lease(conn, "node-a", 30)
-        assert epoch == 1
-        store = pgstore.PgStore(writer, epoch)
+            term = pgstore.take_lease(conn, "node-a", 30)
+        assert term is not None
+        assert term.epoch == 1
+        store = pgstore.PgStore(writer, term)
 
         async def run() -> None:
             async with LogWriter(tmp_path / "log", ks.keyring(), ks.signer(),
@@ -300,8 +332,10 @@ def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
         finally:
             store.close()
         with pgstore.connect(writer) as conn:
-            assert pgstore.release_lease(conn, "node-a", 1)
-            assert pgstore.take_lease(conn, "node-b", 30) == 2
+            assert pgstore.release_lease(conn, "node-a", term)
+            taken = pgstore.take_lease(conn, "node-b", 30)
+            assert taken is not None
+            assert taken.epoch == 2
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, "
                              "hash, epoch) VALUES (1000, 9, 0, 'junk', 'h', 2)")

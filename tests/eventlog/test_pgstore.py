@@ -61,9 +61,10 @@ def test_mirrored_log_exports_byte_identical_and_verifies(pg_dsn: str, ks: KeySe
                                                           tmp_path: Path) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
-        epoch = pgstore.take_lease(conn, "node-a", 30)
-    assert epoch == 1
-    store = pgstore.PgStore(_settings(pg_dsn), epoch)
+        term = pgstore.take_lease(conn, "node-a", 30)
+    assert term is not None
+    assert term.epoch == 1
+    store = pgstore.PgStore(_settings(pg_dsn), term)
     _write(tmp_path / "log", ks, store, 60)
     _write(tmp_path / "log", ks, store, 9)  # reopen: continues the same chain in both
     store.close()
@@ -95,8 +96,9 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
                 # node-a's lease runs out (here: handed over) and node-b takes it.
                 assert pgstore.release_lease(conn, "node-a", old)
                 new = pgstore.take_lease(conn, "node-b", 30)
-                assert new == old + 1
-                with pytest.raises(FencedError, match=f"epoch is {new}"):
+                assert new is not None
+                assert new.epoch == old.epoch + 1
+                with pytest.raises(FencedError, match=f"epoch is {new.epoch}"):
                     await w.append(b"after")
                 assert pgstore.head(conn) == before  # nothing of the refused round landed
                 assert not pgstore.renew_lease(conn, "node-a", old, 30)
@@ -109,7 +111,7 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
             store.close()
         assert store.fenced == 1
         row = pgstore.lease_row(conn)
-        assert (row.holder, row.epoch) == ("node-b", old + 1)
+        assert (row.holder, row.epoch) == ("node-b", old.epoch + 1)
         assert row.remaining > 20
 
 
@@ -240,7 +242,8 @@ def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_g
         assert not store.save_snapshot(early.seq, early.hash, b"early")  # older: kept out
         assert not store.save_snapshot(late.seq + 1, late.hash, b"ahead")  # not committed
         assert not store.save_snapshot(late.seq, early.hash, b"forged")  # not that record
-        stale = pgstore.PgStore(_settings(pg_dsn), epoch - 1)
+        stale = pgstore.PgStore(_settings(pg_dsn),
+                                pgstore.Term(epoch.epoch - 1, epoch.secret))
         assert not stale.save_snapshot(late.seq, late.hash, b"stale")  # another epoch
         assert store.load_snapshot() == b"late"
     finally:
