@@ -1,7 +1,9 @@
 """One active node per database log: the lease, kept by the node's own clock.
 
-The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows, and an expiry
-on the database's clock. This module is the node's side:
+The lease row (``eventlog.pgstore``) holds the holder, an epoch that only grows (by one per
+takeover), and an expiry on the database's clock. The node changes it only through the
+database's checked functions (``bide_take_lease``, ``bide_renew_lease``,
+``bide_release_lease``): its role has no UPDATE on the row. This module is the node's side:
 
     * :meth:`Lease.acquire` is the standby loop: it copies the records committed since its
       last look into the local segment files (so a takeover replays only the tail) and tries
@@ -116,6 +118,7 @@ class Lease:
     poll: float = 0.5
     holder: str = field(init=False)
     epoch: int = field(init=False, default=0)
+    _term: pgstore.Term | None = field(init=False, default=None)
     valid_until: float = field(init=False, default=float("-inf"))
     stats: LeaseStats = field(init=False, default_factory=LeaseStats)
     _pool: AsyncConnectionPool[Any] | None = field(init=False, default=None)
@@ -171,6 +174,14 @@ class Lease:
     def active(self) -> bool:
         return self.remaining() > 0
 
+    @property
+    def term(self) -> pgstore.Term:
+        """The term taken by the last :meth:`acquire` (its epoch and the database's secret
+        for it), for the store that appends under it."""
+        if self._term is None:
+            raise StoreError("no lease term has been taken yet")
+        return self._term
+
     # -- database calls (the pool) --------------------------------------------------------
 
     async def open(self) -> None:
@@ -211,13 +222,18 @@ class Lease:
         except pgstore.DatabaseError as exc:
             raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
 
-    async def _returned(self, statement: str, params: tuple[object, ...]) -> int | None:
-        """Run one lease statement; the first column of its row (an epoch), None for no row."""
+    async def _row(self, statement: str, params: tuple[object, ...]) -> tuple[Any, ...] | None:
+        """Run one lease statement; its row, None for no row."""
         started = time.monotonic()
         async with self._connection() as conn:
             cur = await conn.execute(statement, params)
             row = await cur.fetchone()
         self.stats.round_trip = time.monotonic() - started
+        return row
+
+    async def _returned(self, statement: str, params: tuple[object, ...]) -> int | None:
+        """Run one lease statement; the first column of its row (an epoch), None for no row."""
+        row = await self._row(statement, params)
         return None if row is None else int(row[0])
 
     async def _lines_after(self, seq: int, limit: int) -> list[StoredLine]:
@@ -359,10 +375,11 @@ class Lease:
                 try:
                     await self.follow()
                     sent = now()
-                    epoch = await self._returned(pgstore.TAKE_LEASE,
-                                                 (self.holder, self.lease_seconds))
-                    if epoch is not None:
-                        self.epoch = epoch
+                    row = await self._row(pgstore.TAKE_LEASE,
+                                          (self.holder, self.lease_seconds))
+                    if row is not None:
+                        epoch = int(row[0])
+                        self.epoch, self._term = epoch, pgstore.Term(epoch, str(row[1]))
                         self._extended(sent + self.lease_seconds)
                         self.stats.takeovers += 1
                         if await self._caught_up():
@@ -390,6 +407,9 @@ class Lease:
         self.valid_until = float("-inf")
         return False
 
+    def _secret(self) -> str:
+        return "" if self._term is None else self._term.secret
+
     def fenced(self, why: str) -> None:
         """An append was refused under another epoch: :meth:`keep` ends the term at once
         instead of at its next renewal, and no request is allowed from now on."""
@@ -410,8 +430,8 @@ class Lease:
             sent = now()
             try:
                 with anyio.fail_after(max(0.1, self.remaining())):
-                    epoch = await self._returned(pgstore.RENEW_LEASE,
-                                                 (self.lease_seconds, self.holder, self.epoch))
+                    epoch = await self._returned(pgstore.RENEW_LEASE, (
+                        self.lease_seconds, self.holder, self.epoch, self._secret()))
             except (StoreError, TimeoutError) as exc:
                 self.stats.renewal_failures += 1
                 if self.remaining() <= 0:
@@ -434,7 +454,8 @@ class Lease:
         self.valid_until = float("-inf")
         try:
             with anyio.fail_after(max(1.0, self.settings.connect_timeout)):
-                await self._returned(pgstore.RELEASE_LEASE, (self.holder, self.epoch))
+                await self._returned(pgstore.RELEASE_LEASE,
+                                     (self.holder, self.epoch, self._secret()))
         except (StoreError, TimeoutError) as exc:
             logfmt.warn("could not hand the lease over; the next node waits for it to expire",
                         error=str(exc) or "timed out")

@@ -98,7 +98,7 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
         epoch = await _standby(lease)
         if epoch is None:
             return  # SIGTERM while standby: nothing held
-        store = pgstore.PgStore(settings, epoch)
+        store = pgstore.PgStore(settings, lease.term)
         # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
         supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
         fenced: list[BaseException] = []

@@ -6,19 +6,31 @@ Tables (schema version :data:`SCHEMA_VERSION`, created and upgraded only by ``bi
 
     bide_meta       key/value: ``schema_version``
     bide_records    seq (primary key), segment, byte_offset, line (the exact stored bytes),
-                    hash (the record hash), epoch (the lease epoch it was committed under);
-                    append-only: a trigger refuses UPDATE, DELETE and TRUNCATE
-    bide_lease      one row: holder, epoch (only grows), expires_at (the database's clock)
+                    hash (the record hash, computed by the database), epoch (the lease epoch it
+                    was committed under); append-only: a trigger refuses UPDATE, DELETE and
+                    TRUNCATE
+    bide_lease      one row: holder, epoch (grows by one per takeover, capped at
+                    :data:`EPOCH_CAP`), expires_at (the database's clock, at most
+                    :data:`LEASE_CAP_SECONDS` ahead); a trigger holds every role to that
     bide_snapshots  the latest state snapshot (name ``state``): the snapshot file's exact
                     bytes (sealed and tagged, see ``eventlog.snapshot``) and the record seq it
                     was taken at; a node taking the log over starts from it
 
-Fencing: a node takes an expired lease by raising the epoch in the same ``UPDATE``; every append
-transaction reads the lease row ``FOR SHARE`` and refuses (:class:`FencedError`) when the epoch
-is not the node's own, so a takeover (which must update that row) waits for an append in flight
-and every append after it is refused. The first line of a round must follow the stored head
-(its ``prev`` is the hash of the record before it): a node never forks the chain in the
-database. Committed rounds are announced with ``NOTIFY bide_records`` for standbys.
+The database enforces the fencing (version 2). The daemons' role has SELECT and nothing else
+on the tables: it writes only through SECURITY DEFINER functions (:data:`NODE_FUNCTIONS`),
+owned by the role that ran ``bide log init``, with a fixed search_path. ``bide_take_lease``
+takes an expired lease by raising the epoch by one in the same ``UPDATE`` and hands the taker
+a secret for the term (:class:`Term`; the row keeps only its hash). ``bide_append`` locks the
+lease row ``FOR SHARE`` and refuses a round whose epoch is not the one in force or that does
+not bring that term's secret, so a takeover (which must update that row) waits for an append
+in flight, every append after it is refused, and the daemons' role alone (which can read the
+epoch) cannot write inside another node's term. Renewals, releases and snapshots need the
+secret too. It also refuses a line that is not numbered one past the stored head, whose
+``prev`` is not the stored hash of the record before it, or that is not at the next place in
+the segment layout, and computes each record's hash itself: a node never forks the chain in
+the database, and the daemons' role cannot insert a row that breaks it. Committed rounds are
+announced with ``NOTIFY bide_records`` for standbys. The owner of the tables (and any
+superuser) is not fenced: it can disable the triggers and write anything.
 
 Passwords come from a file (``password_file``) or libpq's own ``PGPASSFILE``; a DSN that holds
 one is refused, and no message here ever includes a DSN.
@@ -29,7 +41,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +61,7 @@ except ImportError as _exc:  # pragma: no cover - the test extra installs it
         "the PostgreSQL store needs psycopg 3, which the core install leaves out: "
         "pip install 'bide[postgres]'") from _exc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Every error psycopg raises (for callers that must not import psycopg themselves).
 DatabaseError = psycopg.Error
 NOTIFY_CHANNEL = "bide_records"
@@ -96,8 +108,221 @@ CREATE TRIGGER bide_records_no_truncate BEFORE TRUNCATE ON bide_records
     FOR EACH STATEMENT EXECUTE FUNCTION bide_records_append_only();
 """
 
+#: ``eventlog.envelope``'s record-hash domain: the database hashes each line as the verifier
+#: does (a wrong domain would refuse the second line of every round: the tests would see it).
+_RECORD_DOMAIN_HEX = b"bide.record.v1\n".hex()
+#: The highest lease epoch: far below bigint's maximum, so that no value can be written that
+#: leaves a takeover (which adds one) nowhere to go; 2**53 - 1 also survives a JSON float.
+EPOCH_CAP = 2**53 - 1
+#: The longest a lease may be taken or renewed for (the config allows up to 3600 s).
+LEASE_CAP_SECONDS = 3600
+
+#: Version 2: the database enforces fencing. The daemon's role inserts no record and updates
+#: no lease row itself: it calls these SECURITY DEFINER functions (owned by the role that ran
+#: ``bide log init``, their search_path fixed by :func:`init_schema`), which check inside the
+#: transaction what bide's own statements used to. A trigger holds the lease row to its rules
+#: for every role (the owner included, short of disabling it).
+_SCHEMA_V2 = f"""
+DO $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM bide_lease WHERE epoch > {EPOCH_CAP}) THEN
+        RAISE EXCEPTION 'the lease epoch is above % (written by hand?); with every node '
+            'stopped, set it one past the last epoch the records were committed under: '
+            'UPDATE bide_lease SET epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM '
+            'bide_records), then run bide log init again', {EPOCH_CAP};
+    END IF;
+END $fn$;
+ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_epoch_cap;
+ALTER TABLE bide_lease DROP CONSTRAINT IF EXISTS bide_lease_holder_length;
+UPDATE bide_lease SET expires_at = now() + interval '{LEASE_CAP_SECONDS} seconds'
+    WHERE expires_at > now() + interval '{LEASE_CAP_SECONDS} seconds';
+ALTER TABLE bide_lease ADD CONSTRAINT bide_lease_epoch_cap CHECK (epoch <= {EPOCH_CAP}),
+    ADD CONSTRAINT bide_lease_holder_length CHECK (length(holder) <= 256);
+-- The hash of the secret bide_take_lease gave the node that took the epoch: an append, a
+-- renewal, a release or a snapshot must bring the secret itself, so the daemons' role alone
+-- (which can read the epoch and the holder) cannot act inside another node's term.
+ALTER TABLE bide_lease ADD COLUMN IF NOT EXISTS term_hash text NOT NULL DEFAULT '';
+
+CREATE OR REPLACE FUNCTION bide_term_hash(p_term text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $fn$ SELECT encode(sha256(convert_to(p_term, 'UTF8')), 'hex') $fn$;
+
+CREATE OR REPLACE FUNCTION bide_lease_guard() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP <> 'UPDATE' THEN
+        RAISE EXCEPTION 'bide_lease holds one row, updated only (% refused)', TG_OP;
+    END IF;
+    IF NEW.id <> OLD.id THEN
+        RAISE EXCEPTION 'bide_lease: the row''s id is fixed';
+    END IF;
+    IF NEW.epoch <> OLD.epoch AND NEW.epoch <> OLD.epoch + 1 THEN
+        RAISE EXCEPTION 'bide_lease: the epoch grows by one per takeover (% to % refused)',
+            OLD.epoch, NEW.epoch;
+    END IF;
+    IF NEW.expires_at > now() + interval '{LEASE_CAP_SECONDS} seconds' THEN
+        RAISE EXCEPTION 'bide_lease: a lease runs at most {LEASE_CAP_SECONDS} s (until % refused)',
+            NEW.expires_at;
+    END IF;
+    RETURN NEW;
+END $fn$;
+DROP TRIGGER IF EXISTS bide_lease_guard ON bide_lease;
+CREATE TRIGGER bide_lease_guard BEFORE UPDATE OR DELETE ON bide_lease
+    FOR EACH ROW EXECUTE FUNCTION bide_lease_guard();
+DROP TRIGGER IF EXISTS bide_lease_no_truncate ON bide_lease;
+CREATE TRIGGER bide_lease_no_truncate BEFORE TRUNCATE ON bide_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION bide_lease_guard();
+
+CREATE OR REPLACE FUNCTION bide_take_lease(p_holder text, p_seconds float8,
+        OUT taken_epoch bigint, OUT term text)
+    RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+BEGIN
+    term := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
+    UPDATE bide_lease SET holder = p_holder, epoch = epoch + 1, term_hash = bide_term_hash(term),
+           expires_at = now() + make_interval(secs => p_seconds)
+     WHERE id = 1 AND expires_at <= now() RETURNING epoch INTO taken_epoch;
+    IF FOUND THEN
+        RETURN NEXT;
+    END IF;
+END $fn$;
+
+CREATE OR REPLACE FUNCTION bide_renew_lease(p_seconds float8, p_holder text, p_epoch bigint,
+        p_term text)
+    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    renewed bigint;
+BEGIN
+    UPDATE bide_lease SET expires_at = now() + make_interval(secs => p_seconds)
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch
+       AND term_hash = bide_term_hash(p_term) RETURNING epoch INTO renewed;
+    IF FOUND THEN
+        RETURN NEXT renewed;
+    END IF;
+END $fn$;
+
+CREATE OR REPLACE FUNCTION bide_release_lease(p_holder text, p_epoch bigint, p_term text)
+    RETURNS SETOF bigint LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    released bigint;
+BEGIN
+    UPDATE bide_lease SET expires_at = now() - interval '1 microsecond'
+     WHERE id = 1 AND holder = p_holder AND epoch = p_epoch
+       AND term_hash = bide_term_hash(p_term) RETURNING epoch INTO released;
+    IF FOUND THEN
+        PERFORM pg_notify('{NOTIFY_CHANNEL}', 'lease');
+        RETURN NEXT released;
+    END IF;
+END $fn$;
+
+-- One write round: under the lease epoch in force (the row locked FOR SHARE, so a takeover
+-- waits for the round and every round after it sees the new epoch), each line numbered one
+-- past the record before it, its "prev" that record's hash, at the next place in the segment
+-- layout; the hashes are computed here, never taken from the caller. Refused rounds insert
+-- nothing and say why.
+CREATE OR REPLACE FUNCTION bide_append(p_epoch bigint, p_term text, p_seqs bigint[],
+        p_segments integer[], p_offsets bigint[], p_lines bytea[], OUT lease_epoch bigint,
+        OUT in_term boolean, OUT head_seq bigint, OUT head_hash text, OUT refused text)
+    LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    n integer := coalesce(cardinality(p_lines), 0);
+    head_segment integer;
+    head_end bigint;
+BEGIN
+    SELECT l.epoch, l.epoch = p_epoch AND l.term_hash = bide_term_hash(p_term)
+      INTO lease_epoch, in_term FROM bide_lease l WHERE l.id = 1 FOR SHARE;
+    in_term := coalesce(in_term, false);
+    SELECT r.seq, r.hash, r.segment, r.byte_offset + length(r.line) + 1
+      INTO head_seq, head_hash, head_segment, head_end
+      FROM bide_records r ORDER BY r.seq DESC LIMIT 1;
+    IF NOT in_term THEN
+        refused := format('the lease epoch in force is %s; this round is not from the node '
+                          'that took epoch %s (or the term''s secret is wrong)', lease_epoch,
+                          p_epoch);
+        RETURN;
+    END IF;
+    IF n = 0 OR coalesce(cardinality(p_seqs), 0) <> n OR coalesce(cardinality(p_segments), 0) <> n
+       OR coalesce(cardinality(p_offsets), 0) <> n THEN
+        refused := 'a round is one or more lines, each with its seq, segment and offset';
+        RETURN;
+    END IF;
+    -- Set-based (one pass over the arrays): each line against the one before it, the first
+    -- against the stored head.
+    -- A line's head is read by position, not by a regular expression (PostgreSQL's costs
+    -- ~100 us a line): the writer's framing puts kind, seq and prev first, in that order.
+    WITH given AS (
+        SELECT u.i, u.seq, u.segment, u.byte_offset, u.line, h.text_head, h.kind,
+               '{{"kind":"' || h.kind || '","seq":' || u.seq || ',"prev":"' AS want_head,
+               encode(sha256(decode('{_RECORD_DOMAIN_HEX}', 'hex') || u.line), 'hex') AS hash
+          FROM unnest(p_seqs, p_segments, p_offsets, p_lines) WITH ORDINALITY
+               AS u(seq, segment, byte_offset, line, i),
+               LATERAL (SELECT t.text_head, split_part(t.text_head, '"', 4) AS kind
+                          FROM (SELECT encode(substring(u.line FROM 1 FOR 160), 'escape')
+                                AS text_head) AS t) AS h),
+    linked AS (
+        SELECT g.*, coalesce(head_seq + 1, 0) + g.i - 1 AS want_seq,
+               coalesce(lag(g.hash) OVER w, head_hash, repeat('0', 64)) AS want_prev,
+               coalesce(lag(g.segment) OVER w, head_segment, 0) AS prev_segment,
+               coalesce(lag(g.byte_offset + length(g.line) + 1) OVER w, head_end, 0) AS prev_end
+          FROM given g WINDOW w AS (ORDER BY g.i)),
+    judged AS (
+        SELECT l.*, CASE
+            WHEN l.seq IS DISTINCT FROM l.want_seq THEN
+                format('line %s is record %s, not %s (one past the head)', l.i, l.seq,
+                       l.want_seq)
+            WHEN l.kind !~ '^[a-z]+$' OR NOT starts_with(l.text_head, l.want_head) THEN
+                format('record %s is not a bide record numbered %s', l.want_seq, l.want_seq)
+            WHEN substr(l.text_head, length(l.want_head) + 1, 67) <> l.want_prev || '","' THEN
+                format('record %s does not link to record %s (its prev is not that '
+                       'record''s hash)', l.seq, l.seq - 1)
+            WHEN NOT ((l.segment = l.prev_segment AND l.byte_offset = l.prev_end)
+                      OR (l.segment = l.prev_segment + 1 AND l.byte_offset = 0)) THEN
+                format('record %s is at segment %s offset %s, not where the record before it '
+                       'ends', l.seq, l.segment, l.byte_offset)
+            END AS why
+          FROM linked l),
+    bad AS (SELECT j.why FROM judged j WHERE j.why IS NOT NULL ORDER BY j.i LIMIT 1),
+    ins AS (
+        INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
+        SELECT j.seq, j.segment, j.byte_offset, j.line, j.hash, p_epoch
+          FROM judged j WHERE NOT EXISTS (SELECT 1 FROM bad) ORDER BY j.i
+        RETURNING 1)
+    SELECT (SELECT why FROM bad) INTO refused FROM (SELECT count(*) FROM ins) AS done;
+    IF refused IS NULL THEN
+        PERFORM pg_notify('{NOTIFY_CHANNEL}', p_seqs[n]::text);
+    END IF;
+END $fn$;
+
+-- Keep a snapshot: only under the epoch in force, at a record the database holds, over an
+-- older one only. Returns whether it was kept.
+CREATE OR REPLACE FUNCTION bide_keep_snapshot(p_epoch bigint, p_term text, p_seq bigint,
+        p_hash text, p_data bytea) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    kept integer;
+BEGIN
+    WITH lease AS (SELECT l.epoch, l.term_hash FROM bide_lease l WHERE l.id = 1 FOR SHARE),
+         ins AS (INSERT INTO bide_snapshots AS s (name, seq, data)
+                 SELECT 'state', p_seq, p_data
+                  WHERE (SELECT epoch FROM lease) = p_epoch
+                    AND (SELECT term_hash FROM lease) = bide_term_hash(p_term)
+                    AND (SELECT r.hash FROM bide_records r WHERE r.seq = p_seq) = p_hash
+                 ON CONFLICT (name) DO UPDATE
+                     SET seq = excluded.seq, data = excluded.data, written_at = now()
+                     WHERE s.seq < excluded.seq
+                 RETURNING 1)
+    SELECT count(*) INTO kept FROM ins;
+    RETURN kept > 0;
+END $fn$;
+"""
+
 #: Each version's upgrade from the one before (index 0 creates version 1).
-_UPGRADES: tuple[str, ...] = (_SCHEMA_V1,)
+_UPGRADES: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
+#: What the daemon's role may call (and nothing else writes): each runs as the schema's owner.
+NODE_FUNCTIONS = (
+    "bide_append(bigint, text, bigint[], integer[], bigint[], bytea[])",
+    "bide_take_lease(text, float8)",
+    "bide_renew_lease(float8, text, bigint, text)",
+    "bide_release_lease(text, bigint, text)",
+    "bide_keep_snapshot(bigint, text, bigint, text, bytea)",
+)
+TABLES = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
 
 
 @dataclass(frozen=True)
@@ -229,7 +454,10 @@ def schema_version(conn: psycopg.Connection[Any]) -> int | None:
 def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
                 writer: str | None = None) -> tuple[int | None, int]:
     """Create or upgrade the schema to :data:`SCHEMA_VERSION` in one transaction; grant
-    ``reader`` (SELECT) and ``writer`` (what the daemon needs). Returns (before, after)."""
+    ``reader`` SELECT and ``writer`` (the daemons' role) SELECT and the node functions.
+    Every run also takes back any INSERT, UPDATE, DELETE or TRUNCATE that a role other than
+    the owner holds on the tables (what version 1 granted the daemons' role): only the
+    functions write. Returns (before, after)."""
     try:
         before = schema_version(conn)
         if before is not None and before > SCHEMA_VERSION:
@@ -242,27 +470,22 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
             cur.execute("INSERT INTO bide_meta (key, value) VALUES ('schema_version', %s) "
                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         (str(SCHEMA_VERSION),))
-            tables = ("bide_meta", "bide_records", "bide_lease", "bide_snapshots")
             cur.execute("SELECT current_schema()")
             row = cur.fetchone()
             schema = sql.Identifier(str(row[0]) if row and row[0] else "public")
+            _secure_functions(cur, schema)
+            _revoke_writes(cur)
             for role in (reader, writer):
                 if role:
                     cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
                         schema, sql.Identifier(role)))
-            if reader:
-                for t in tables:
-                    cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
-                        sql.Identifier(t), sql.Identifier(reader)))
+                    for t in TABLES:
+                        cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                            sql.Identifier(t), sql.Identifier(role)))
             if writer:
-                cur.execute(sql.SQL("GRANT SELECT, INSERT ON bide_records, bide_snapshots "
-                                    "TO {}").format(sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT SELECT, UPDATE ON bide_lease TO {}").format(
-                    sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT SELECT ON bide_meta TO {}").format(
-                    sql.Identifier(writer)))
-                cur.execute(sql.SQL("GRANT UPDATE (data, seq, written_at) ON bide_snapshots "
-                                    "TO {}").format(sql.Identifier(writer)))
+                for fn in NODE_FUNCTIONS:
+                    cur.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                        sql.SQL(fn), sql.Identifier(writer)))
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
@@ -270,16 +493,76 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
     return before, SCHEMA_VERSION
 
 
+def _secure_functions(cur: psycopg.Cursor[Any], schema: sql.Identifier) -> None:
+    """The node functions run as their owner with the search path fixed to the schema (and
+    pg_temp last), so no object a caller creates is ever picked up by them; nobody may call
+    them but the roles granted (PostgreSQL grants EXECUTE to PUBLIC by default)."""
+    for fn in NODE_FUNCTIONS:
+        cur.execute(sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = {}, "
+                            "pg_temp").format(sql.SQL(fn), schema))
+        cur.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(sql.SQL(fn)))
+
+
+#: Every role but the owner (0: PUBLIC) granted anything on a table, or on one of its columns.
+_GRANTEES = """
+SELECT DISTINCT c.relname::text, CASE WHEN g.grantee = 0 THEN NULL
+                                      ELSE pg_get_userbyid(g.grantee)::text END
+  FROM pg_class c,
+       LATERAL (SELECT (aclexplode(c.relacl)).grantee
+                UNION SELECT (aclexplode(a.attacl)).grantee FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL) AS g
+ WHERE c.oid = ANY(%s::regclass[]) AND g.grantee <> c.relowner
+"""
+
+
+def _revoke_writes(cur: psycopg.Cursor[Any]) -> None:
+    cur.execute(_GRANTEES, (list(TABLES),))
+    for table, role in cur.fetchall():
+        cur.execute(sql.SQL("REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER "
+                            "ON {} FROM {}").format(
+            sql.Identifier(table),
+            sql.SQL("PUBLIC") if role is None else sql.Identifier(role)))
+
+
+def writer_unfenced(conn: psycopg.Connection[Any], writer: str) -> str | None:
+    """Why the database cannot fence ``writer`` (it is a superuser, or it owns the tables or
+    is a member of their owner), or None."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT r.rolsuper, pg_has_role(r.oid, c.relowner, 'USAGE'), "
+                    "pg_get_userbyid(c.relowner) FROM pg_roles r, pg_class c "
+                    "WHERE r.rolname = %s AND c.oid = 'bide_records'::regclass", (writer,))
+        row = cur.fetchone()
+    conn.rollback()
+    if row is None:
+        return None
+    if row[0]:
+        return f"role {writer} is a superuser"
+    if row[1]:
+        return f"role {writer} owns the bide_ tables (or is a member of their owner, {row[2]})"
+    return None
+
+
+#: Versions whose tables a reader (export, verify, status) reads as this version's: version 2
+#: changed who may write, not what is stored.
+READABLE_VERSIONS = (1, 2)
+
+
 def require_schema(conn: psycopg.Connection[Any]) -> None:
-    """Refuse a database whose schema this version does not know, naming the fix."""
+    """Refuse a database whose schema this version does not know, naming the fix. On a
+    read-only connection an older schema whose tables read the same is accepted."""
     try:
         version = schema_version(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('transaction_read_only')")
+            row = cur.fetchone()
         conn.rollback()
     except psycopg.Error as exc:
         raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
     if version is None:
         raise SchemaError("the database holds no bide schema (no bide_meta table in the "
                           "search path); create it with `bide log init --dsn DSN`")
+    if version in READABLE_VERSIONS and row is not None and row[0] == "on":
+        return
     if version != SCHEMA_VERSION:
         raise SchemaError(f"the database holds bide schema version {version}; this bide "
                           f"needs {SCHEMA_VERSION}: run `bide log init --dsn DSN` to upgrade"
@@ -291,16 +574,28 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
 # -- records -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Term:
+    """A lease epoch as the node that took it holds it: the epoch, and the secret the
+    database gave it with the epoch (it keeps only the secret's hash). Every append, renewal,
+    release and snapshot of the term brings the secret: holding the daemons' role is not
+    enough to act inside another node's term. The secret is never printed."""
+
+    epoch: int
+    secret: str = field(repr=False)
+
+
 class PgStore:
-    """The :class:`~eventlog.store.LineStore` of one node: appends under ``epoch``.
+    """The :class:`~eventlog.store.LineStore` of one node: appends under its lease term.
 
     Not thread-safe: the log writer's thread is its only caller. A failure closes the
     connection; the next call opens a new one.
     """
 
-    def __init__(self, settings: PgSettings, epoch: int) -> None:
+    def __init__(self, settings: PgSettings, term: Term) -> None:
         self.settings = settings
-        self.epoch = epoch
+        self.epoch = term.epoch
+        self._term = term
         self._conn: psycopg.Connection[Any] | None = None
         #: Rounds refused because another node's epoch was in force.
         self.fenced = 0
@@ -328,10 +623,11 @@ class PgStore:
         first = lines[0].seq
         try:
             row = conn.execute(APPEND_ROUND, {
-                "prev_seq": first - 1, "prev_hash": prev_hash, "epoch": self.epoch,
-                "seqs": [ln.seq for ln in lines], "segments": [ln.segment for ln in lines],
-                "offsets": [ln.offset for ln in lines], "lines": [ln.data for ln in lines],
-                "hashes": [ln.hash for ln in lines], "last": str(lines[-1].seq)}).fetchone()
+                "epoch": self.epoch, "term": self._term.secret,
+                "seqs": [ln.seq for ln in lines],
+                "segments": [ln.segment for ln in lines],
+                "offsets": [ln.offset for ln in lines],
+                "lines": [ln.data for ln in lines]}).fetchone()
         except psycopg.errors.UniqueViolation:
             self.close()
             raise DivergedError(
@@ -342,18 +638,18 @@ class PgStore:
             self.close()  # the outcome of a commit cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
         assert row is not None
-        epoch, stored_prev, inserted, _ = row
-        if epoch != self.epoch:
+        epoch, in_term, head_seq, head_hash, refused = row
+        if not in_term:
             self.fenced += 1
-            raise FencedError(
-                f"append refused: the log's lease epoch is {epoch}, not this node's "
-                f"{self.epoch} (another node took over); this node stops sending and "
-                f"falls back to standby")
-        if inserted != len(lines):
-            raise DivergedError(
-                f"append refused: record {first - 1} in the database is "
-                f"{'missing' if stored_prev is None else 'another record'}; this "
-                f"node's copy of the log is not the database's (re-sync it)")
+            why = (f"the log's lease epoch is {epoch}, not this node's {self.epoch} (another "
+                   f"node took over)" if epoch != self.epoch else
+                   f"the database does not know this node's secret for epoch {epoch}")
+            raise FencedError(f"append refused: {why}; this node stops sending and falls "
+                              f"back to standby")
+        if refused is not None:
+            why = _divergence(first, prev_hash, head_seq, head_hash, refused)
+            raise DivergedError(f"append refused: {why}; this node's copy of the log is not "
+                                f"the database's (re-sync it)")
         self.commits += 1
 
     def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
@@ -363,8 +659,8 @@ class PgStore:
         try:
             with connect(self.settings, autocommit=True) as conn:
                 row = conn.execute(KEEP_SNAPSHOT, {"seq": seq, "hash": record_hash,
-                                                   "data": data, "epoch": self.epoch}
-                                   ).fetchone()
+                                                   "data": data, "epoch": self.epoch,
+                                                   "term": self._term.secret}).fetchone()
         except psycopg.Error as exc:
             raise StoreError(f"keeping the snapshot in PostgreSQL failed: {reason(exc)}") from None
         except StoreError as exc:
@@ -390,41 +686,29 @@ class PgStore:
             raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
 
-#: A write round in one statement: lock the lease row FOR SHARE (a takeover, which updates it,
-#: waits for the statement, and every statement after the takeover sees the new epoch), check
-#: the epoch and that the round follows the stored head, insert, and announce it. Returns the
-#: epoch in force, the stored hash before the round, and how many rows went in (0: refused).
-APPEND_ROUND = f"""
-WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
-     prev AS (SELECT hash FROM bide_records WHERE seq = %(prev_seq)s),
-     allowed AS (SELECT 1 FROM lease WHERE epoch = %(epoch)s AND
-                 (%(prev_seq)s < 0 OR (SELECT hash FROM prev) = %(prev_hash)s)),
-     ins AS (INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch)
-             SELECT r.seq, r.segment, r.byte_offset, r.line, r.hash, %(epoch)s
-             FROM unnest(%(seqs)b::bigint[], %(segments)b::integer[], %(offsets)b::bigint[],
-                         %(lines)b::bytea[], %(hashes)b::text[])
-                  AS r(seq, segment, byte_offset, line, hash)
-             WHERE EXISTS (SELECT 1 FROM allowed)
-             RETURNING 1)
-SELECT (SELECT epoch FROM lease), (SELECT hash FROM prev), (SELECT count(*) FROM ins),
-       CASE WHEN EXISTS (SELECT 1 FROM ins)
-            THEN pg_notify('{NOTIFY_CHANNEL}', %(last)s) END
-"""
+#: A write round: ``bide_append`` (see :data:`_SCHEMA_V2`) checks the epoch, the numbering,
+#: the ``prev`` links and the places, inserts, and announces the round. Returns the epoch in
+#: force, the stored head (seq, hash) before the round, and why it was refused (NULL: stored).
+APPEND_ROUND = ("SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append("
+                "%(epoch)s, %(term)s, %(seqs)b::bigint[], %(segments)b::integer[], "
+                "%(offsets)b::bigint[], %(lines)b::bytea[])")
 
-#: Keep a snapshot: only under the epoch in force, at a record the database holds, over an
-#: older one only. Returns whether it was kept.
-KEEP_SNAPSHOT = """
-WITH lease AS (SELECT epoch FROM bide_lease WHERE id = 1 FOR SHARE),
-     kept AS (INSERT INTO bide_snapshots (name, seq, data)
-              SELECT 'state', %(seq)s, %(data)s
-              WHERE (SELECT epoch FROM lease) = %(epoch)s
-                AND (SELECT hash FROM bide_records WHERE seq = %(seq)s) = %(hash)s
-              ON CONFLICT (name) DO UPDATE
-                  SET seq = excluded.seq, data = excluded.data, written_at = now()
-                  WHERE bide_snapshots.seq < excluded.seq
-              RETURNING 1)
-SELECT count(*) FROM kept
-"""
+#: Keep a snapshot (``bide_keep_snapshot``): only under the epoch in force, at a record the
+#: database holds, over an older one only. Returns whether it was kept.
+KEEP_SNAPSHOT = "SELECT bide_keep_snapshot(%(epoch)s, %(term)s, %(seq)s, %(hash)s, %(data)s)"
+
+def _divergence(first: int, prev_hash: str, head_seq: int | None, head_hash: str | None,
+                refused: str) -> str:
+    """Why a round was refused, in the node's terms where they apply."""
+    if head_seq is not None and first <= head_seq:
+        return (f"the database already holds record {first} (a commit whose outcome was "
+                f"lost?)")
+    if first > (-1 if head_seq is None else head_seq) + 1:
+        return f"record {first - 1} in the database is missing"
+    if first > 0 and head_hash != prev_hash:
+        return f"record {first - 1} in the database is another record"
+    return f"the database refused the round: {refused}"
+
 
 #: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
 LINES_AFTER = ("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
@@ -551,20 +835,16 @@ def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     return LeaseRow(str(row[0]), int(row[1]), remaining)
 
 
-#: Take an expired (or handed-over) lease, raising the epoch in the same statement; returns
-#: the new epoch, or no row while another node holds it. Parameters: holder, seconds.
-TAKE_LEASE = ("UPDATE bide_lease SET holder = %s, epoch = epoch + 1, "
-              "expires_at = now() + make_interval(secs => %s) "
-              "WHERE id = 1 AND expires_at <= now() RETURNING epoch")
-#: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch.
-RENEW_LEASE = ("UPDATE bide_lease SET expires_at = now() + make_interval(secs => %s) "
-               "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch")
+#: Take an expired (or handed-over) lease, raising the epoch by one in the same statement;
+#: returns the new epoch and the term's secret, or no row while another node holds it.
+#: Parameters: holder, seconds.
+TAKE_LEASE = "SELECT taken_epoch, term FROM bide_take_lease(%s, %s)"
+#: Extend our own lease; no row when it is no longer ours. Parameters: seconds, holder, epoch,
+#: the term's secret.
+RENEW_LEASE = "SELECT * FROM bide_renew_lease(%s, %s, %s, %s)"
 #: Hand the lease over at once (graceful stop): expire it now and wake the standbys; the
-#: epoch stays, the next taker raises it. Parameters: holder, epoch.
-RELEASE_LEASE = ("WITH released AS (UPDATE bide_lease "
-                 "SET expires_at = now() - interval '1 microsecond' "
-                 "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch) "
-                 f"SELECT epoch, pg_notify('{NOTIFY_CHANNEL}', 'lease') FROM released")
+#: epoch stays, the next taker raises it. Parameters: holder, epoch, the term's secret.
+RELEASE_LEASE = "SELECT * FROM bide_release_lease(%s, %s, %s)"
 
 
 def _returned(conn: psycopg.Connection[Any], statement: str,
@@ -576,19 +856,23 @@ def _returned(conn: psycopg.Connection[Any], statement: str,
     return None if row is None else int(row[0])
 
 
-def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> int | None:
+def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> Term | None:
     """:data:`TAKE_LEASE` on a plain connection (tools and tests; the daemon's
     :class:`daemon.lease.Lease` runs the same statements on its pool)."""
-    return _returned(conn, TAKE_LEASE, (holder, seconds))
+    with conn.cursor() as cur:
+        cur.execute(TAKE_LEASE, (holder, seconds))
+        row = cur.fetchone()
+    conn.commit()
+    return None if row is None else Term(int(row[0]), str(row[1]))
 
 
-def renew_lease(conn: psycopg.Connection[Any], holder: str, epoch: int,
+def renew_lease(conn: psycopg.Connection[Any], holder: str, term: Term,
                 seconds: float) -> bool:
-    return _returned(conn, RENEW_LEASE, (seconds, holder, epoch)) is not None
+    return _returned(conn, RENEW_LEASE, (seconds, holder, term.epoch, term.secret)) is not None
 
 
-def release_lease(conn: psycopg.Connection[Any], holder: str, epoch: int) -> bool:
-    return _returned(conn, RELEASE_LEASE, (holder, epoch)) is not None
+def release_lease(conn: psycopg.Connection[Any], holder: str, term: Term) -> bool:
+    return _returned(conn, RELEASE_LEASE, (holder, term.epoch, term.secret)) is not None
 
 
 def env_dsn() -> str | None:

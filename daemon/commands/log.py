@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,14 @@ def add_database_parsers(sub2: Any) -> None:
     init = sub2.add_parser(
         "init", help="create or upgrade the log's tables in PostgreSQL (bide_*)",
         description="Create the bide_ tables in the DSN's search path, or upgrade them to this "
-        "version's schema; idempotent. Optionally grant the daemon's read-write role and an "
-        "auditor's read-only role what they need.")
+        "version's schema; idempotent. Optionally grant the daemons' role what a node needs "
+        "(SELECT, and EXECUTE on the functions that append and keep the lease, which check the "
+        "epoch and the chain: never INSERT or UPDATE) and an auditor's role SELECT. Run it as "
+        "the role that should own the tables, never as the daemons' role: any write privilege "
+        "another role holds on them is taken back.")
     add_dsn_flags(init)
-    init.add_argument("--writer-role", metavar="ROLE", help="grant the daemon's role")
+    init.add_argument("--writer-role", metavar="ROLE",
+                      help="grant the daemons' role (the role in each node's dsn)")
     init.add_argument("--reader-role", metavar="ROLE", help="grant an auditor's read-only role")
     add_config_flag(init)
     init.set_defaults(func=run_init)
@@ -98,12 +103,19 @@ def run_init(args: argparse.Namespace) -> int:
     with pgstore.connect(settings_for(args)) as conn:
         before, after = pgstore.init_schema(conn, reader=args.reader_role,
                                             writer=args.writer_role)
+        unfenced = (pgstore.writer_unfenced(conn, args.writer_role)
+                    if args.writer_role else None)
     if before is None:
         print(f"created the bide schema, version {after}")
     elif before == after:
         print(f"the bide schema is at version {after}; nothing to upgrade")
     else:
         print(f"upgraded the bide schema from version {before} to {after}")
+    if unfenced:
+        print(f"warning: {unfenced}: the database cannot fence the daemons under it (their "
+              f"statements are not limited to the checked functions); give the daemons a "
+              f"role of their own, as in the deploy guide's section on PostgreSQL",
+              file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from eventlog.segments import list_segments
@@ -44,7 +45,7 @@ def test_import_export_and_verify_with_a_read_only_role(
 
     out = bide("log", "init", "--dsn", pg_dsn, "--reader-role", auditor)
     assert out.returncode == 0, out.stderr
-    assert "created the bide schema, version 1" in out.stdout
+    assert "created the bide schema, version 2" in out.stdout
     again = bide("log", "init", "--dsn", pg_dsn)
     assert "nothing to upgrade" in again.stdout
 
@@ -85,3 +86,35 @@ def test_import_refuses_a_damaged_log(pg_dsn: str, tmp_path: Path) -> None:
                "--dsn", pg_dsn)
     assert out.returncode == 2
     assert "nothing copied" in out.stderr
+
+
+@pytest.fixture
+def writer_dsn(pg_dsn: str) -> Iterator[str]:
+    yield from role(pg_dsn, f"bidep_w_{secrets.token_hex(4)}")
+
+
+def _user(dsn: str) -> str:
+    return str(psycopg.conninfo.conninfo_to_dict(dsn)["user"])
+
+
+def test_log_init_as_documented_leaves_the_daemons_role_only_the_checked_functions(
+        pg_dsn: str, writer_dsn: str, auditor_dsn: str) -> None:
+    out = bide("log", "init", "--dsn", pg_dsn, "--writer-role", _user(writer_dsn),
+               "--reader-role", _user(auditor_dsn))
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
+                         "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE bide_lease SET epoch = 9223372036854775807")
+        row = conn.execute("SELECT taken_epoch FROM bide_take_lease('node-a', 5)").fetchone()
+        assert row == (1,)
+    with (psycopg.connect(auditor_dsn, autocommit=True) as conn,  # reads, never takes
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        conn.execute("SELECT * FROM bide_take_lease('auditor', 5)")
+    # A daemons' role the database cannot fence is named, with the fix.
+    out = bide("log", "init", "--dsn", pg_dsn, "--writer-role", "postgres")
+    assert out.returncode == 0, out.stderr
+    assert "warning: role postgres is a superuser" in out.stderr

@@ -11,10 +11,13 @@ request leaves); no request made under an epoch arrives after the next epoch's f
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -51,6 +54,7 @@ from tests.e2e.pgnodes import (
 )
 from tests.e2e.tcpproxy import proxy_to
 from tests.pgcluster import private_cluster
+from tests.pgsupport import role
 
 CONTRACT = """\
 state_pointer = "/status"
@@ -67,6 +71,19 @@ default_max_transport_failures = 50
 default_max_rate_limited = 10
 """
 JOBS: dict[str, str | list[object]] = {f"long-{i}": "running" for i in range(6)}
+
+
+@pytest.fixture
+def node_dsn(pg_dsn: str) -> Iterator[str]:
+    """The nodes' DSN as the deploy guide sets them up: a role of their own, granted by the
+    owner's ``bide log init --writer-role`` (SELECT and the checked functions, nothing more),
+    so every run below is also fenced by the database itself."""
+    name = f"bidep_node_{secrets.token_hex(4)}"
+    with contextmanager(role)(pg_dsn, name) as dsn:
+        out = subprocess.run([*BIDE, "log", "init", "--dsn", pg_dsn, "--writer-role", name],
+                             capture_output=True, text=True, check=False, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        yield dsn
 
 
 def _register(ws: Workspace, node: Node) -> None:
@@ -131,12 +148,12 @@ def _replay_check(ws: Workspace, node: Node) -> None:
     pytest.param(2, 3, id="2-nodes-3-kills"),
     pytest.param(3, 10, id="3-nodes-10-kills", marks=pytest.mark.slow),
 ])
-def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, tmp_path: Path,
-                                                      count: int, kills: int) -> None:
+def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, node_dsn: str,
+                                                      tmp_path: Path, count: int,
+                                                      kills: int) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
-        nodes = [node_config(ws, "abcdefgh"[i], pg_dsn) for i in range(count)]
+        nodes = [node_config(ws, "abcdefgh"[i], node_dsn) for i in range(count)]
         start(ws, nodes[0])
         first = wait_active(nodes[:1])
         for n in nodes[1:]:
@@ -199,11 +216,10 @@ def _a_active_b_standing_by_jobs_polled(ws: Workspace, a: Node, b: Node) -> None
 
 
 def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
-        pg_dsn: str, tmp_path: Path) -> None:
+        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
-        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
         assert b.daemon is not None
@@ -238,14 +254,13 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
 
 
 def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
-        pg_dsn: str, tmp_path: Path) -> None:
+        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
     """With a 20 s lease and a 30 s standby poll, only NOTIFY can make the standby's copy
     keep up and let it take over within seconds of a SIGTERM."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
         long = LeaseTimes(seconds=20.0, renew=0.5, margin=0.2)
-        a, b = (node_config(ws, name, pg_dsn, lease=long) for name in "ab")
+        a, b = (node_config(ws, name, node_dsn, lease=long) for name in "ab")
         for n in (a, b):
             n.config.write_text(n.config.read_text().replace(
                 "[postgres]\n", "[postgres]\nstandby_poll_seconds = 30\n"))
@@ -291,13 +306,12 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
 
 
 def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_database(
-        pg_dsn: str, tmp_path: Path) -> None:
+        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
     """Node b never held the log, so it has no snapshot of its own: after node a is killed,
     b replays from the snapshot a kept in bide_snapshots, plus the records after it."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
-        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
         for n in (a, b):
             n.config.write_text(n.config.read_text().replace("[log]\n",
                                                              "[log]\nsnapshot_every = 20\n"))
@@ -348,15 +362,14 @@ def _stopped(pid: int) -> bool:
 
 
 def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
-        pg_dsn: str, tmp_path: Path) -> None:
+        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
     """Node a stops itself right after the intent of a request to job long-0 is durable and
     before the request leaves. Node b takes over, polls, and hands the lease back by a
     graceful stop, so after SIGCONT nothing but a itself could reach the provider: until a
     holds the lease again (a new epoch), the provider sees nothing at all."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
-        a, b = node_config(ws, "a", pg_dsn), node_config(ws, "b", pg_dsn)
+        a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
         start(ws, a, env={"BIDE_FAULT_INJECT": "request:op-long-0:stop"})
         wait_active([a])
         start(ws, b)
@@ -386,17 +399,16 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
 
 @pytest.mark.parametrize("how", ["cut", "stall"])
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
-        pg_dsn: str, tmp_path: Path, how: str) -> None:
+        pg_dsn: str, node_dsn: str, tmp_path: Path, how: str) -> None:
     """``cut``: the link is reset; ``stall``: it stays open and nothing comes back (a commit
     and a renewal in flight hang), the case only the node's own clock can end."""
     params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
     with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
             str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_log(pg_dsn)
-        via_proxy = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1",
+        via_proxy = psycopg.conninfo.make_conninfo(node_dsn, host="127.0.0.1",
                                                    port=str(proxy.port))
-        a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", pg_dsn)
+        a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", node_dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
         assert b.daemon is not None

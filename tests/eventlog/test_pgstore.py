@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from eventlog import pgstore
+from eventlog.envelope import ZERO_HASH
 from eventlog.errors import DivergedError, FencedError, SchemaError, StoreError
 from eventlog.segments import list_segments
-from eventlog.store import file_lines, write_segments
+from eventlog.store import StoredLine, file_lines, write_segments
 from eventlog.verify import verify_log
 from eventlog.writer import LogWriter
 from tests.eventlog._logtools import KeySet, build_log, payload_for
@@ -60,9 +61,10 @@ def test_mirrored_log_exports_byte_identical_and_verifies(pg_dsn: str, ks: KeySe
                                                           tmp_path: Path) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
-        epoch = pgstore.take_lease(conn, "node-a", 30)
-    assert epoch == 1
-    store = pgstore.PgStore(_settings(pg_dsn), epoch)
+        term = pgstore.take_lease(conn, "node-a", 30)
+    assert term is not None
+    assert term.epoch == 1
+    store = pgstore.PgStore(_settings(pg_dsn), term)
     _write(tmp_path / "log", ks, store, 60)
     _write(tmp_path / "log", ks, store, 9)  # reopen: continues the same chain in both
     store.close()
@@ -94,8 +96,9 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
                 # node-a's lease runs out (here: handed over) and node-b takes it.
                 assert pgstore.release_lease(conn, "node-a", old)
                 new = pgstore.take_lease(conn, "node-b", 30)
-                assert new == old + 1
-                with pytest.raises(FencedError, match=f"epoch is {new}"):
+                assert new is not None
+                assert new.epoch == old.epoch + 1
+                with pytest.raises(FencedError, match=f"epoch is {new.epoch}"):
                     await w.append(b"after")
                 assert pgstore.head(conn) == before  # nothing of the refused round landed
                 assert not pgstore.renew_lease(conn, "node-a", old, 30)
@@ -108,7 +111,7 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
             store.close()
         assert store.fenced == 1
         row = pgstore.lease_row(conn)
-        assert (row.holder, row.epoch) == ("node-b", old + 1)
+        assert (row.holder, row.epoch) == ("node-b", old.epoch + 1)
         assert row.remaining > 20
 
 
@@ -195,26 +198,31 @@ def test_without_psycopg_the_error_names_the_extra() -> None:
     assert "pip install 'bide[postgres]'" in out.stdout
 
 
+def _record(seq: int, prev: str, body: str, offset: int = 0) -> StoredLine:
+    """A line shaped as the writer frames one (kind, seq, prev first), in segment 1."""
+    data = f'{{"kind":"event","seq":{seq},"prev":"{prev}","log":"{body}"}}'.encode()
+    return StoredLine(seq, 1, offset, data)
+
+
 def test_a_round_already_in_the_database_is_a_divergence(pg_dsn: str) -> None:
     """A commit whose outcome was lost leaves its records in the database; the node's retry
     of other bytes at the same places is refused as diverged (it re-syncs), never doubled."""
-    from eventlog.envelope import ZERO_HASH
-    from eventlog.store import StoredLine
-
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
         epoch = pgstore.take_lease(conn, "node-a", 30)
     assert epoch is not None
     store = pgstore.PgStore(_settings(pg_dsn), epoch)
+    first = _record(0, ZERO_HASH, "a")
     try:
-        store.commit([StoredLine(0, 1, 0, b'{"a":1}')], ZERO_HASH)
+        store.commit([first], ZERO_HASH)
         with pytest.raises(DivergedError, match="already holds record 0"):
-            store.commit([StoredLine(0, 1, 0, b'{"b":2}')], ZERO_HASH)
-        store.commit([StoredLine(1, 1, 8, b'{"c":3}')], StoredLine(0, 1, 0, b'{"a":1}').hash)
+            store.commit([_record(0, ZERO_HASH, "b")], ZERO_HASH)
+        second = _record(1, first.hash, "c", len(first.data) + 1)
+        store.commit([second], first.hash)
     finally:
         store.close()
     with pgstore.connect(_settings(pg_dsn)) as conn:
-        assert [ln.data for ln in pgstore.iter_all(conn)] == [b'{"a":1}', b'{"c":3}']
+        assert [ln.data for ln in pgstore.iter_all(conn)] == [first.data, second.data]
 
 
 def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_goes_back(
@@ -234,7 +242,8 @@ def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_g
         assert not store.save_snapshot(early.seq, early.hash, b"early")  # older: kept out
         assert not store.save_snapshot(late.seq + 1, late.hash, b"ahead")  # not committed
         assert not store.save_snapshot(late.seq, early.hash, b"forged")  # not that record
-        stale = pgstore.PgStore(_settings(pg_dsn), epoch - 1)
+        stale = pgstore.PgStore(_settings(pg_dsn),
+                                pgstore.Term(epoch.epoch - 1, epoch.secret))
         assert not stale.save_snapshot(late.seq, late.hash, b"stale")  # another epoch
         assert store.load_snapshot() == b"late"
     finally:
