@@ -169,8 +169,10 @@ def _path(op_id: str) -> str:
     return f"/v1/operations/{quote(op_id, safe='')}"
 
 
-def build_server(socket_path: Path) -> MCPServer[Any]:
-    api = AsyncApiClient(socket_path, timeout=MAX_WAIT_SECONDS + 30.0)
+def build_server(socket_path: Path, daemon_user: str = "") -> MCPServer[Any]:
+    """The MCP tools over the API at ``socket_path``, answered only by a daemon running as
+    ``daemon_user`` (the socket file's owner when empty), as the CLI checks."""
+    api = AsyncApiClient(socket_path, timeout=MAX_WAIT_SECONDS + 30.0, daemon_user=daemon_user)
     server: MCPServer[Any] = MCPServer(name="bide", instructions=INSTRUCTIONS,
                                        version=__version__, log_level="WARNING")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per call on stderr
@@ -291,5 +293,5 @@ def build_server(socket_path: Path) -> MCPServer[Any]:
     return server
 
 
-async def serve(socket_path: Path) -> None:
-    await build_server(socket_path).run_stdio_async()
+async def serve(socket_path: Path, daemon_user: str = "") -> None:
+    await build_server(socket_path, daemon_user).run_stdio_async()

@@ -46,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"bide mcp: the MCP SDK is not installed; install it with: {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    anyio.run(serve, cfg.socket_path)
+    anyio.run(serve, cfg.socket_path, cfg.api.daemon_user)
     return 0

@@ -3,11 +3,14 @@ it, and who counts as an approver, with real daemons and real Unix users (prefix
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 
 from daemon.api.client import ApiCallError, ApiClient
@@ -93,10 +96,26 @@ def test_the_cli_sends_nothing_to_a_socket_another_user_answers(tmp_path: Path) 
                     assert "runs as bidea-hostile" in out.stderr, out.stderr
                     assert "nothing was sent" in out.stderr
                     assert "daemon_user" in out.stderr
+                if importlib.util.find_spec("mcp") is not None:
+                    assert "runs as bidea-hostile" in anyio.run(_mcp_refusal, ws.config)
             assert not got.exists() or got.read_bytes() == b""  # not one byte of a request
         finally:
             server.kill()
             server.wait(10)
+
+
+async def _mcp_refusal(config: Path) -> str:
+    """What ``bide mcp`` (through the MCP SDK's client) answers a tool call with."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "daemon.cli", "mcp", "--config", str(config)])
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+        await s.initialize()
+        result = await s.call_tool("list_my_operations", {})
+        assert result.is_error
+        return " ".join(getattr(c, "text", "") for c in result.content)
 
 
 def test_the_daemon_s_own_user_is_no_approver_even_in_the_approvers_group(
