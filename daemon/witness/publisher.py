@@ -190,12 +190,15 @@ class HeadPublisher:
             # The head before the batch goes too: the witness finds the one it holds.
             batch = ([prev] if prev is not None else []) + [h for _, h in chunk]
             proof = None
+            # A proof covers the key certificates before any head of the batch: the witness
+            # uses those before the first head it does not hold yet.
+            upto = chunk[-1][1].seq
             if prev is None and self._proof_for is not None:
-                proof = await anyio.to_thread.run_sync(self._proof_for, batch[0].seq)
+                proof = await anyio.to_thread.run_sync(self._proof_for, upto)
             response = await self._send(client, url, _body(batch, proof))
             if response.status_code == 428 and self._proof_for is not None:
                 # The witness holds no key state for this log yet: the proof, then again.
-                proof = await anyio.to_thread.run_sync(self._proof_for, batch[0].seq)
+                proof = await anyio.to_thread.run_sync(self._proof_for, upto)
                 response = await self._send(client, url, _body(batch, proof))
             if response.status_code == 200:
                 self.delivered[target] = self.delivered.get(target, 0) + len(batch)

@@ -201,7 +201,12 @@ def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None,
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate(timeout=10)[0]
+            raise AssertionError(f"the witness did not stop on SIGTERM: {out}") from None
         if proc.stdout is not None:
             proc.stdout.close()
 
