@@ -39,6 +39,7 @@ import os
 import socket
 import ssl
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -498,6 +499,13 @@ class WitnessServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up or stalls is its own loss: no traceback per connection
+        (a stranger could fill the witness's log with them)."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         sock: socket.socket = request
