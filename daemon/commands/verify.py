@@ -232,10 +232,10 @@ def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
                           "witness": finding_json(finding),
                           "witness_lied": [lie_json(lie) for lie in lies]}))
     else:
-        print_report(report)
         epoch = "" if signer["epoch"] is None else f", last signed checkpoint in epoch " \
             f"{signer['epoch']}"
         print(f"signer: root key {signer['fingerprint']}{epoch}")
+        print_report(report)
         for lie in lies:
             print(f"WITNESS witness_lied: witness {shown(lie.source)} returned head "
                   f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
