@@ -213,22 +213,61 @@ def head_matches(head: Head) -> str | None:
 
 def head_problem(head: Head, root: bytes, genesis: str, certs: list[str],
                  witness_keys: dict[str, bytes] | None = None) -> str | None:
-    """Why a head a witness returned is not to be believed; None when it is.
+    """Why a head a witness returned is not to be believed; None when it is (see
+    :func:`head_problems`)."""
+    return head_problems([head], root, genesis, certs, witness_keys)[0]
+
+
+def head_problems(heads: list[Head], root: bytes, genesis: str, certs: list[str],
+                  witness_keys: dict[str, bytes] | None = None) -> list[str | None]:
+    """For each head a witness returned, why it is not to be believed (None: it is).
 
     ``root`` and ``genesis`` come from the verifier's own ``verify.pub`` and log; ``certs``
     are the key certificates the witness (or a heads file) gave, which must chain from the
-    genesis record. With ``witness_keys`` (pinned: fingerprint -> raw public key), the head
-    must also carry a countersignature by one of them."""
-    if witness_keys is not None and not countersig_ok(head, witness_keys):
-        shown = head.witness[:16] + "…" if head.witness else "none"
-        return (f"head {head.seq} is not countersigned by a pinned witness key (it names "
-                f"witness key {shown})")
-    mismatch = head_matches(head)
-    if mismatch is not None:
-        return mismatch
+    genesis record. With ``witness_keys`` (pinned: fingerprint -> raw public key), a head
+    must also carry a countersignature by one of them. One pass in sequence order: each
+    certificate is verified once, however many heads there are."""
+    out: list[str | None] = [None] * len(heads)
     try:
-        state = through(root, Proof(genesis, certs), head.seq)
-        advance(state, root, head.cp)
+        state: KeyState | None = from_genesis(root, genesis)
+        broken = ""
     except ChainError as exc:
-        return f"head {head.seq}'s checkpoint does not verify from verify.pub: {exc}"
-    return None
+        state, broken = None, str(exc)
+    ordered: list[tuple[int, str]] = []
+    for line in certs:
+        try:
+            ordered.append((decode_record(line.encode("utf-8")).seq, line))
+        except (msgspec.DecodeError, ValueError):
+            continue  # not a record: it certifies nothing
+    ordered = sorted(set(ordered))
+    next_cert = 0
+    for i in sorted(range(len(heads)), key=lambda i: heads[i].seq):
+        head = heads[i]
+        if witness_keys is not None and not countersig_ok(head, witness_keys):
+            shown = head.witness[:16] + "…" if head.witness else "none"
+            out[i] = (f"head {head.seq} is not countersigned by a pinned witness key (it "
+                      f"names witness key {shown})")
+            continue
+        mismatch = head_matches(head)
+        if mismatch is not None:
+            out[i] = mismatch
+            continue
+        while state is not None and next_cert < len(ordered) and \
+                ordered[next_cert][0] < head.seq:
+            seq, line = ordered[next_cert]
+            next_cert += 1
+            if seq <= state.seq:
+                continue  # the same certificate again, or a competing one (a fork's)
+            try:
+                state = advance(state, root, line)
+            except ChainError as exc:  # certifies nothing; a head that needs it fails
+                broken = f"a key certificate it gave does not verify ({exc})"
+        if state is None:
+            out[i] = f"head {head.seq}'s checkpoint does not verify from verify.pub: {broken}"
+            continue
+        try:
+            advance(state, root, head.cp)
+        except ChainError as exc:
+            why = f"{exc}; {broken}" if broken else str(exc)
+            out[i] = f"head {head.seq}'s checkpoint does not verify from verify.pub: {why}"
+    return out

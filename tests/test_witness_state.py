@@ -12,6 +12,7 @@ import anyio
 
 from daemon.witness.service import Trusted, WitnessState, load_or_create_key
 from eventlog import keys
+from eventlog.envelope import record_hash
 from eventlog.epochs import EpochPolicy, EpochSigning
 from eventlog.headchain import Proof, genesis_line, head_problem
 from eventlog.heads import Head, HeadStore, read_heads
@@ -90,3 +91,23 @@ def test_a_single_key_log_is_checked_with_the_root_key_itself(tmp_path: Path) ->
     status, verdict = wrong.offer(heads, Proof(genesis))
     assert status == 403
     assert "not by the trusted key" in verdict.reason
+
+
+def test_every_head_of_a_heads_file_is_checked_in_one_pass(tmp_path: Path) -> None:
+    """The daemon's file target holds every checkpoint, certificates included: each head
+    verifies from verify.pub; one whose checkpoint was altered is a lie, the rest are not."""
+    from daemon.witness.remote import believed, witnessed
+
+    heads, genesis = _log(tmp_path / "a", 60, rotate_every=2)
+    root = keys.load_verify_key(tmp_path / "a" / "keys" / "verify.pub").raw
+    source = witnessed(str(tmp_path / "a" / "heads.jsonl"), heads[0].log)
+    good, lies = believed(source, root, genesis, None)
+    assert (len(good), lies) == (len(heads), [])
+    assert '"final":false' in heads[30].cp
+    forged_cp = heads[30].cp.replace('"final":false', '"final":true')
+    source.heads[30] = Head(heads[30].log, heads[30].seq, record_hash(forged_cp.encode()),
+                            heads[30].epoch, heads[30].sig, heads[30].t_us, forged_cp)
+    good, lies = believed(source, root, genesis, None)
+    assert len(good) == len(heads) - 1
+    assert [lie.head.seq for lie in lies] == [heads[30].seq]
+    assert "does not verify" in lies[0].reason

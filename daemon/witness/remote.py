@@ -21,7 +21,7 @@ import certifi
 import httpx
 import msgspec
 
-from eventlog.headchain import head_problem, is_cert
+from eventlog.headchain import head_problems, is_cert
 from eventlog.heads import Head, decode_head
 from eventlog.keys import fingerprint
 
@@ -153,8 +153,8 @@ def believed(w: Witnessed, root: bytes, genesis: str, pinned: dict[str, bytes] |
     """The heads of ``w`` that verify from ``root`` and ``genesis`` (and, from a URL with
     ``pinned`` keys, carry a countersignature by one), and the lies among them."""
     good, lies = [], []
-    for head in w.heads:
-        problem = head_problem(head, root, genesis, w.certs, pinned if w.url else None)
+    problems = head_problems(w.heads, root, genesis, w.certs, pinned if w.url else None)
+    for head, problem in zip(w.heads, problems, strict=True):
         if problem is None:
             good.append(head)
         else:
