@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.key:
         raise UsageError("--key FILE is required (the witness's own key; created if missing)")
-    state = WitnessState(state_path, load_or_create_key(Path(args.key)), _trust(args))
+    trust = _trust(args)
+    state = WitnessState(state_path, load_or_create_key(Path(args.key)), trust)
     if args.action == "ingest":
         if not args.heads:
             raise UsageError("ingest needs --heads FILE")
