@@ -62,7 +62,7 @@ class Proof(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The genesis record and the checkpoints that certify keys (or record takeovers) before
     the first head sent: enough to follow the chain from the root key to that head."""
 
-    genesis: str
+    genesis: str = ""  # empty in the second and later parts of a proof sent in parts
     certs: list[str] = msgspec.field(default_factory=list)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _trust(args: argparse.Namespace) -> dict[str, Trusted]:
     if not args.trust_dir:
         raise UsageError("--trust-dir DIR is required: DIR/<log id>/verify.pub and "
@@ -166,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be in (0, 300] and --rate above 0")
     limits = Limits(args.max_connections, args.timeout, args.rate, args.burst)
     server = make_server(state, host, int(port), tls=tls, limits=limits)
-    signal.signal(signal.SIGTERM, _interrupt)  # serve_forever runs in this thread
+    # SIGTERM asks the serving loop to stop, from a thread of its own (shutdown waits for
+    # the loop, which runs in this one): no exception lands in the middle of accepting.
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(
+        target=server.shutdown, daemon=True).start())
     bound_host, bound_port = server.server_address[:2]
     print(json.dumps({"listening": f"{bound_host!s}:{bound_port}", "witness": state.fingerprint,
                       "witness_key": public_key_text(state.key), "logs": len(state.trust),

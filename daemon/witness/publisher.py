@@ -45,6 +45,9 @@ from eventlog.heads import Head, HeadStore, encode_head
 
 CURSOR_DIR = "witness"
 MAX_HEADS_PER_POST = 256
+#: Certificates per body of a proof (about 460 bytes each): a proof longer than that goes in
+#: parts ahead of the heads, each well under the witness's body limit (1 MiB).
+CERTS_PER_POST = 1000
 
 
 class Refused(msgspec.Struct, frozen=True):
@@ -61,8 +64,10 @@ class HeadPublisher:
     def __init__(self, config: WitnessConfig, state_dir: Path, heads: HeadStore,
                  witness_file: Path | None, ca_file: Path | None = None, *,
                  token: bytes | None = None,
-                 proof_for: Callable[[int], Proof] | None = None) -> None:
+                 proof_for: Callable[[int], Proof] | None = None,
+                 certs_per_post: int = CERTS_PER_POST) -> None:
         self.config = config
+        self.certs_per_post = certs_per_post
         self.ca_file = ca_file
         self._token = token
         self._proof_for = proof_for
@@ -194,11 +199,11 @@ class HeadPublisher:
             # uses those before the first head it does not hold yet.
             upto = chunk[-1][1].seq
             if prev is None and self._proof_for is not None:
-                proof = await anyio.to_thread.run_sync(self._proof_for, upto)
+                proof = await self._send_proof(client, url, upto)
             response = await self._send(client, url, _body(batch, proof))
             if response.status_code == 428 and self._proof_for is not None:
                 # The witness holds no key state for this log yet: the proof, then again.
-                proof = await anyio.to_thread.run_sync(self._proof_for, upto)
+                proof = await self._send_proof(client, url, upto)
                 response = await self._send(client, url, _body(batch, proof))
             if response.status_code == 200:
                 self.delivered[target] = self.delivered.get(target, 0) + len(batch)
@@ -220,6 +225,22 @@ class HeadPublisher:
             raise httpx.HTTPStatusError(f"witness answered {response.status_code}",
                                         request=response.request, response=response)
         return cursor
+
+    async def _send_proof(self, client: httpx.AsyncClient, url: str, upto: int
+                          ) -> Proof | None:
+        """The proof for heads up to ``upto``, to send with them; or, when it holds more
+        certificates than one body should, sent ahead in parts (then None)."""
+        assert self._proof_for is not None
+        proof = await anyio.to_thread.run_sync(self._proof_for, upto)
+        n = self.certs_per_post
+        if len(proof.certs) <= n:
+            return proof
+        for i in range(0, len(proof.certs), n):
+            part = Proof(proof.genesis if i == 0 else "", proof.certs[i:i + n])
+            response = await self._send(client, url, _body([], part))
+            if response.status_code != 202:
+                raise Rejected(f"{response.status_code}: {_reason(response)}")
+        return None
 
     def _offset_of(self, held: Head | None) -> int | None:
         """Where ``held`` is in ``heads.jsonl`` (-1 for none held), or None when it is not

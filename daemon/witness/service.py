@@ -163,7 +163,7 @@ def write_token(path: Path) -> None:
 
 
 class Verdict(msgspec.Struct, frozen=True, omit_defaults=True):
-    status: str  # "accepted" or "refused"
+    status: str  # "accepted", "refused", or "pending" (a part of a proof was kept)
     head: Head | None = None  # accepted: the head now held, countersigned
     reason: str = ""
     held: Head | None = None  # refused as a fork: the head held
@@ -183,6 +183,9 @@ class LogState:
     head: Head | None = None
     keys: KeyState | None = None
     certs: list[str] | None = None
+    #: A proof sent in parts ahead of the heads (a long-lived log has more certificates than
+    #: one body holds), kept in memory until the heads it is for arrive.
+    pending: Proof | None = None
 
 
 _entry_decoder = msgspec.json.Decoder(Entry)
@@ -273,7 +276,8 @@ class WitnessState:
             new = [h for h in chain if held is None or h.seq > held.seq]
             if not new:
                 return 200, Verdict("accepted", head=held)  # nothing new
-            keys, certs, problem = self._keys_for(state, trusted.root, proof, new[0].seq)
+            keys, certs, problem = self._keys_for(state, trusted.root, proof or state.pending,
+                                                  new[0].seq)
             if keys is None:
                 return (428 if problem.startswith("no proof") else 403,
                         Verdict("refused", reason=problem))
@@ -300,6 +304,7 @@ class WitnessState:
             fresh = certs is not state.certs  # rebuilt from a proof: the line holds them all
             self._append(Entry(log, head, keys, (certs if fresh else []) + added))
             state.head, state.keys, state.certs = head, keys, certs + added
+            state.pending = None
         if self._lines > 4 * max(len(self.logs), 16):
             self.compact()
         return 200, Verdict("accepted", head=head)
@@ -319,9 +324,32 @@ class WitnessState:
             keys = through(root, proof, first)
         except ChainError as exc:
             return None, [], f"the proof does not verify from the trusted verify.pub: {exc}"
-        if keys.log != (state.head.log if state.head else keys.log):
+        if state.head is not None and keys.log != state.head.log:
             return None, [], "the proof is of another log"
         return keys, [c for c in proof.certs if is_cert(c)], ""
+
+    def stash_proof(self, log: str, part: Proof) -> tuple[int, Verdict]:
+        """Keep one part of a proof sent ahead of the heads: the first part carries the
+        genesis record (and starts over), the next ones more certificates, in order. Checked
+        when the heads come; at most ``MAX_CERTS`` certificates are kept per log."""
+        if log not in self.trust:
+            return 403, Verdict("refused", reason=f"log {log[:32]} is not in this witness's "
+                                                  f"trust directory")
+        with self._lock:
+            state = self.logs.setdefault(log, LogState())
+            if part.genesis:
+                state.pending = part
+            elif state.pending is None:
+                return 428, Verdict("refused", reason="no proof: its first part (with the "
+                                                      "genesis record) was not received")
+            else:
+                certs = state.pending.certs + part.certs
+                if len(certs) > MAX_CERTS:
+                    state.pending = None
+                    return 413, Verdict("refused", reason=f"a proof of more than {MAX_CERTS} "
+                                                          f"certificates")
+                state.pending = Proof(state.pending.genesis, certs)
+            return 202, Verdict("pending")
 
     def _append(self, entry: Entry) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
@@ -463,7 +491,10 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
             if any(h.log != log for h in body.heads):
                 self._reply(403, {"error": "the token is not this log's"})
                 return
-            status, verdict = state.offer(body.heads, body.proof)
+            if not body.heads and body.proof is not None:
+                status, verdict = state.stash_proof(log, body.proof)
+            else:
+                status, verdict = state.offer(body.heads, body.proof)
             self._reply(status, verdict)
 
     return Handler
@@ -488,11 +519,13 @@ class WitnessServer(ThreadingHTTPServer):
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)  # full: the client retries later
             return
+        thread = threading.Thread(target=self.process_request_thread,
+                                  args=(request, client_address), daemon=True)
         try:
-            super().process_request(request, client_address)
-        except BaseException:
+            thread.start()
+        except RuntimeError:  # no thread to be had: this connection is dropped
             self._slots.release()
-            raise
+            self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
