@@ -84,6 +84,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="serve: and this private key")
     p.add_argument("--max-connections", type=count_arg(1, 10_000), default=64, metavar="N",
                    help="serve: connections at once (default 64; more are closed at once)")
+    p.add_argument("--max-per-client", type=count_arg(1, 10_000), default=8, metavar="N",
+                   help="serve: connections at once from one client address (default 8)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="serve: per socket operation, TLS handshake included (default 5)")
     p.add_argument("--rate", type=float, default=20.0, metavar="PER_SECOND",
@@ -161,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert), Path(args.tls_key))
     if not 0 < args.timeout <= 300 or not args.rate > 0:
         raise UsageError("--timeout must be in (0, 300] and --rate above 0")
-    limits = Limits(args.max_connections, args.timeout, args.rate, args.burst)
+    limits = Limits(args.max_connections, args.max_per_client, args.timeout, args.rate,
+                    args.burst)
     server = make_server(state, host, int(port), tls=tls, limits=limits)
     # SIGTERM asks the serving loop to stop, from a thread of its own (shutdown waits for
     # the loop, which runs in this one): no exception lands in the middle of accepting.

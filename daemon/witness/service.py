@@ -23,9 +23,10 @@ A head extends the one held when the checkpoint records sent with it link, by ``
 back to the held head's record hash (:func:`eventlog.heads.extends`).
 
 Bounds: the request body (``MAX_BODY``), the logs (the trust directory), the heads kept (the
-latest per log, plus the log's key certificates), concurrent connections, requests per client
-address (429 with Retry-After), and a timeout on every socket operation -- including the TLS
-handshake, done in the connection's own thread, never in the accepting one.
+latest per log, plus the log's key certificates), concurrent connections (in all and per client
+address), requests per client address (429 with Retry-After), and a timeout on every socket
+operation -- including the TLS handshake, done in the connection's own thread, never in the
+accepting one.
 """
 
 from __future__ import annotations
@@ -416,6 +417,7 @@ class RateLimiter:
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 64
+    max_per_client: int = 8  # connections at once from one client address
     timeout_seconds: float = 5.0  # every socket operation, the TLS handshake included
     rate: float = 20.0  # requests a second per client address
     burst: int = 40
@@ -501,9 +503,10 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
 
 
 class WitnessServer(ThreadingHTTPServer):
-    """One thread per connection, at most ``max_connections`` at once (more are closed at
-    once); the TLS handshake runs in the connection's thread under the socket timeout, so a
-    client that connects and says nothing holds one slot for ``timeout`` seconds at most."""
+    """One thread per connection, at most ``max_connections`` at once and ``max_per_client``
+    from one address (more are closed at once); the TLS handshake runs in the connection's
+    thread under the socket timeout, so a client that connects and says nothing holds one
+    slot for ``timeout`` seconds at most."""
 
     daemon_threads = True
     block_on_close = False
@@ -514,23 +517,38 @@ class WitnessServer(ThreadingHTTPServer):
         self.limits = limits
         self.tls = tls
         self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._count_lock = threading.Lock()
+        self._per_client: dict[str, int] = {}
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: the client retries later
+        client = str(client_address[0])
+        with self._count_lock:
+            mine = self._per_client.get(client, 0)
+            admitted = mine < self.limits.max_per_client and self._slots.acquire(blocking=False)
+            if admitted:
+                self._per_client[client] = mine + 1
+        if not admitted:
+            self.shutdown_request(request)  # full, or that client holds its share: later
             return
         thread = threading.Thread(target=self.process_request_thread,
                                   args=(request, client_address), daemon=True)
         try:
             thread.start()
         except RuntimeError:  # no thread to be had: this connection is dropped
-            self._slots.release()
+            self._release(client)
             self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._release(str(client_address[0]))
+
+    def _release(self, client: str) -> None:
+        with self._count_lock:
+            left = self._per_client.pop(client, 1) - 1
+            if left > 0:
+                self._per_client[client] = left
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:

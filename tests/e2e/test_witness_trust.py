@@ -196,6 +196,30 @@ def test_an_idle_tls_connection_does_not_stop_another_client(made: Made, tmp_pat
             idle.close()
 
 
+def test_one_address_cannot_take_every_connection(made: Made, tmp_path: Path) -> None:
+    setup = witness_setup(tmp_path / "w")
+    _, cert, key = _private_ca(setup.root)
+    port = _free_port()
+    with witness_service(setup.root, port, tls=(cert, key), extra=[
+            "--timeout", "30", "--max-connections", "4", "--max-per-client", "2"]):
+        idle = []
+        try:
+            for _ in range(5):  # from another loopback address, all silent
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                idle.append(s)
+            # Beyond its share, that address's connections are closed at once.
+            idle[-1].settimeout(5)
+            assert idle[-1].recv(1) == b""
+            r = httpx.get(f"https://127.0.0.1:{port}/v1/heads/{made.log_id}", timeout=5,
+                          verify=False)
+            assert r.status_code == 404
+        finally:
+            for s in idle:
+                s.close()
+
+
 class _Liar:
     """A witness that answers every GET with ``answer`` (a forged head, once the test made
     one) and acknowledges every POST."""
