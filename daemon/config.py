@@ -33,6 +33,8 @@ Example::
     file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
     syslog = true                         # one line per head to syslog/journald
     urls = ["https://witness.example:8443/v1/heads"]   # `bide witness serve` instances
+    token_file = "/etc/bide/witness.token"  # 0600; the witness's trust dir holds the same
+    witness_keys = ["base64…"]            # pinned: what `bide witness serve` prints
 
     [spool]
     agents_group = "bide-agents"          # may register jobs (spool/incoming)
@@ -114,6 +116,11 @@ class WitnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 3  # quick retries per attempt
     retry_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # then retry this often
     ca_file: str = ""  # PEM roots for https witnesses (a private CA); default: certifi's
+    #: The secret `bide witness serve` knows this log's publisher by (0600; required for urls).
+    token_file: str = ""
+    #: Pinned witness public keys (base64, as `bide witness serve` prints them): a head a
+    #: witness returns must carry a countersignature by one of them to be believed.
+    witness_keys: list[str] = msgspec.field(default_factory=list)
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -205,6 +212,8 @@ class Config:
         self.witness = raw.witness
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None
+        self.witness_token = (
+            (base / raw.witness.token_file).resolve() if raw.witness.token_file else None)
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
         self.postgres = _postgres(path, raw)
         self.password_file = (

@@ -1002,3 +1002,15 @@ def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int) -> Damage:
     return _at(at, expected, "missing",
                f"records {expected}..{seq - 1} are missing" if seq - 1 > expected
                else f"record {expected} is missing")
+
+
+# -- for checking one checkpoint at a time (signed heads: ``eventlog.headchain``) --------------
+
+#: Why checkpoint ``cp`` does not verify at the report's epoch (None when it does).
+checkpoint_problem = _cp_problem
+#: Move a report past a checkpoint that verified (its takeover, the key it certifies).
+advance_epoch = _advance_epoch
+#: Whether a genesis record's signature verifies under a raw root public key.
+genesis_verifies = _genesis_ok
+#: Take what a verified genesis record says (log id, format, epoch-1 key) into a report.
+adopt_genesis = _adopt_genesis

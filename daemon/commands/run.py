@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
+from daemon.errors import ConfigError
 from daemon.signing import log_identity, open_signing
 from daemon.supervisor import RequestGate, Supervisor
 from daemon.witness.publisher import HeadPublisher
-from daemon.witness.remote import WitnessUnreachable, heads_held
+from daemon.witness.remote import (
+    WitnessUnreachable,
+    believed,
+    pinned_keys,
+    shown,
+    witnessed,
+)
+from daemon.witness.service import TrustError, read_token
+from eventlog.headchain import Proof, chain_proof, genesis_line, log_lines
 from eventlog.heads import Head
-from eventlog.keys import Signer, keys_directory, load_keyring
+from eventlog.keys import VERIFY_KEY, Signer, keys_directory, load_keyring, load_verify_key
 from eventlog.store import LineStore
 
 
@@ -36,26 +47,78 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def witnessed_heads(cfg: Config) -> list[tuple[str, Head]]:
+def witnessed_heads(cfg: Config, keys_dir: Path) -> list[tuple[str, Head]]:
     """The latest head each configured witness holds for the log about to open (file and
-    URL witnesses; syslog keeps nothing to ask). One that cannot be asked is named in a
-    warning and the daemon starts: a witness being down must not stop the waiting."""
+    URL witnesses; syslog keeps nothing to ask), once it verifies from verify.pub (and the
+    pinned witness keys). One that cannot be asked is named in a warning, one that returns a
+    head that does not verify is named in an error (a lying witness), and the daemon starts:
+    neither a witness being down nor its word alone may stop the waiting."""
     log_id = log_identity(cfg.log_dir)
-    if log_id is None:
+    genesis = genesis_line(cfg.log_dir) if log_id is not None else None
+    if log_id is None or genesis is None:
         return []
+    root = load_verify_key(keys_dir / VERIFY_KEY).raw
+    pinned = witness_keys(cfg)
     sources = [str(cfg.witness_file)] if cfg.witness_file is not None else []
     held = []
     for source in [*sources, *cfg.witness.urls]:
         try:
-            heads = heads_held(source, log_id, timeout=cfg.witness.timeout_seconds,
+            answer = witnessed(source, log_id, timeout=cfg.witness.timeout_seconds,
                                ca_file=cfg.witness_ca)
         except WitnessUnreachable as exc:
             logfmt.warn("could not ask a witness for the head it holds; the log is checked "
                         "against the heads this daemon recorded only", error=str(exc))
             continue
+        heads, lies = believed(answer, root, genesis, pinned)
+        for lie in lies:
+            logfmt.error("a witness returned a head that does not verify: it lies or was "
+                         "tampered with, and its word is ignored (witness_lied)",
+                         witness=shown(lie.source), head=f"{lie.head.seq}:{lie.head.hash}",
+                         reason=lie.reason)
         if heads:
             held.append((source, max(heads, key=lambda h: h.seq)))
     return held
+
+
+def witness_keys(cfg: Config) -> dict[str, bytes] | None:
+    """The pinned witness keys ([witness] witness_keys), or None when none are pinned."""
+    if not cfg.witness.witness_keys:
+        return None
+    try:
+        return pinned_keys(cfg.witness.witness_keys)
+    except ValueError as exc:
+        raise ConfigError(f"config file {cfg.path}: [witness] {exc}") from None
+
+
+def witness_token(cfg: Config) -> bytes | None:
+    """The publisher's token ([witness] token_file); required when urls are configured."""
+    if cfg.witness_token is None:
+        if cfg.witness.urls:
+            raise ConfigError(
+                f"config file {cfg.path}: [witness] urls need token_file, the secret the "
+                f"witness knows this log's publisher by (create it 0600 with `bide witness "
+                f"token --out FILE` and put the same file in the witness's trust directory)")
+        return None
+    try:
+        return read_token(cfg.witness_token)
+    except TrustError as exc:
+        raise ConfigError(f"[witness] token_file: {exc}") from None
+
+
+def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]:
+    """What a witness needs on first contact, read from the log (segment files or the
+    database): the genesis record and the key certificates before a head."""
+    def lines() -> Iterator[bytes]:
+        if store is None:
+            yield from log_lines(cfg.log_dir)
+            return
+        seq = -1
+        while page := store.lines_after(seq, 10_000):
+            for line in page:
+                yield line.data
+            seq = page[-1].seq
+
+    return lambda before: chain_proof(lines(), before)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,10 +140,11 @@ def build_supervisor(cfg: Config, *, store: LineStore | None = None,
     chosen = open_signing(cfg, keys_dir)
     for message, fields in chosen.warnings:
         logfmt.warn(message, **fields)
+    token = witness_token(cfg)
     if ask_witnesses:
-        chosen.heads.witnessed = witnessed_heads(cfg)
+        chosen.heads.witnessed = witnessed_heads(cfg, keys_dir)
     publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file,
-                              cfg.witness_ca)
+                              cfg.witness_ca, token=token, proof_for=proof_source(cfg, store))
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
     root = chosen.signing if isinstance(chosen.signing, Signer) else None
     return Supervisor(cfg, load_keyring(keys_dir), root,

@@ -18,13 +18,24 @@ from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
 from daemon.pgconfig import add_dsn_flags, settings_for
-from daemon.witness.remote import WitnessUnreachable, heads_held
+from daemon.witness.remote import (
+    Lie,
+    Witnessed,
+    WitnessUnreachable,
+    believed,
+    pinned_keys,
+    shown,
+    witnessed,
+)
+from eventlog.envelope import FORMAT_SINGLE_KEY
+from eventlog.headchain import genesis_line
 from eventlog.heads import Finding, Head, judge
-from eventlog.keys import load_verify_key
+from eventlog.keys import VerifyKey, load_verify_key
 from eventlog.verify import Damage, Report, verify_log
 
 #: Exit statuses of what a witness's heads reveal about an otherwise intact log.
-EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6}
+EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6, "witness_lied": 7}
+EXIT_SIGNER = 8
 
 EPILOG = """\
 exit status:
@@ -36,11 +47,22 @@ exit status:
   5  forked: the log holds another record where the witness holds a head (or is another log)
   6  truncated: the log ends before a witnessed head, its signed end cut (unsigned records
      after its last checkpoint)
+  7  witness_lied: a witness returned a head that does not verify from verify.pub through
+     the log's certified keys (or, with pinned --witness-key, lacks a countersignature by
+     one): the witness lies or was tampered with; the log itself is not judged by that head
+  8  the log is signed by another root key than --expect-signer names
 
 damage classes: modified, missing, reordered, duplicated, spliced, bad_signature,
 segment_link, truncated (the log ends before --anchor: exit 1); a line longer than the
 longest record is "modified". With --witness, an intact log is also checked against every
-head the witness holds for it: rolled_back, forked, truncated (exit 4, 5, 6).
+head the witness holds for it: rolled_back, forked, truncated (exit 4, 5, 6). Every head a
+witness returns is first checked (its checkpoint's signature through the chain of certified
+keys, from verify.pub and the log's genesis record; with --witness-key, the witness's
+countersignature): one that fails is witness_lied (exit 7), never evidence against the log.
+
+signer: the report names the root key that signed the log (its fingerprint, as `bide keygen`
+prints it) and the epoch of the last signed checkpoint; --expect-signer FINGERPRINT fails
+(exit 8) when that is another key (a log and verify.pub swapped together)
 
 forward-secure logs (format 3): verify.pub certifies the first epoch key in the genesis
 record, each epoch key certifies the next at an epoch boundary; every checkpoint is checked
@@ -80,6 +102,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--witness-ca", metavar="PEM",
                    help="the CA that signed an https witness's certificate (a private CA; "
                    "default: the public roots)")
+    p.add_argument("--witness-key", metavar="KEY|FILE", action="append", default=[],
+                   help="a pinned witness public key (base64, as `bide witness serve` prints "
+                   "it, or its <key>.pub file; repeatable; default: the config's [witness] "
+                   "witness_keys): heads from a URL must be countersigned by one")
+    p.add_argument("--expect-signer", metavar="FINGERPRINT",
+                   help="the root key fingerprint the log must be signed by (exit 8 if not)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
                    default=min(os.cpu_count() or 1, 4),
@@ -175,28 +203,82 @@ def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
     anchor = parse_anchor(args.anchor) if args.anchor else None
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: need at least 1")
-    report = verify_log(log_dir, load_verify_key(key_path), anchor=anchor, jobs=args.jobs)
+    verify_key = load_verify_key(key_path)
+    report = verify_log(log_dir, verify_key, anchor=anchor, jobs=args.jobs)
     if also is not None:
         also(report)
+    signer = signer_json(report, verify_key)
+    wrong_signer = bool(args.expect_signer) and (
+        args.expect_signer.strip().lower() != verify_key.fingerprint)
     finding = None
-    if args.witness and report.damage is None and report.head_seq >= 0:
+    lies: list[Lie] = []
+    if args.witness and report.damage is None and report.head_seq >= 0 and not wrong_signer:
         ca = witness_ca(args)
-        heads = [h for source in args.witness
-                 for h in witness_heads(source, report.log_id, ca)]
+        pinned = witness_pins(args)
+        genesis = genesis_line(log_dir) or ""
+        heads: list[Head] = []
+        for source in args.witness:
+            good, lied = believed(witness_heads(source, report.log_id, ca), verify_key.raw,
+                                  genesis, pinned)
+            heads += good
+            lies += lied
         finding = judge(log_dir, report, heads, other_log_is_fork=False)
-        if not any(h.log == report.log_id for h in heads):
+        if not heads and not lies:
             report.notes.append(f"the witness holds no head of log {report.log_id}: it was "
                                 f"never published there, or this log replaced the one that was")
     if args.json:
-        print(json.dumps({**report_json(report), "witness": finding_json(finding)}))
+        print(json.dumps({**report_json(report), "signer": signer,
+                          "expected_signer": args.expect_signer or None,
+                          "witness": finding_json(finding),
+                          "witness_lied": [lie_json(lie) for lie in lies]}))
     else:
+        epoch = "" if signer["epoch"] is None else f", last signed checkpoint in epoch " \
+            f"{signer['epoch']}"
+        print(f"signer: root key {signer['fingerprint']}{epoch}")
         print_report(report)
+        for lie in lies:
+            print(f"WITNESS witness_lied: witness {shown(lie.source)} returned head "
+                  f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
+                  f"witness lies or was tampered with; the log is not judged by it")
         if finding is not None:
             print(f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
                   f"{finding.head.seq}:{finding.head.hash})")
-    if finding is not None and report.exit_status == 0:
+    if wrong_signer:
+        print(f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
+              f"by the expected {args.expect_signer.strip()}: this is not the log (or not the "
+              f"verify.pub) you meant; the log and its verify.pub may have been swapped together",
+              file=sys.stderr)
+        return report.exit_status if report.exit_status == 1 else EXIT_SIGNER
+    if report.exit_status != 0:
+        return report.exit_status
+    if finding is not None:
         return EXIT_WITNESS[finding.kind]
-    return report.exit_status
+    return EXIT_WITNESS["witness_lied"] if lies else 0
+
+
+def signer_json(report: Report, verify_key: VerifyKey) -> dict[str, Any]:
+    """The root key the log is signed by, and the epoch whose key signed its last checkpoint
+    (format 2: 0, the root key signs every one; None before the first checkpoint)."""
+    epoch: int | None = None
+    if report.last_checkpoint_seq is not None:
+        epoch = report.epoch
+        if (report.format != FORMAT_SINGLE_KEY and report.epoch_cert_seq
+                and report.epoch_cert_seq == report.last_checkpoint_seq):
+            epoch -= 1  # that checkpoint certified the next epoch's key: signed in its own
+    return {"fingerprint": verify_key.fingerprint, "epoch": epoch, "format": report.format}
+
+
+def witness_pins(args: argparse.Namespace) -> dict[str, bytes] | None:
+    """--witness-key, else the config's [witness] witness_keys; None when none is pinned."""
+    texts = list(args.witness_key)
+    if not texts and (args.config or os.environ.get("BIDE_CONFIG")):
+        texts = load_config(args.config).witness.witness_keys
+    if not texts:
+        return None
+    try:
+        return pinned_keys(texts)
+    except ValueError as exc:
+        raise UsageError(f"--witness-key: {exc}") from None
 
 
 def witness_ca(args: argparse.Namespace) -> Path | None:
@@ -208,14 +290,19 @@ def witness_ca(args: argparse.Namespace) -> Path | None:
     return None
 
 
-def witness_heads(source: str, log_id: str, ca_file: Path | None = None) -> list[Head]:
-    """The heads a witness holds: from ``bide witness serve`` at a URL, or from a file."""
+def witness_heads(source: str, log_id: str, ca_file: Path | None = None) -> Witnessed:
+    """What a witness holds: from ``bide witness serve`` at a URL, or from a file."""
     if not source.startswith(("http://", "https://")) and not Path(source).is_file():
         raise UsageError(f"--witness {source}: no such file (or give an http(s):// URL)")
     try:
-        return heads_held(source, log_id, ca_file=ca_file)
+        return witnessed(source, log_id, ca_file=ca_file)
     except WitnessUnreachable as exc:
         raise UsageError(str(exc)) from None
+
+
+def lie_json(lie: Lie) -> dict[str, object]:
+    return {"kind": "witness_lied", "witness": shown(lie.source), "reason": lie.reason,
+            "head": {"seq": lie.head.seq, "hash": lie.head.hash, "epoch": lie.head.epoch}}
 
 
 def finding_json(finding: Finding | None) -> dict[str, object] | None:

@@ -8,8 +8,13 @@ config):
     file     appends the heads (one JSON line each) to a file, fsynced: a mount of another host
     syslog   one line per head to syslog (journald reads it from /dev/log)
     urls     POST {"heads": [...]} to `bide witness serve`: the heads since the one the
-             witness holds, whose checkpoint records prove, with no key, that they extend it
+             witness holds, whose checkpoint records prove, with no key, that they extend it;
+             with the log's token (``token_file``) as a bearer token, and, on first contact,
+             the proof the witness needs to check their signatures from the log's verify.pub
+             (the genesis record and the key certificates before the first head)
 
+A witness that rejects the publisher (401: the token; 403: a log it does not trust, or keys
+it does not take) is logged as an error with its reason and retried like one that is down.
 A target that fails is retried a bounded number of times, then again on the next head or
 after ``retry_seconds``; appends never wait for it (the publisher is its own task, and the
 writer only appends a line to a file). A witness that refuses a head (a fork) is logged as
@@ -23,7 +28,7 @@ import contextlib
 import hashlib
 import os
 import syslog
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -35,10 +40,14 @@ from daemon import logfmt
 from daemon.config import WitnessConfig
 from daemon.witness.remote import tls_context
 from eventlog.fsync import fsync_dir
+from eventlog.headchain import Proof
 from eventlog.heads import Head, HeadStore, encode_head
 
 CURSOR_DIR = "witness"
 MAX_HEADS_PER_POST = 256
+#: Certificates per body of a proof (about 460 bytes each): a proof longer than that goes in
+#: parts ahead of the heads, each well under the witness's body limit (1 MiB).
+CERTS_PER_POST = 1000
 
 
 class Refused(msgspec.Struct, frozen=True):
@@ -47,11 +56,21 @@ class Refused(msgspec.Struct, frozen=True):
     held: Head | None = None
 
 
+class Rejected(Exception):
+    """A witness answered with a refusal that is not a fork: the message says why."""
+
+
 class HeadPublisher:
     def __init__(self, config: WitnessConfig, state_dir: Path, heads: HeadStore,
-                 witness_file: Path | None, ca_file: Path | None = None) -> None:
+                 witness_file: Path | None, ca_file: Path | None = None, *,
+                 token: bytes | None = None,
+                 proof_for: Callable[[int], Proof] | None = None,
+                 certs_per_post: int = CERTS_PER_POST) -> None:
         self.config = config
+        self.certs_per_post = certs_per_post
         self.ca_file = ca_file
+        self._token = token
+        self._proof_for = proof_for
         self.heads = heads
         self.cursor_dir = state_dir / CURSOR_DIR
         self.targets: list[str] = []
@@ -130,6 +149,13 @@ class HeadPublisher:
                         break
                     cursor = moved
                     self._save_cursor(target, cursor)
+            except Rejected as exc:
+                if target not in self._failing:
+                    logfmt.error("witness rejects our heads; they stay queued on disk",
+                                 target=_safe(target), reason=str(exc))
+                    self._failing.add(target)
+                pending = True
+                continue
             except (OSError, httpx.HTTPError) as exc:
                 if target not in self._failing:
                     logfmt.warn("witness unreachable; heads stay queued on disk",
@@ -168,7 +194,17 @@ class HeadPublisher:
             chunk = todo[i:i + MAX_HEADS_PER_POST]
             # The head before the batch goes too: the witness finds the one it holds.
             batch = ([prev] if prev is not None else []) + [h for _, h in chunk]
-            response = await self._send(client, url, msgspec.json.encode({"heads": batch}))
+            proof = None
+            # A proof covers the key certificates before any head of the batch: the witness
+            # uses those before the first head it does not hold yet.
+            upto = chunk[-1][1].seq
+            if prev is None and self._proof_for is not None:
+                proof = await self._send_proof(client, url, upto)
+            response = await self._send(client, url, _body(batch, proof))
+            if response.status_code == 428 and self._proof_for is not None:
+                # The witness holds no key state for this log yet: the proof, then again.
+                proof = await self._send_proof(client, url, upto)
+                response = await self._send(client, url, _body(batch, proof))
             if response.status_code == 200:
                 self.delivered[target] = self.delivered.get(target, 0) + len(batch)
                 cursor, prev = chunk[-1]
@@ -184,9 +220,27 @@ class HeadPublisher:
                              target=_safe(target), reason=refused.reason)
                 self._refused.add(target)
                 return None
+            if response.status_code in (400, 401, 403, 413, 428, 429, 507):
+                raise Rejected(f"{response.status_code}: {_reason(response)}")
             raise httpx.HTTPStatusError(f"witness answered {response.status_code}",
                                         request=response.request, response=response)
         return cursor
+
+    async def _send_proof(self, client: httpx.AsyncClient, url: str, upto: int
+                          ) -> Proof | None:
+        """The proof for heads up to ``upto``, to send with them; or, when it holds more
+        certificates than one body should, sent ahead in parts (then None)."""
+        assert self._proof_for is not None
+        proof = await anyio.to_thread.run_sync(self._proof_for, upto)
+        n = self.certs_per_post
+        if len(proof.certs) <= n:
+            return proof
+        for i in range(0, len(proof.certs), n):
+            part = Proof(proof.genesis if i == 0 else "", proof.certs[i:i + n])
+            response = await self._send(client, url, _body([], part))
+            if response.status_code != 202:
+                raise Rejected(f"{response.status_code}: {_reason(response)}")
+        return None
 
     def _offset_of(self, held: Head | None) -> int | None:
         """Where ``held`` is in ``heads.jsonl`` (-1 for none held), or None when it is not
@@ -202,8 +256,11 @@ class HeadPublisher:
         delay = 0.1
         for attempt in range(self.config.retries + 1):
             try:
-                return await client.post(url, content=body,
-                                         headers={"content-type": "application/json"})
+                headers = {"content-type": "application/json"}
+                if self._token is not None:
+                    headers["authorization"] = "Bearer " + self._token.decode("ascii",
+                                                                              "replace")
+                return await client.post(url, content=body, headers=headers)
             except httpx.TransportError:
                 if attempt == self.config.retries:
                     raise
@@ -228,6 +285,21 @@ class HeadPublisher:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(f"{cursor} {_safe(target)}\n")  # the byte offset of the last head sent
         os.replace(tmp, path)
+
+
+def _body(batch: list[Head], proof: Proof | None) -> bytes:
+    if proof is None:
+        return msgspec.json.encode({"heads": batch})
+    return msgspec.json.encode({"heads": batch, "proof": proof})
+
+
+def _reason(response: httpx.Response) -> str:
+    """What a witness said when it refused (bounded; it never echoes the token)."""
+    try:
+        body = msgspec.json.decode(response.content, type=dict[str, object])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "(no reason given)"
+    return str(body.get("reason") or body.get("error") or "(no reason given)")[:300]
 
 
 def _append_file(path: Path, heads: list[Head]) -> None:

@@ -19,6 +19,7 @@ once an hour, not per checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import threading
 import time
@@ -59,25 +60,40 @@ def checkpoint_cost(work: Path, mode: str, n: int) -> float:
 
 
 def witness_round_trip(work: Path, n: int) -> float:
-    """Seconds per head POSTed to a witness on 127.0.0.1 (heads of a real log)."""
-    from daemon.witness.service import WitnessState, load_or_create_key, make_server
+    """Seconds per head POSTed to a witness on 127.0.0.1 (heads of a real log), each checked
+    from the log's verify.pub through its epoch key, by an authenticated publisher."""
+    from daemon.witness.service import (
+        Trusted,
+        WitnessState,
+        load_or_create_key,
+        make_server,
+    )
+    from eventlog.headchain import Proof, genesis_line
 
     root = Path(tempfile.mkdtemp(prefix="witness-", dir=work))
     keys.generate(root / "keys")
     store = HeadStore(root / "heads.jsonl")
     anyio.run(_checkpoints, root / "log", root / "keys", "epoch", n, store)
     heads = read_heads(root / "heads.jsonl")
-    state = WitnessState(root / "witness.jsonl", load_or_create_key(root / "witness.key"))
+    token = "bench-token-0123456789abcdef"
+    trust = {heads[0].log: Trusted(keys.load_verify_key(root / "keys" / "verify.pub").raw,
+                                   hashlib.sha256(token.encode()).digest())}
+    state = WitnessState(root / "witness.jsonl", load_or_create_key(root / "witness.key"),
+                         trust)
     server = make_server(state, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/heads"
+    proof = Proof(genesis_line(root / "log") or "")
     try:
-        with httpx.Client() as client:
+        with httpx.Client(headers={"authorization": f"Bearer {token}"}) as client:
             started = time.perf_counter()
             for i in range(len(heads)):
                 chain = heads[max(i - 1, 0):i + 1]
-                r = client.post(url, content=msgspec.json.encode({"heads": chain}))
+                body: dict[str, object] = {"heads": chain}
+                if i == 0:
+                    body["proof"] = proof
+                r = client.post(url, content=msgspec.json.encode(body))
                 assert r.status_code == 200, r.text
             return (time.perf_counter() - started) / len(heads)
     finally:

@@ -10,13 +10,21 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import msgspec
 
+from daemon.signing import log_identity
+from daemon.witness.service import (
+    held_heads,
+    load_or_create_key,
+    public_key_text,
+    write_token,
+)
 from eventlog.envelope import decode_record, encode_record, record_hash
 from eventlog.heads import Head, read_heads
 from tests.e2e.harness import BIDE, Workspace, drop_registration, until, workspace
@@ -131,13 +139,59 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class WitnessSetup:
+    """A witness's files: its key (pinned by the daemon), the publisher's token (0600, the
+    daemon's [witness] token_file) and its trust directory."""
+
+    root: Path
+    key_text: str
+    token: Path
+
+    @property
+    def trust_dir(self) -> Path:
+        return self.root / "trust"
+
+    def config(self, url: str) -> str:
+        """The daemon's [witness] table for this witness."""
+        return (f'\n[witness]\nurls = ["{url}/v1/heads"]\ntoken_file = "{self.token}"\n'
+                f'witness_keys = ["{self.key_text}"]\nretry_seconds = 0.2\n'
+                "timeout_seconds = 2\nretries = 1\n")
+
+    def trust(self, log_id: str, verify_pub: Path) -> None:
+        """Allow ``log_id``, signed by ``verify_pub``'s root key, to publish here."""
+        entry = self.trust_dir / log_id
+        entry.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(verify_pub, entry / "verify.pub")
+        shutil.copyfile(self.token, entry / "token")
+        (entry / "token").chmod(0o600)
+
+
+def witness_setup(root: Path) -> WitnessSetup:
+    root.mkdir(exist_ok=True)
+    key = load_or_create_key(root / "witness.key")
+    token = root / "publisher.token"
+    write_token(token)
+    (root / "trust").mkdir(exist_ok=True)
+    return WitnessSetup(root, public_key_text(key), token)
+
+
+def log_id_of(ws: Workspace) -> str:
+    """The daemon's log id, once it made its log."""
+    until(lambda: log_identity(ws.root / "state" / "log"), what="the log to exist")
+    log_id = log_identity(ws.root / "state" / "log")
+    assert log_id is not None
+    return log_id
+
+
 @contextmanager
-def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None
-                    ) -> Iterator[subprocess.Popen[str]]:
+def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None,
+                    extra: Sequence[str] = ()) -> Iterator[subprocess.Popen[str]]:
     tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     proc = subprocess.Popen(
         [*BIDE, "witness", "serve", "--listen", f"127.0.0.1:{port}",
-         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key"), *tls_args],
+         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key"),
+         "--trust-dir", str(root / "trust"), *tls_args, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -147,7 +201,12 @@ def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate(timeout=10)[0]
+            raise AssertionError(f"the witness did not stop on SIGTERM: {out}") from None
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -163,17 +222,16 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     wroot = tmp_path / "witness"
-    wroot.mkdir()
-    with workspace(tmp_path, JOBS, config_extra=(
-            f'\n[witness]\nurls = ["{url}/v1/heads"]\nretry_seconds = 0.2\n'
-            "timeout_seconds = 2\nretries = 1\n")) as ws:
+    setup = witness_setup(wroot)
+    with workspace(tmp_path, JOBS, config_extra=setup.config(url)) as ws:
         ws.write_profile(contract=FAST)
         heads = tmp_path / "state" / "heads.jsonl"
+        daemon = ws.start_daemon()
+        log_id = log_id_of(ws)
+        setup.trust(log_id, ws.root / "keys" / "verify.pub")
         with witness_service(wroot, port) as service:
-            daemon = ws.start_daemon()
             drop_registration(ws, "op-0", "job-0")
             until(lambda: read_heads(heads), what="a first signed head")
-            log_id = read_heads(heads)[0].log
             until(lambda: _held(url, log_id) is not None, what="the witness to hold a head")
             held = _held(url, log_id)
             assert held is not None
@@ -204,6 +262,7 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             fork = Head(log_id, rec.seq + 7, record_hash(forged), now.epoch, now.sig,
                         now.t_us, forged.decode())
             r = httpx.post(f"{url}/v1/heads", content=msgspec.json.encode({"heads": [fork]}),
+                           headers={"authorization": f"Bearer {setup.token.read_text().strip()}"},
                            timeout=5)
             assert r.status_code == 409, r.text
             assert "links to checkpoint hash" in r.json()["reason"]
@@ -216,7 +275,7 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             result = ws.bide("verify", "--json", "--witness", url)
             assert result.returncode == 0, result.stdout + result.stderr
         # Its state survives a restart: what it held is what it holds.
-        state = read_heads(wroot / "state.jsonl")
+        state = held_heads(wroot / "state.jsonl")
         assert state[-1].seq == read_heads(heads)[-1].seq
 
 
@@ -272,24 +331,24 @@ def test_heads_reach_a_witness_over_https_with_a_private_ca(tmp_path: Path) -> N
     port = _free_port()
     url = f"https://127.0.0.1:{port}"
     wroot = tmp_path / "witness"
-    wroot.mkdir()
+    setup = witness_setup(wroot)
     ca, cert, key = _private_ca(wroot)
-    with workspace(tmp_path, JOBS, config_extra=(
-            f'\n[witness]\nurls = ["{url}/v1/heads"]\nca_file = "{ca}"\n'
-            "retry_seconds = 0.2\ntimeout_seconds = 2\nretries = 1\n")) as ws:
+    with workspace(tmp_path, JOBS, config_extra=setup.config(url) + f'ca_file = "{ca}"\n'
+                   ) as ws:
         ws.write_profile(contract=FAST)
         heads = tmp_path / "state" / "heads.jsonl"
+        daemon = ws.start_daemon()
+        setup.trust(log_id_of(ws), ws.root / "keys" / "verify.pub")
         with witness_service(wroot, port, tls=(cert, key)):
-            daemon = ws.start_daemon()
             drop_registration(ws, "op-0", "job-0")
             until(lambda: read_heads(heads), what="a first signed head")
             assert daemon.stop() == 0
             def held() -> list[tuple[int, str]]:
-                return [(h.seq, h.hash) for h in read_heads(wroot / "state.jsonl")[-1:]]
+                return [(h.seq, h.hash) for h in held_heads(wroot / "state.jsonl")[-1:]]
 
             until(lambda: held() == [(h.seq, h.hash) for h in read_heads(heads)[-1:]],
                   what="the witness to hold the final head, over TLS")
-            assert read_heads(wroot / "state.jsonl")[-1].countersig
+            assert held_heads(wroot / "state.jsonl")[-1].countersig
             assert "witness unreachable" not in daemon.output()
             ok = ws.bide("verify", "--json", "--witness", url, "--witness-ca", str(ca))
             assert ok.returncode == 0, ok.stdout + ok.stderr
