@@ -12,8 +12,8 @@ Modules, one job each (`accepting` is the accept loop the metrics listener and t
 * ``cli`` and ``commands/`` are the ``bide`` command; ``simulator/`` the scripted provider;
   ``demo`` runs every scenario end to end.
 
-Rooms for what comes next (see the README's Layout): the local API in ``daemon/api/``, the MCP
-server in ``daemon/mcp.py``.
+The local API is in ``daemon/api/`` (its guide: ``daemon/api/README.md``), the MCP server in
+``daemon/mcp.py``.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -29,7 +29,7 @@ Example::
     standby_poll_seconds = 0.5            # standbys also wake on every commit and handover (NOTIFY)
     node = "host-a"                       # this node's name (default: the host name)
 
-    [witness]                             # every signed head leaves the host (see README)
+    [witness]                             # every signed head leaves the host (deploy/README.md)
     file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
     syslog = true                         # one line per head to syslog/journald
     urls = ["https://witness.example:8443/v1/heads"]   # `bide witness serve` instances

@@ -6,6 +6,5 @@ and seals); ``envelope``, ``seal`` and ``mac`` are the low-level framing and cry
 ``verify`` and ``reader`` read a log; ``keys``, ``lock``, ``position``, ``segments``,
 ``snapshot`` and ``fsync`` do one job each.
 
-Room for what comes next (see the README's Layout): further stores (PostgreSQL) in
-``eventlog/stores/`` behind one interface, holding the same record bytes.
+The auditor's guide, with the threat model: ``eventlog/AUDIT.md``.
 """

@@ -24,7 +24,7 @@ Files, in ``<state_dir>/epochs/`` (0700; never in the log directory):
                              moment during a rotation (the open reconciles after a crash).
 
 Overwriting a file does not guarantee that a copy-on-write file system or an SSD's flash
-translation layer forgets the old blocks; the README says so.
+translation layer forgets the old blocks; the operator's guide (deploy/README.md) says so.
 """
 
 from __future__ import annotations
