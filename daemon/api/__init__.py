@@ -1,4 +1,5 @@
-"""The daemon's local API: HTTP/1.1 + JSON over a Unix socket (the agent developer's guide: ``daemon/api/README.md``).
+"""The daemon's local API: HTTP/1.1 + JSON over a Unix socket (the agent developer's guide is
+``daemon/api/README.md``).
 
 * ``schema`` defines every request and answer; ``openapi`` the document built from them;
 * ``peer`` says who is connected (SO_PEERCRED) and which roles the config's groups give them;
