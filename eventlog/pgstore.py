@@ -835,7 +835,8 @@ LeaseRow = LeaseState
 
 def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     with conn.cursor() as cur:
-        cur.execute("SELECT holder, epoch, EXTRACT(EPOCH FROM (expires_at - now()))::float8 "
+        cur.execute("SELECT holder, epoch, CASE WHEN isfinite(expires_at) THEN "
+                    "EXTRACT(EPOCH FROM (expires_at - now()))::float8 END "
                     "FROM bide_lease WHERE id = 1")
         row = cur.fetchone()
     if not conn.autocommit:
