@@ -248,6 +248,9 @@ class FileWriter:
     def load_snapshot(self) -> bytes | None:
         return self.store.load_snapshot()
 
+    def close(self) -> None:
+        """Nothing held open (the lock is the store's)."""
+
 
 def _breaks_chain(line: StoredLine, last: StoredLine | None) -> str | None:
     """Why ``line`` cannot follow ``last`` (None: the log is empty), or None when it can:

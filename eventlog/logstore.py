@@ -10,13 +10,14 @@ never to files or SQL, so a further store is one more class and the contract tes
 
 * :class:`Records` -- the head and the lines after a sequence number.
 * :class:`Fencing` -- the lease: take, renew, release (each under a :class:`Term`), who holds
-  it; and :meth:`Fencing.writer`, the :class:`~eventlog.store.LineStore` that commits rounds
+  it; and :meth:`Fencing.writer`, the :class:`TermWriter` that commits rounds
   only while its term is in force (a stale term is refused with
   :class:`~eventlog.errors.FencedError`).
 * :class:`Snapshots` -- the latest state snapshot's bytes (kept through a writer's term).
 * :class:`Schema` -- create or upgrade (idempotent), the version, and the check a user of the
   store runs first.
-* :class:`Export` -- the log as segment files, byte for byte, for ``eventlog.verify``.
+* :class:`Export` -- the log as segment files, byte for byte, for ``eventlog.verify``; and
+  a file log's lines into an empty store.
 * :class:`Following` -- the asynchronous side a standby or a reader runs on the event loop:
   the same lease calls, new lines since a position, and a wait for news.
 """
@@ -60,6 +61,17 @@ class LeaseState:
 Head = tuple[int, str]
 
 
+class TermWriter(LineStore, Protocol):
+    """What :meth:`Fencing.writer` hands out: a :class:`~eventlog.store.LineStore` bound to
+    one term, with the stored head, and a close for what it holds open."""
+
+    def head(self) -> Head | None:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class Records(Protocol):
     def head(self) -> Head | None:
         """The last stored record's seq and hash, None for an empty log."""
@@ -96,7 +108,7 @@ class Fencing(Protocol):
         """Hand the lease over at once; False when it was no longer ours."""
         ...
 
-    def writer(self, term: Term) -> LineStore:
+    def writer(self, term: Term) -> TermWriter:
         """The :class:`~eventlog.store.LineStore` that commits write rounds (and keeps
         snapshots) under ``term``: refused with :class:`~eventlog.errors.FencedError` once
         another term is in force; a round that does not continue the stored chain (seq one
@@ -134,6 +146,11 @@ class Export(Protocol):
         as the file store holds them; returns how many."""
         ...
 
+    def import_lines(self, lines: Iterator[StoredLine]) -> int:
+        """Copy a log's lines (from record 0, their places kept) into this store, which must
+        be empty with no holder; returns how many."""
+        ...
+
 
 class LogStore(Records, Fencing, Snapshots, Schema, Export, Protocol):
     """One log's store, as the CLI and the daemon's start use it (synchronous)."""
@@ -142,6 +159,10 @@ class LogStore(Records, Fencing, Snapshots, Schema, Export, Protocol):
     kind: str
 
     def close(self) -> None:
+        ...
+
+    def following(self) -> Following:
+        """This store's asynchronous side, for a standby or a reader on the event loop."""
         ...
 
 
