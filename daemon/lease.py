@@ -35,17 +35,15 @@ import shutil
 import socket
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
 from daemon import logfmt
-from eventlog import pgstore
 from eventlog.errors import DamagedLogError, FencedError, StoreError
 from eventlog.logstore import Following, Term
-from eventlog.pglink import PgLink
 from eventlog.store import (
     append_segments,
     cut_after,
@@ -63,6 +61,9 @@ def now() -> float:
 
 _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 _T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
 
 #: Lines read per statement while following.
 FOLLOW_BATCH = 10_000
@@ -109,13 +110,15 @@ def render(stats: LeaseStats, epoch: int, remaining: float) -> list[str]:
 
 @dataclass
 class Lease:
-    settings: pgstore.PgSettings
+    settings: PgSettings
     log_dir: Path
     lease_seconds: float = 10.0
     renew_seconds: float = 3.0
     margin: float = 1.0
     node: str = ""
     poll: float = 0.5
+    #: The store's following side; the default is the database's (``settings``).
+    following: InitVar[Following | None] = None
     holder: str = field(init=False)
     epoch: int = field(init=False, default=0)
     _term: Term | None = field(init=False, default=None)
@@ -127,13 +130,17 @@ class Lease:
     _lost: anyio.Event | None = field(init=False, default=None)  # set by :meth:`fenced`
     _lost_why: str = field(init=False, default="")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, following: Following | None) -> None:
         # The holder is written into the signed takeover record and printed by verify: one
         # short line of plain characters, whatever the config or the host name holds.
         name = re.sub(r"[^A-Za-z0-9._-]", "_", self.node or socket.gethostname())[:64]
         # Unique per process: a restarted node is a new holder and must wait out the old lease.
         self.holder = f"{name}/{os.getpid()}/{secrets.token_hex(3)}"
-        self.link = PgLink(self.settings)
+        if following is None:
+            from eventlog.pglink import PgLink  # psycopg only where the log is in PostgreSQL
+
+            following = PgLink(self.settings)
+        self.link = following
 
     # -- the node's clock ------------------------------------------------------------------
 

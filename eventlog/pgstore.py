@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventlog.errors import DivergedError, EventLogError, FencedError, SchemaError, StoreError
-from eventlog.logstore import Head, LeaseState, Term
+from eventlog.logstore import Head, LeaseState
+from eventlog.logstore import Term as Term  # where the term was defined first
 from eventlog.store import StoredLine, write_segments
 
 if TYPE_CHECKING:
