@@ -17,7 +17,7 @@ from typing import Any
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
-from daemon.pgconfig import add_dsn_flags, store_for
+from daemon.pgconfig import add_dsn_flags, settings_for
 from daemon.witness.remote import WitnessUnreachable, heads_held
 from eventlog.heads import Finding, Head, judge
 from eventlog.keys import load_verify_key
@@ -122,13 +122,15 @@ def run(args: argparse.Namespace) -> int:
 def run_database(args: argparse.Namespace) -> int:
     """The log in PostgreSQL: its records exported read-only to a private temporary directory,
     byte for byte as segment files, then verified there like any log."""
+    from eventlog.pgstore import PgLogStore
+
     if args.log_dir:
         raise UsageError("give LOGDIR or --dsn, not both")
     if not args.verify_key:
         raise UsageError("--dsn needs --verify-key FILE (the verify.pub from `bide keygen`)")
     with tempfile.TemporaryDirectory(prefix="bide-verify-") as tmp:
         log_dir = Path(tmp) / "log"
-        with store_for(args, read_only=True) as store:
+        with PgLogStore(settings_for(args), read_only=True) as store:
             store.require()
             store.export(log_dir)
             changes = store.epoch_changes()
