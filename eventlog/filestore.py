@@ -13,6 +13,7 @@ longer held is fenced; a round must continue the chain).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -22,11 +23,19 @@ import anyio
 import msgspec
 
 from eventlog.envelope import ZERO_HASH
-from eventlog.errors import DivergedError, FencedError, LockedError, SchemaError, StoreError
+from eventlog.errors import (
+    DamagedLogError,
+    DivergedError,
+    FencedError,
+    LockedError,
+    SchemaError,
+    StoreError,
+)
 from eventlog.lock import WriterLock, holder_pid, writer_alive
 from eventlog.logstore import Head, LeaseState, NewsWait, Term
+from eventlog.segments import list_segments
 from eventlog.snapshot import snapshot_seq, write_atomically
-from eventlog.store import StoredLine, append_segments, file_lines, write_segments
+from eventlog.store import StoredLine, append_segments, cut_after, file_lines, write_segments
 
 #: The one lease epoch of a file log.
 FILE_EPOCH = 0
@@ -118,7 +127,11 @@ class FileStore:
     def lease(self) -> LeaseState:
         if self._lock is not None:
             return LeaseState(self._holder, FILE_EPOCH, float("inf"))
-        if writer_alive(self.log_dir):
+        alive = writer_alive(self.log_dir)
+        if alive is None:
+            raise StoreError(f"cannot tell whether a writer holds {self.log_dir}: its lock file "
+                             f"is not readable by this user; ask as the daemon's user")
+        if alive:
             pid = holder_pid(self.log_dir)
             return LeaseState(f"pid {pid}" if pid else "another process", FILE_EPOCH,
                               float("inf"))
@@ -215,10 +228,24 @@ class FileWriter:
             last = line
         try:
             append_segments(lines, self.store.log_dir)
-        except OSError as exc:
-            self._read = False  # what reached the files is read again next round
-            raise StoreError(f"appending to {self.store.log_dir} failed: {exc}") from None
+        except (OSError, DamagedLogError) as exc:
+            # An undo that fails too: the next round reads the files again, and refuses
+            # what does not follow.
+            with contextlib.suppress(OSError):
+                self._undo()
+            self._read = False
+            raise StoreError(f"appending to {self.store.log_dir} failed (nothing of the round "
+                             f"kept): {exc}") from None
         self._last = last
+
+    def _undo(self) -> None:
+        """Take back what a failed round wrote: cut the files back to the head before it
+        (what was cut is kept in ``quarantine/``, as the writer keeps a torn tail)."""
+        if self._last is not None:
+            cut_after(self.store.log_dir, self._last.seq, self._last.hash)
+            return
+        for _, path in list_segments(self.store.log_dir):
+            path.unlink()
 
     def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
         return self.store.lines_after(seq, limit)
