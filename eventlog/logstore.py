@@ -4,8 +4,11 @@ A *store* holds a log's record lines (:class:`~eventlog.store.StoredLine`: the e
 their place in the segment layout) for whoever reads or continues the chain. Two implement
 it: segment files (:class:`eventlog.filestore.FileStore`, the embedded default: one host,
 one writer held by the directory lock) and PostgreSQL (:class:`eventlog.pgstore.PgLogStore`,
-any number of nodes fenced by a lease epoch). The daemon and the CLI talk to these parts,
-never to files or SQL, so a further store is one more class and the contract tests
+any number of nodes fenced by a lease epoch). The node's standby loop (``daemon.lease``),
+the node (``daemon.node``) and the CLI's log verbs (``bide log``, ``verify --dsn``,
+``status --node``) talk to these parts, not to SQL; a daemon on files writes through
+:class:`~eventlog.writer.LogWriter`, which holds the same directory lock this interface calls
+the file store's lease. A further store is one more class, and the contract tests
 (``tests/eventlog/test_store_contract.py``) say whether it is one.
 
 * :class:`Records` -- the head and the lines after a sequence number.
