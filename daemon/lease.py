@@ -19,10 +19,11 @@ database's checked functions (``bide_take_lease``, ``bide_renew_lease``,
       process paused) stops sending before another node can take over.
     * :meth:`Lease.release` hands the lease over at once on a graceful stop.
 
-The lease's statements and the standby's reads run on the loop through psycopg's async pool
-(autocommit: one round trip per statement), so a renewal that hangs is cancelled cleanly by its
-deadline. Appends do not use it: the log writer's thread owns its own connection
-(``eventlog.pgstore.PgStore``), as it owns the local files and their fsync.
+The lease's statements, the standby's reads and its wait for news go through the store's
+:class:`~eventlog.logstore.Following` side (:class:`eventlog.pglink.PgLink`: psycopg's async
+pool, so a renewal that hangs is cancelled cleanly by its deadline). Appends do not use it:
+the log writer's thread owns its own connection (``eventlog.pgstore.PgStore``), as it owns
+the local files and their fsync.
 """
 
 from __future__ import annotations
@@ -33,21 +34,17 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from daemon import logfmt
-from eventlog import pgstore
 from eventlog.errors import DamagedLogError, FencedError, StoreError
+from eventlog.logstore import Following, Term
 from eventlog.store import (
-    StoredLine,
     append_segments,
     cut_after,
     local_head,
@@ -63,6 +60,10 @@ def now() -> float:
 
 
 _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+_T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
 
 #: Lines read per statement while following.
 FOLLOW_BATCH = 10_000
@@ -109,30 +110,37 @@ def render(stats: LeaseStats, epoch: int, remaining: float) -> list[str]:
 
 @dataclass
 class Lease:
-    settings: pgstore.PgSettings
+    settings: PgSettings
     log_dir: Path
     lease_seconds: float = 10.0
     renew_seconds: float = 3.0
     margin: float = 1.0
     node: str = ""
     poll: float = 0.5
+    #: The store's following side; the default is the database's (``settings``).
+    following: InitVar[Following | None] = None
     holder: str = field(init=False)
     epoch: int = field(init=False, default=0)
-    _term: pgstore.Term | None = field(init=False, default=None)
+    _term: Term | None = field(init=False, default=None)
     valid_until: float = field(init=False, default=float("-inf"))
     stats: LeaseStats = field(init=False, default_factory=LeaseStats)
-    _pool: AsyncConnectionPool[Any] | None = field(init=False, default=None)
+    link: Following = field(init=False)
     _known: tuple[int, str] | None = field(init=False, default=None)  # the local copy's head
     _renewed: anyio.Event | None = field(init=False, default=None)
     _lost: anyio.Event | None = field(init=False, default=None)  # set by :meth:`fenced`
     _lost_why: str = field(init=False, default="")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, following: Following | None) -> None:
         # The holder is written into the signed takeover record and printed by verify: one
         # short line of plain characters, whatever the config or the host name holds.
         name = re.sub(r"[^A-Za-z0-9._-]", "_", self.node or socket.gethostname())[:64]
         # Unique per process: a restarted node is a new holder and must wait out the old lease.
         self.holder = f"{name}/{os.getpid()}/{secrets.token_hex(3)}"
+        if following is None:
+            from eventlog.pglink import PgLink  # psycopg only where the log is in PostgreSQL
+
+            following = PgLink(self.settings)
+        self.link = following
 
     # -- the node's clock ------------------------------------------------------------------
 
@@ -175,71 +183,29 @@ class Lease:
         return self.remaining() > 0
 
     @property
-    def term(self) -> pgstore.Term:
+    def term(self) -> Term:
         """The term taken by the last :meth:`acquire` (its epoch and the database's secret
         for it), for the store that appends under it."""
         if self._term is None:
             raise StoreError("no lease term has been taken yet")
         return self._term
 
-    # -- database calls (the pool) --------------------------------------------------------
+    # -- the store's following side ------------------------------------------------------
 
     async def open(self) -> None:
-        """Open the node's connection pool (it connects in the background and keeps
+        """Open the node's link to the store (it connects in the background and keeps
         reconnecting while the database is away)."""
-        kwargs = pgstore.connect_kwargs(self.settings)
-        settings = self.settings
-
-        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-            cur = await conn.execute(pgstore.SHOW_SYNCHRONOUS_COMMIT)
-            row = await cur.fetchone()
-            pgstore.require_synchronous_commit(row[0] if row else None, settings)
-
-        self._pool = AsyncConnectionPool(
-            self.settings.dsn, kwargs={**kwargs, "autocommit": True}, min_size=1, max_size=2,
-            open=False, configure=configure, check=AsyncConnectionPool.check_connection,
-            name="bide-lease",
-            timeout=max(1.0, self.settings.connect_timeout), reconnect_timeout=86_400.0)
-        await self._pool.open(wait=False)
+        await self.link.open()
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self.link.aclose()
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection (autocommit: each lease statement is its own transaction);
-        a database error becomes :class:`StoreError`, and a broken connection goes back to
-        the pool, which replaces it."""
-        if self._pool is None:
-            raise StoreError("the lease's connection pool is not open")
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
-        except pgstore.DatabaseError as exc:
-            raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
-
-    async def _row(self, statement: str, params: tuple[object, ...]) -> tuple[Any, ...] | None:
-        """Run one lease statement; its row, None for no row."""
+    async def _timed(self, call: Awaitable[_T]) -> _T:
+        """One lease statement, its round trip kept for the metrics."""
         started = time.monotonic()
-        async with self._connection() as conn:
-            cur = await conn.execute(statement, params)
-            row = await cur.fetchone()
+        got = await call
         self.stats.round_trip = time.monotonic() - started
-        return row
-
-    async def _returned(self, statement: str, params: tuple[object, ...]) -> int | None:
-        """Run one lease statement; the first column of its row (an epoch), None for no row."""
-        row = await self._row(statement, params)
-        return None if row is None else int(row[0])
-
-    async def _lines_after(self, seq: int, limit: int) -> list[StoredLine]:
-        async with self._connection() as conn:
-            cur = await conn.execute(pgstore.LINES_AFTER, (seq, limit))
-            return pgstore.stored_lines(await cur.fetchall())
+        return got
 
     # -- following the log -----------------------------------------------------------------
 
@@ -265,7 +231,7 @@ class Lease:
                 self._move_aside("the local copy of the log holds no complete record")
         count = 0
         while True:
-            lines = await self._lines_after(-1 if head is None else head[0], FOLLOW_BATCH)
+            lines = await self.link.lines_after(-1 if head is None else head[0], FOLLOW_BATCH)
             if lines:
                 write = write_segments if head is None else append_segments
                 count += await anyio.to_thread.run_sync(write, lines, self.log_dir)
@@ -277,11 +243,11 @@ class Lease:
     async def _check_prefix(self, head: tuple[int, str]) -> None:
         """Keep a local copy read from disk only if the database holds its last record;
         otherwise move it aside, to be rebuilt. Sets what is known of the copy."""
-        got = await self._lines_after(head[0] - 1, 1)
+        got = await self.link.lines_after(head[0] - 1, 1)
         if got and got[0].seq == head[0] and got[0].hash == head[1]:
             self._known = head
             return
-        stored = await self._stored_head()
+        stored = await self.link.head()
         if stored is not None and stored[0] < head[0]:
             # A writer killed between its local fsync and its commit: the copy is the
             # database's plus records never acknowledged. Cut those, keep the rest.
@@ -292,12 +258,6 @@ class Lease:
                 self._known = stored
                 return
         self._move_aside(f"the local copy of the log (head {head[0]}) is not the database's")
-
-    async def _stored_head(self) -> tuple[int, str] | None:
-        async with self._connection() as conn:
-            cur = await conn.execute(pgstore.STORED_HEAD)
-            row = await cur.fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
 
     def _move_aside(self, why: str) -> None:
         """Rename the local copy to ``log.stale-NS`` (kept for a look, not read again); the
@@ -315,71 +275,22 @@ class Lease:
         """The local copy changed under us (this node wrote it as the active node)."""
         self._known = None
 
-    @asynccontextmanager
-    async def _news(self) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
-        """A wait that ends when a round is committed or the lease is handed over (``LISTEN``
-        on a connection of its own), or after the given seconds. While that connection
-        cannot be had (the database away) the wait is the plain poll, and each wait tries to
-        listen again."""
-        conn: psycopg.AsyncConnection[Any] | None = None
-        warned = False
-
-        async def listen() -> psycopg.AsyncConnection[Any] | None:
-            nonlocal warned
-            got: psycopg.AsyncConnection[Any] | None = None
-            try:
-                got = await psycopg.AsyncConnection.connect(
-                    self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings))
-                await got.execute(f"LISTEN {pgstore.NOTIFY_CHANNEL}")
-            except (pgstore.DatabaseError, StoreError) as exc:
-                if not warned:
-                    logfmt.warn("cannot listen for new records; following by polling",
-                                error=pgstore.reason(exc))
-                warned = True
-                if got is not None:
-                    await got.close()
-                return None
-            warned = False
-            return got
-
-        async def wait(seconds: float) -> None:
-            nonlocal conn
-            if conn is None or conn.closed:
-                conn = await listen()
-            if conn is None:
-                await anyio.sleep(seconds)
-                return
-            try:
-                async for _ in conn.notifies(timeout=seconds, stop_after=1):
-                    pass
-            except pgstore.DatabaseError:
-                await conn.close()
-                conn = None
-
-        conn = await listen()  # before the first follow's result is acted on
-        try:
-            yield wait
-        finally:
-            if conn is not None:
-                with anyio.CancelScope(shield=True):
-                    await conn.close()
-
     # -- the loops --------------------------------------------------------------------------
 
     async def acquire(self) -> int:
         """Follow the log as a standby until the lease is ours; returns the new epoch (the
         local copy then holds every record committed before it). Wakes on every committed
         round and on a handover (``NOTIFY``), and at least every ``poll`` seconds."""
-        async with self._news() as news:
+        async with self.link.news(_cannot_listen) as news:
             while True:
                 try:
                     await self.follow()
                     sent = now()
-                    row = await self._row(pgstore.TAKE_LEASE,
-                                          (self.holder, self.lease_seconds))
-                    if row is not None:
-                        epoch = int(row[0])
-                        self.epoch, self._term = epoch, pgstore.Term(epoch, str(row[1]))
+                    term = await self._timed(self.link.take_lease(self.holder,
+                                                                  self.lease_seconds))
+                    if term is not None:
+                        epoch = term.epoch
+                        self.epoch, self._term = epoch, term
                         self._extended(sent + self.lease_seconds)
                         self.stats.takeovers += 1
                         if await self._caught_up():
@@ -407,8 +318,10 @@ class Lease:
         self.valid_until = float("-inf")
         return False
 
-    def _secret(self) -> str:
-        return "" if self._term is None else self._term.secret
+    def _current(self) -> Term:
+        """The term in force for renewals and the release (none taken yet: a term no store
+        knows, refused like any stale one)."""
+        return self._term if self._term is not None else Term(self.epoch, "")
 
     def fenced(self, why: str) -> None:
         """An append was refused under another epoch: :meth:`keep` ends the term at once
@@ -430,8 +343,8 @@ class Lease:
             sent = now()
             try:
                 with anyio.fail_after(max(0.1, self.remaining())):
-                    epoch = await self._returned(pgstore.RENEW_LEASE, (
-                        self.lease_seconds, self.holder, self.epoch, self._secret()))
+                    renewed = await self._timed(self.link.renew_lease(
+                        self.holder, self._current(), self.lease_seconds))
             except (StoreError, TimeoutError) as exc:
                 self.stats.renewal_failures += 1
                 if self.remaining() <= 0:
@@ -441,7 +354,7 @@ class Lease:
                 logfmt.warn("lease renewal failed; requests stop once too little is left",
                             error=str(exc) or "timed out", remaining=f"{self.remaining():.1f}s")
                 continue
-            if epoch is None:
+            if not renewed:
                 self.valid_until = float("-inf")
                 raise FencedError(f"the lease is no longer this node's (epoch {self.epoch}); "
                                   f"back to standby")
@@ -454,8 +367,11 @@ class Lease:
         self.valid_until = float("-inf")
         try:
             with anyio.fail_after(max(1.0, self.settings.connect_timeout)):
-                await self._returned(pgstore.RELEASE_LEASE,
-                                     (self.holder, self.epoch, self._secret()))
+                await self._timed(self.link.release_lease(self.holder, self._current()))
         except (StoreError, TimeoutError) as exc:
             logfmt.warn("could not hand the lease over; the next node waits for it to expire",
                         error=str(exc) or "timed out")
+
+
+def _cannot_listen(why: str) -> None:
+    logfmt.warn("cannot listen for new records; following by polling", error=why)

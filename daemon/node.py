@@ -55,8 +55,8 @@ def run_node(cfg: Config, build: Build) -> int:
                   renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
                   node=pg.node, poll=pg.standby_poll_seconds)
     _check_profiles_fit(cfg, lease.longest_request)
-    with pgstore.connect(settings) as conn:
-        pgstore.require_schema(conn)
+    with pgstore.PgLogStore(settings) as log_store:
+        log_store.require()
     # One node per state directory, standby or active: a second would write the same local
     # copy of the log while the first follows or appends to it.
     cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -92,13 +92,13 @@ async def _node(cfg: Config, lease: Lease, build: Build) -> None:
 
 async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
     """Standby, active, and back, until a graceful stop."""
-    settings = lease.settings
+    log_store = pgstore.PgLogStore(lease.settings)
     while True:
         logfmt.info("standby: following the log", node=lease.holder)
         epoch = await _standby(lease)
         if epoch is None:
             return  # SIGTERM while standby: nothing held
-        store = pgstore.PgStore(settings, lease.term)
+        store = log_store.writer(lease.term)
         # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
         supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
         fenced: list[BaseException] = []

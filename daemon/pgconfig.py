@@ -15,7 +15,7 @@ from daemon.config import Config, load_config
 from daemon.errors import UsageError
 
 if TYPE_CHECKING:
-    from eventlog.pgstore import PgSettings
+    from eventlog.pgstore import PgLogStore, PgSettings
 
 
 def add_dsn_flags(parser: argparse.ArgumentParser, *, what: str = "the log's database") -> None:
@@ -42,6 +42,14 @@ def settings_for(args: argparse.Namespace) -> PgSettings:
         return PgSettings(env, password_file=pw)
     raise UsageError("name the database: --dsn DSN, a config with [postgres] dsn (--config), "
                      "or $BIDE_POSTGRES_DSN")
+
+
+def store_for(args: argparse.Namespace, *, read_only: bool = False) -> PgLogStore:
+    """The log store a command was pointed at (:func:`settings_for`); its connection opens
+    at the first call (``read_only``: a reader's)."""
+    from eventlog.pgstore import PgLogStore
+
+    return PgLogStore(settings_for(args), read_only=read_only)
 
 
 def config_settings(cfg: Config) -> PgSettings | None:

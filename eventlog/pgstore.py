@@ -40,13 +40,20 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventlog.errors import DivergedError, EventLogError, FencedError, SchemaError, StoreError
-from eventlog.store import StoredLine
+from eventlog.logstore import Head, LeaseState
+from eventlog.logstore import Term as Term  # where the term was defined first
+from eventlog.store import StoredLine, write_segments
+
+if TYPE_CHECKING:
+    from eventlog.pglink import PgLink
+
+_T = TypeVar("_T")
 
 
 class MissingExtraError(EventLogError, ImportError):
@@ -574,17 +581,6 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
 # -- records -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Term:
-    """A lease epoch as the node that took it holds it: the epoch, and the secret the
-    database gave it with the epoch (it keeps only the secret's hash). Every append, renewal,
-    release and snapshot of the term brings the secret: holding the daemons' role is not
-    enough to act inside another node's term. The secret is never printed."""
-
-    epoch: int
-    secret: str = field(repr=False)
-
-
 class PgStore:
     """The :class:`~eventlog.store.LineStore` of one node: appends under its lease term.
 
@@ -685,6 +681,14 @@ class PgStore:
             self.close()
             raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
 
+    def head(self) -> Head | None:
+        conn = self._connection()
+        try:
+            return head(conn)
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
+
 
 #: A write round: ``bide_append`` (see :data:`_SCHEMA_V2`) checks the epoch, the numbering,
 #: the ``prev`` links and the places, inserts, and announces the round. Returns the epoch in
@@ -708,6 +712,16 @@ def _divergence(first: int, prev_hash: str, head_seq: int | None, head_hash: str
     if first > 0 and head_hash != prev_hash:
         return f"record {first - 1} in the database is another record"
     return f"the database refused the round: {refused}"
+
+
+def stored_snapshot(conn: psycopg.Connection[Any]) -> bytes | None:
+    """The snapshot :meth:`PgStore.save_snapshot` kept last, None when there is none."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT data FROM bide_snapshots WHERE name = 'state'")
+        row = cur.fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    return None if row is None else bytes(row[0])
 
 
 #: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
@@ -815,16 +829,15 @@ def _insert(cur: psycopg.Cursor[Any], rows: list[tuple[int, int, int, bytes, str
 # -- the lease -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LeaseRow:
-    holder: str
-    epoch: int
-    remaining: float  # seconds until expiry by the database's clock (negative: expired)
+#: The lease row: holder, epoch, seconds until expiry by the database's clock (negative:
+#: expired).
+LeaseRow = LeaseState
 
 
 def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     with conn.cursor() as cur:
-        cur.execute("SELECT holder, epoch, EXTRACT(EPOCH FROM (expires_at - now()))::float8 "
+        cur.execute("SELECT holder, epoch, CASE WHEN isfinite(expires_at) THEN "
+                    "EXTRACT(EPOCH FROM (expires_at - now()))::float8 END "
                     "FROM bide_lease WHERE id = 1")
         row = cur.fetchone()
     if not conn.autocommit:
@@ -878,3 +891,104 @@ def release_lease(conn: psycopg.Connection[Any], holder: str, term: Term) -> boo
 def env_dsn() -> str | None:
     """``$BIDE_POSTGRES_DSN``, for commands given no --dsn."""
     return os.environ.get("BIDE_POSTGRES_DSN") or None
+
+
+# -- the whole store interface ---------------------------------------------------------------
+
+
+class PgLogStore:
+    """The log in PostgreSQL as an :class:`~eventlog.logstore.LogStore`: one connection,
+    opened at the first call (``read_only``: a reader's, as export, verify and status use),
+    closed by :meth:`close` or the ``with`` block. Writers get :class:`PgStore` (one per
+    term), a standby its :class:`~eventlog.pglink.PgLink`."""
+
+    kind = "postgresql"
+
+    def __init__(self, settings: PgSettings, *, read_only: bool = False) -> None:
+        self.settings = settings
+        self.read_only = read_only
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> PgLogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.settings, read_only=self.read_only)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _read(self, query: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        try:
+            return query(self._connection())
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreError(f"reading PostgreSQL failed: {reason(exc)}") from None
+
+    # -- schema --
+    def version(self) -> int | None:
+        return self._read(schema_version)
+
+    def init(self, *, reader: str | None = None,
+             writer: str | None = None) -> tuple[int | None, int]:
+        return init_schema(self._connection(), reader=reader, writer=writer)
+
+    def unfenced(self, role: str) -> str | None:
+        """Why the database cannot fence ``role`` (:func:`writer_unfenced`), or None."""
+        return self._read(lambda conn: writer_unfenced(conn, role))
+
+    def require(self) -> None:
+        require_schema(self._connection())
+
+    # -- records --
+    def head(self) -> Head | None:
+        return self._read(head)
+
+    def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
+        return self._read(lambda conn: lines_after(conn, seq, limit))
+
+    def iter_lines(self, after: int = -1) -> Iterator[StoredLine]:
+        return iter_all(self._connection(), after=after)
+
+    def epoch_changes(self) -> list[tuple[int, int]]:
+        return self._read(epoch_changes)
+
+    # -- fencing --
+    def lease(self) -> LeaseState:
+        return self._read(lease_row)
+
+    def take_lease(self, holder: str, seconds: float) -> Term | None:
+        return self._read(lambda conn: take_lease(conn, holder, seconds))
+
+    def renew_lease(self, holder: str, term: Term, seconds: float) -> bool:
+        return self._read(lambda conn: renew_lease(conn, holder, term, seconds))
+
+    def release_lease(self, holder: str, term: Term) -> bool:
+        return self._read(lambda conn: release_lease(conn, holder, term))
+
+    def writer(self, term: Term) -> PgStore:
+        return PgStore(self.settings, term)
+
+    # -- snapshots --
+    def load_snapshot(self) -> bytes | None:
+        return self._read(stored_snapshot)
+
+    # -- export and import --
+    def export(self, out_dir: Path) -> int:
+        return write_segments(self.iter_lines(), out_dir)
+
+    def import_lines(self, lines: Iterator[StoredLine]) -> int:
+        """Copy a file log's lines into this empty log (:func:`import_lines`)."""
+        return import_lines(self._connection(), lines)
+
+    def following(self) -> PgLink:
+        from eventlog.pglink import PgLink
+
+        return PgLink(self.settings)

@@ -1,4 +1,7 @@
-"""Where a log's records are durable: the store interface, and segment files as lines.
+"""Where a log's records are durable: the writer's side of a store, and segment files as lines.
+
+This is the part of the store interface the log writer uses (:class:`LineStore`); the whole
+interface (the lease, following, the schema, export) is :mod:`eventlog.logstore`.
 
 The writer (:mod:`eventlog.writer`) frames records and writes them to segment files, as it
 always has. A *store* is where those same framed lines become durable beyond the host: each

@@ -11,10 +11,10 @@ from typing import Any
 
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.pgconfig import add_dsn_flags, settings_for
+from daemon.pgconfig import add_dsn_flags, store_for
 from eventlog.keys import load_verify_key
 from eventlog.reader import LogReader
-from eventlog.store import file_lines, write_segments
+from eventlog.store import file_lines
 from eventlog.verify import verify_log
 
 
@@ -98,13 +98,9 @@ def add_database_parsers(sub2: Any) -> None:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from eventlog import pgstore
-
-    with pgstore.connect(settings_for(args)) as conn:
-        before, after = pgstore.init_schema(conn, reader=args.reader_role,
-                                            writer=args.writer_role)
-        unfenced = (pgstore.writer_unfenced(conn, args.writer_role)
-                    if args.writer_role else None)
+    with store_for(args) as store:
+        before, after = store.init(reader=args.reader_role, writer=args.writer_role)
+        unfenced = store.unfenced(args.writer_role) if args.writer_role else None
     if before is None:
         print(f"created the bide schema, version {after}")
     elif before == after:
@@ -120,19 +116,15 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from eventlog import pgstore
-
     out = Path(args.out_dir)
-    with pgstore.connect(settings_for(args), read_only=True) as conn:
-        pgstore.require_schema(conn)
-        n = write_segments(pgstore.iter_all(conn), out)
+    with store_for(args, read_only=True) as store:
+        store.require()
+        n = store.export(out)
     print(f"wrote {n} records to {out}")
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from eventlog import pgstore
-
     log_dir = Path(args.log_dir)
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
@@ -140,8 +132,8 @@ def run_import(args: argparse.Namespace) -> int:
     if report.damage is not None or report.torn is not None or report.writer_live:
         raise UsageError(f"{log_dir} is not a clean, closed log ({report.summary()}); run "
                          f"`bide verify {log_dir}` and stop its daemon first: nothing copied")
-    with pgstore.connect(settings_for(args)) as conn:
-        pgstore.require_schema(conn)
-        n = pgstore.import_lines(conn, file_lines(log_dir))
+    with store_for(args) as store:
+        store.require()
+        n = store.import_lines(file_lines(log_dir))
     print(f"imported {n} records (head {report.head_seq}:{report.head_hash})")
     return 0

@@ -61,13 +61,13 @@ def run_node(cfg: Config, args: argparse.Namespace) -> int:
         info: dict[str, object] = {"log_store": "files"}
         text = f"the log is in files ({cfg.log_dir}): one node, no lease"
     else:
-        from eventlog import pgstore
+        from eventlog.pgstore import PgLogStore
 
-        with pgstore.connect(settings, read_only=True) as conn:
-            pgstore.require_schema(conn)
-            row = pgstore.lease_row(conn)
-            head = pgstore.head(conn)
-        held = row.remaining > 0 and bool(row.holder)
+        with PgLogStore(settings, read_only=True) as store:
+            store.require()
+            row = store.lease()
+            head = store.head()
+        held = row.held
         info = {"log_store": "postgresql", "active_node": row.holder if held else None,
                 "epoch": row.epoch, "lease_remaining_seconds": round(max(row.remaining, 0), 3),
                 "log_head_sequence": head[0] if head else -1}

@@ -150,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
 def run_database(args: argparse.Namespace) -> int:
     """The log in PostgreSQL: its records exported read-only to a private temporary directory,
     byte for byte as segment files, then verified there like any log."""
-    from eventlog import pgstore
-    from eventlog.store import write_segments
+    from eventlog.pgstore import PgLogStore
 
     if args.log_dir:
         raise UsageError("give LOGDIR or --dsn, not both")
@@ -159,10 +158,10 @@ def run_database(args: argparse.Namespace) -> int:
         raise UsageError("--dsn needs --verify-key FILE (the verify.pub from `bide keygen`)")
     with tempfile.TemporaryDirectory(prefix="bide-verify-") as tmp:
         log_dir = Path(tmp) / "log"
-        with pgstore.connect(settings_for(args), read_only=True) as conn:
-            pgstore.require_schema(conn)
-            write_segments(pgstore.iter_all(conn), log_dir)
-            changes = pgstore.epoch_changes(conn)
+        with PgLogStore(settings_for(args), read_only=True) as store:
+            store.require()
+            store.export(log_dir)
+            changes = store.epoch_changes()
         return verify_dir(args, log_dir, Path(args.verify_key),
                           also=lambda report: check_epochs(report, changes))
 
