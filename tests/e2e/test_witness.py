@@ -257,9 +257,11 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             now = _held(url, log_id)
             assert now is not None
             rec = decode_record(now.cp.encode())
-            forged = encode_record(msgspec.structs.replace(rec, seq=rec.seq + 7,
-                                                           prev_cp="ab" * 32))
-            fork = Head(log_id, rec.seq + 7, record_hash(forged), now.epoch, now.sig,
+            # Far ahead, so the daemon's own heads cannot overtake it before it arrives (an
+            # older head than the one held changes nothing and is answered as such).
+            ahead = rec.seq + 1_000_000
+            forged = encode_record(msgspec.structs.replace(rec, seq=ahead, prev_cp="ab" * 32))
+            fork = Head(log_id, ahead, record_hash(forged), now.epoch, now.sig,
                         now.t_us, forged.decode())
             r = httpx.post(f"{url}/v1/heads", content=msgspec.json.encode({"heads": [fork]}),
                            headers={"authorization": f"Bearer {setup.token.read_text().strip()}"},
@@ -268,7 +270,9 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             assert "links to checkpoint hash" in r.json()["reason"]
             held_now = _held(url, log_id)
             assert held_now is not None
-            assert held_now.hash == now.hash
+            # Still a head the daemon published (it may have moved on meanwhile), never the fork.
+            assert held_now.seq < ahead
+            assert held_now.hash in {h.hash for h in read_heads(heads)}
             assert daemon.stop() == 0
             until(lambda: (h := _held(url, log_id)) is not None
                   and h.seq == read_heads(heads)[-1].seq, what="the final head")
