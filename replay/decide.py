@@ -139,6 +139,7 @@ __all__ = [
     "RegistrationProblem",
     "backoff_delay",
     "decide",
+    "decide_reading",
     "format_time",
     "register",
 ]
@@ -314,6 +315,11 @@ def _check_now(now: float) -> None:
         raise InvalidInputError("now must be a finite number of POSIX seconds")
 
 
+def _check_draw(draw: float) -> None:
+    if not isinstance(draw, int | float) or not 0.0 <= draw < 1.0:
+        raise InvalidInputError("draw must be a number in [0, 1)")
+
+
 def decide(op: Operation, observation: Observation, now: float, draw: float) -> list[Event]:
     """Decide what one observation means for one operation (see the theory of operation).
 
@@ -331,8 +337,7 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
             observation belongs to another operation.
     """
     _check_now(now)
-    if not isinstance(draw, int | float) or not 0.0 <= draw < 1.0:
-        raise InvalidInputError("draw must be a number in [0, 1)")
+    _check_draw(draw)
     match observation:
         case WakeUp():
             return _on_wake_up(op, now, timer_elapsed=observation.timer_elapsed)
@@ -356,7 +361,8 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
             if op.phase != "live" or observation.request_number != op.status_requests_used:
                 return []  # a stale or late outcome: recorded as a fact, it decides nothing
             if isinstance(observation, StatusResponseReceived):
-                return _on_response(op, observation, now, draw)
+                reading = read_response(op, observation, now)
+                return _on_reading(op, reading, observation.request_number, now, draw)
             return _on_transport(op, observation, now, draw)
     raise InvalidInputError(f"not an observation: {type(observation).__name__}")
 
@@ -415,13 +421,38 @@ def _on_quota(op: Operation, deferral: QuotaDeferred, now: float) -> list[Event]
 # --- responses -----------------------------------------------------------------------------------
 
 
-def _on_response(
-    op: Operation, response: StatusResponseReceived, now: float, draw: float
+def decide_reading(
+    op: Operation, reading: Reading, request_number: int, now: float, draw: float
 ) -> list[Event]:
-    """The rules after a response, applied to what :func:`read_response` read from it."""
+    """The rules after a response, applied to what was read from it.
+
+    :func:`decide` calls this for a ``StatusResponseReceived`` that answers the request in
+    flight, with :func:`replay.reading.read_response`'s reading; alone, it lets the rules be
+    exercised on any reading.
+
+    Args:
+        op: The operation's state, already evolved with the response.
+        reading: What the response said.
+        request_number: The request it answers.
+        now: The current time (POSIX seconds, UTC).
+        draw: A jitter draw in [0, 1).
+
+    Returns:
+        ``ResponseClassified``, any ``HintRejected``, then ``PollScheduled``, a stop
+        (``OperationStopped``, ``EscalationRaised``) or ``OperationSucceeded``.
+
+    Raises:
+        InvalidInputError: ``now`` is not finite or ``draw`` is outside [0, 1).
+    """
+    _check_now(now)
+    _check_draw(draw)
+    return _on_reading(op, reading, request_number, now, draw)
+
+
+def _on_reading(
+    op: Operation, reading: Reading, number: int, now: float, draw: float
+) -> list[Event]:
     contract = op.contract
-    number = response.request_number
-    reading = read_response(op, response, now)
     retry_after_at, pacing = reading.retry_after_at, reading.pacing
     classified = ResponseClassified(
         operation_id=op.operation_id,
