@@ -139,8 +139,9 @@ def read_response(op: Operation, response: StatusResponseReceived, now: float) -
     if headers.retry_after is not None:
         parsed = parse_retry_after(headers.retry_after, now)
         if isinstance(parsed, Rejected):
-            refusals.append(Refusal(hint="retry_after", value=cap(headers.retry_after),
-                                    reason=parsed.reason))
+            refusals.append(
+                Refusal(hint="retry_after", value=cap(headers.retry_after), reason=parsed.reason)
+            )
         else:
             retry_after_at = parsed
 
@@ -158,8 +159,9 @@ def read_response(op: Operation, response: StatusResponseReceived, now: float) -
         if isinstance(paced, Rejected):
             refusals.append(Refusal(hint=hname, value=cap(value), reason=paced.reason))
         elif paced is not None and paced > contract.max_hint_horizon_seconds:
-            refusals.append(Refusal(hint=hname, value=cap(value),
-                                    reason="pacing beyond the hint horizon"))
+            refusals.append(
+                Refusal(hint=hname, value=cap(value), reason="pacing beyond the hint horizon")
+            )
         elif paced is not None:
             pacing = paced if pacing is None else max(pacing, paced)
 
@@ -275,8 +277,9 @@ def _read_guidance(op: Operation, document: object, now: float, reading: Reading
         if found and raw is not None:
             expires = parse_instant(raw)
             if isinstance(expires, Rejected):
-                refusals.append(Refusal(hint="expires_at", value=_value_text(raw),
-                                        reason=expires.reason))
+                refusals.append(
+                    Refusal(hint="expires_at", value=_value_text(raw), reason=expires.reason)
+                )
             else:
                 expires_at = expires
 
@@ -307,8 +310,9 @@ def _read_guidance(op: Operation, document: object, now: float, reading: Reading
     )
 
 
-def _check_hint(op: Operation, hint: HintName, at: float | Rejected, now: float
-                ) -> float | Rejected:
+def _check_hint(
+    op: Operation, hint: HintName, at: float | Rejected, now: float
+) -> float | Rejected:
     """A provider hint resolved to an absolute time, taken only inside the contract's range
     and before the deadline in force (S8)."""
     if isinstance(at, Rejected):

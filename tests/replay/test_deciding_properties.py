@@ -39,13 +39,22 @@ from replay.tables import http_outcome
 from .helpers import T0, Daemon, body, contract
 
 #: The sources a response can lead to (manual_extension and local_quota come from elsewhere).
-RESPONSE_SOURCES = {"provider_retry_after", "provider_poll_hint", "local_backoff",
-                    "rate_limit_policy"}
+RESPONSE_SOURCES = {
+    "provider_retry_after",
+    "provider_poll_hint",
+    "local_backoff",
+    "rate_limit_policy",
+}
 
-refusals = st.lists(st.builds(Refusal, hint=st.sampled_from(get_args(HintName)),
-                              value=st.text(max_size=20), reason=st.text(min_size=1,
-                                                                         max_size=20)),
-                    max_size=2).map(tuple)
+refusals = st.lists(
+    st.builds(
+        Refusal,
+        hint=st.sampled_from(get_args(HintName)),
+        value=st.text(max_size=20),
+        reason=st.text(min_size=1, max_size=20),
+    ),
+    max_size=2,
+).map(tuple)
 offsets = st.none() | st.floats(-600, 6000)
 
 
@@ -53,8 +62,9 @@ offsets = st.none() | st.floats(-600, 6000)
 def readings(draw: st.DrawFn, now: float, ok_statuses: tuple[int, ...]) -> Reading:
     """Any reading of a response received at ``now``: the HTTP outcome follows the status
     (as the fact the operation was evolved with says), everything else is arbitrary."""
-    status = draw(st.sampled_from([200, 200, 200, 202, 204, 302, 401, 403, 404, 418, 429,
-                                   500, 503]))
+    status = draw(
+        st.sampled_from([200, 200, 200, 202, 204, 302, 401, 403, 404, 418, 429, 500, 503])
+    )
 
     def at(offset: float | None) -> float | None:
         return None if offset is None else now + offset
@@ -66,9 +76,15 @@ def readings(draw: st.DrawFn, now: float, ok_statuses: tuple[int, ...]) -> Readi
         retry_after_at=at(draw(offsets)),
         pacing=draw(st.none() | st.floats(0, 5000)),
         header_refusals=draw(refusals),
-        unreadable=draw(st.none() | st.none() | st.builds(
-            Unreadable, reason=st.sampled_from(get_args(BodyProblem)),
-            detail=st.text(min_size=1, max_size=20))),
+        unreadable=draw(
+            st.none()
+            | st.none()
+            | st.builds(
+                Unreadable,
+                reason=st.sampled_from(get_args(BodyProblem)),
+                detail=st.text(min_size=1, max_size=20),
+            )
+        ),
         job_state=draw(st.none() | st.sampled_from(["running", "succeeded", "x"])),
         job_outcome=draw(st.none() | st.sampled_from(["pending"] * 5 + list(get_args(JobOutcome)))),
         results=draw(st.just(()) | st.just((("url", "https://files.example.com/r"),))),
@@ -87,20 +103,39 @@ def _tail(events: list[Event]) -> list[str]:
     return [str(e.__struct_config__.tag) for e in rest]
 
 
-@settings(max_examples=400, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data(), max_requests=st.integers(1, 6), max_transport=st.integers(1, 3),
-       max_rate=st.integers(1, 3), deadline=st.floats(60, 8000),
-       business=st.none() | st.floats(60, 8000), expected=st.none() | st.just("succeeded"))
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    data=st.data(),
+    max_requests=st.integers(1, 6),
+    max_transport=st.integers(1, 3),
+    max_rate=st.integers(1, 3),
+    deadline=st.floats(60, 8000),
+    business=st.none() | st.floats(60, 8000),
+    expected=st.none() | st.just("succeeded"),
+)
 def test_s16_s17_any_reading_is_decided_inside_the_deadline_and_the_budgets(
-    data: st.DataObject, max_requests: int, max_transport: int, max_rate: int,
-    deadline: float, business: float | None, expected: str | None,
+    data: st.DataObject,
+    max_requests: int,
+    max_transport: int,
+    max_rate: int,
+    deadline: float,
+    business: float | None,
+    expected: str | None,
 ) -> None:
     c = contract(not_found_grace_seconds=data.draw(st.sampled_from([0.0, 30.0])))
-    d = Daemon.start(c=c, max_status_requests=max_requests,
-                     max_transport_failures=max_transport, max_rate_limited=max_rate,
-                     deadline_at=T0 + deadline, expected_terminal_state=expected,
-                     business_deadline_at=None if business is None else T0 + business)
+    d = Daemon.start(
+        c=c,
+        max_status_requests=max_requests,
+        max_transport_failures=max_transport,
+        max_rate_limited=max_rate,
+        deadline_at=T0 + deadline,
+        expected_terminal_state=expected,
+        business_deadline_at=None if business is None else T0 + business,
+    )
     op = d.op
     for _ in range(max_requests + 1):
         if op.phase != "live":
@@ -109,14 +144,21 @@ def test_s16_s17_any_reading_is_decided_inside_the_deadline_and_the_budgets(
         woke = decide(op, WakeUp(), now, 0.0)
         if not woke or not isinstance(woke[0], StatusRequestIntended):
             assert [e.__struct_config__.tag for e in woke] == [  # S32: sends or stops
-                "operation_stopped", "escalation_raised"]
+                "operation_stopped",
+                "escalation_raised",
+            ]
             break
         op = evolve(op, woke[0])
         now += data.draw(st.sampled_from([0.0, 0.3, 45.0, 9000.0]))
         reading = data.draw(readings(now, c.ok_statuses))
         fact = StatusResponseReceived(
-            operation_id=op.operation_id, at=now, request_number=op.status_requests_used,
-            status_code=reading.http_status, headers=ResponseHeaders(), body=b"")
+            operation_id=op.operation_id,
+            at=now,
+            request_number=op.status_requests_used,
+            status_code=reading.http_status,
+            headers=ResponseHeaders(),
+            body=b"",
+        )
         op = evolve(op, fact)
         draw = data.draw(st.floats(0, 1, exclude_max=True))
         events = decide_reading(op, reading, fact.request_number, now, draw)
@@ -133,16 +175,29 @@ def _check(op: Operation, reading: Reading, now: float, events: list[Event]) -> 
     """The properties of one decision on ``reading`` (``op`` already holds its response)."""
     classified = events[0]
     assert isinstance(classified, ResponseClassified)  # S2: both outcomes, recorded first
-    assert (classified.http_status, classified.http_outcome, classified.job_state,
-            classified.job_outcome, classified.retry_after_at) == (
-        reading.http_status, reading.http_outcome, reading.job_state, reading.job_outcome,
-        reading.retry_after_at)
+    assert (
+        classified.http_status,
+        classified.http_outcome,
+        classified.job_state,
+        classified.job_outcome,
+        classified.retry_after_at,
+    ) == (
+        reading.http_status,
+        reading.http_outcome,
+        reading.job_state,
+        reading.job_outcome,
+        reading.retry_after_at,
+    )
     rejected = [e for e in events if isinstance(e, HintRejected)]
-    assert [(r.hint, r.value, r.reason) for r in rejected[:len(reading.header_refusals)]] == [
-        (r.hint, r.value, r.reason) for r in reading.header_refusals]
+    assert [(r.hint, r.value, r.reason) for r in rejected[: len(reading.header_refusals)]] == [
+        (r.hint, r.value, r.reason) for r in reading.header_refusals
+    ]
     tail = _tail(events)
-    assert tail in (["poll_scheduled"], ["operation_stopped", "escalation_raised"],
-                    ["operation_succeeded"]), tail
+    assert tail in (
+        ["poll_scheduled"],
+        ["operation_stopped", "escalation_raised"],
+        ["operation_succeeded"],
+    ), tail
     end, _ = op.effective_deadline
     last = events[-1]
     if isinstance(last, PollScheduled):
@@ -186,22 +241,32 @@ def _check(op: Operation, reading: Reading, now: float, events: list[Event]) -> 
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(state=st.sampled_from(["running", "succeeded", "failed", "canceled", "paused"]),
-       status=st.sampled_from([200, 404, 429, 503]), after=st.integers(-5, 4000),
-       later=st.floats(0, 3000), draw=st.floats(0, 1, exclude_max=True))
-def test_decide_is_reading_then_the_rules(state: str, status: int, after: int, later: float,
-                                          draw: float) -> None:
+@given(
+    state=st.sampled_from(["running", "succeeded", "failed", "canceled", "paused"]),
+    status=st.sampled_from([200, 404, 429, 503]),
+    after=st.integers(-5, 4000),
+    later=st.floats(0, 3000),
+    draw=st.floats(0, 1, exclude_max=True),
+)
+def test_decide_is_reading_then_the_rules(
+    state: str, status: int, after: int, later: float, draw: float
+) -> None:
     """The seam: deciding a response is deciding what :func:`read_response` read from it."""
     d = Daemon.start()
     d.poll(d.op.next_poll_at)
     now = d.op.next_poll_at + later
     fact = StatusResponseReceived(
-        operation_id=d.op.operation_id, at=now, request_number=d.op.status_requests_used,
-        status_code=status, headers=ResponseHeaders(retry_after="30"),
-        body=body(state, poll_after_seconds=after))
+        operation_id=d.op.operation_id,
+        at=now,
+        request_number=d.op.status_requests_used,
+        status_code=status,
+        headers=ResponseHeaders(retry_after="30"),
+        body=body(state, poll_after_seconds=after),
+    )
     op = evolve(d.op, fact)
     assert decide(op, fact, now, draw) == decide_reading(
-        op, read_response(op, fact, now), fact.request_number, now, draw)
+        op, read_response(op, fact, now), fact.request_number, now, draw
+    )
 
 
 def test_s16_a_hint_past_the_deadline_in_a_reading_is_clamped_to_it() -> None:
@@ -209,11 +274,24 @@ def test_s16_a_hint_past_the_deadline_in_a_reading_is_clamped_to_it() -> None:
     never schedule past the deadline."""
     d = Daemon.start(deadline_at=T0 + 100)
     d.poll(d.op.next_poll_at)
-    op = evolve(d.op, StatusResponseReceived(
-        operation_id=d.op.operation_id, at=T0 + 50, request_number=1, status_code=200,
-        headers=ResponseHeaders(), body=b""))
-    hinted = Reading(http_status=200, http_outcome="ok", job_state="running",
-                     job_outcome="pending", hint_at=T0 + 10_000)
+    op = evolve(
+        d.op,
+        StatusResponseReceived(
+            operation_id=d.op.operation_id,
+            at=T0 + 50,
+            request_number=1,
+            status_code=200,
+            headers=ResponseHeaders(),
+            body=b"",
+        ),
+    )
+    hinted = Reading(
+        http_status=200,
+        http_outcome="ok",
+        job_state="running",
+        job_outcome="pending",
+        hint_at=T0 + 10_000,
+    )
     [_, scheduled] = decide_reading(op, hinted, 1, T0 + 50, 0.5)
     assert isinstance(scheduled, PollScheduled)
     assert scheduled.next_poll_at == T0 + 100
