@@ -16,6 +16,7 @@ import msgspec
 
 from daemon.config import Config
 from daemon.errors import UsageError
+from daemon.gc_tuning import collector_paused
 from daemon.signing import snapshot_keys
 from daemon.snapshots import load_snapshot, replay_log, warn_unreadable
 from eventlog.errors import EventLogError
@@ -58,7 +59,9 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
     one thread."""
     reader = ParallelReader(log_dir, keyring, jobs=jobs)
     log = LoadedLog([], {}, -1)
-    _fold(log, reader.payloads(log.unreadable), until_seq=until_seq, until_time=until_time)
+    with collector_paused():
+        _fold(log, reader.payloads(log.unreadable), until_seq=until_seq,
+              until_time=until_time)
     log.head_seq = reader.next_seq - 1
     if until_seq is not None:
         log.unreadable = [u for u in log.unreadable if u[0] <= until_seq]
@@ -73,7 +76,8 @@ def load_operation(log_dir: Path, keyring: KeyRing, operation: str, *,
     folded, and a large log is opened on every core, the workers sending back only those."""
     reader = ParallelReader(log_dir, keyring, msgspec.json.encode(operation), jobs=jobs)
     log = LoadedLog([], {}, -1)
-    _fold(log, reader.payloads(log.unreadable), operation=operation)
+    with collector_paused():
+        _fold(log, reader.payloads(log.unreadable), operation=operation)
     log.head_seq = reader.next_seq - 1
     warn_unreadable(log.unreadable)
     return log

@@ -3,8 +3,9 @@
 The format and its sealing are :mod:`eventlog.snapshot`'s and :mod:`replay.ledger`'s; this
 module adds what needs the running daemon's context: the model digest that ties a snapshot to
 the code that made it, the key that tags it (:class:`SnapshotKeys`), the fallback to a full
-replay, returning replay's freed heap to the OS, and writing in a worker thread with a log
-line either way.
+replay, the garbage collector paused while a snapshot loads or the log folds
+(:mod:`daemon.gc_tuning`), returning replay's freed heap to the OS, and writing in a worker
+thread with a log line either way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import anyio
 
 import replay
 from daemon import logfmt
+from daemon.gc_tuning import collector_paused
 from eventlog.envelope import FORMAT_VERSION as FORMAT_FORWARD_SECURE
 from eventlog.epochs import EpochSigning, epoch_signer_at
 from eventlog.errors import StoreError
@@ -142,7 +144,8 @@ def load_snapshot(path: Path, keyring: KeyRing, keys: SnapshotKeys,
                                     f"rebuilt")
             position, body = open_snapshot(data, keyring, keys.to_read(claimed, where), where)
             del data
-            snapshot = Snapshot(position, Ledger.load(body, MODEL))
+            with collector_paused():
+                snapshot = Snapshot(position, Ledger.load(body, MODEL))
             del body
             release_freed_heap()
             return snapshot
@@ -175,7 +178,8 @@ def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None, *
     else:
         ledger, reader = start.ledger, LogReader(log_dir, keyring, start=start.position)
     skipped: list[tuple[int, str]] = []
-    ledger.fold(reader.payloads(skipped), skipped)
+    with collector_paused():
+        ledger.fold(reader.payloads(skipped), skipped)
     release_freed_heap()
     warn_unreadable(skipped)
     return ledger

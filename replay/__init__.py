@@ -29,6 +29,12 @@ Public API (everything below is re-exported here):
 ``replay.errors``
     ``ReplayError`` and its subclasses.
 
+Deciding a response is two steps, each a module of its own (not re-exported here):
+``replay.reading.read_response(op, response, now) -> Reading`` turns what came back into
+facts (status, body, state, job identity, results, the provider's error, hints, each
+validated), and ``replay.decide.decide_reading(op, reading, request_number, now, draw)``
+applies the rules to them; ``decide`` does both.
+
 The daemon's protocol: for a stored fact, evolve the operation with it and append the fact
 followed by ``decide(op, fact, now, draw)`` (in one batch, or the fact first; a log that ends
 between the two is completed by deciding the fact on restart); for a wake-up, a quota

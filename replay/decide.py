@@ -39,8 +39,11 @@ On a wake-up (S32, in exactly this order)
 
 After a response (S2, S3, S14, S15, S20-S25)
 --------------------------------------------
-First a ``ResponseClassified`` records the HTTP outcome and the job outcome as two facts (S2),
-with any invalid hint or header recorded as ``HintRejected`` (S8). Then:
+The response is read first, by :func:`replay.reading.read_response`: its HTTP outcome, its
+headers' guidance, and for a contract 2xx the job's state, identity, results, error, expiry and
+hints, each validated. This module applies the rules to that reading. First a
+``ResponseClassified`` records the HTTP outcome and the job outcome as two facts (S2), with any
+invalid hint or header recorded as ``HintRejected`` (S8). Then:
 
 * 401/403: stop ``authorization_denied`` at once (S24).
 * 3xx, a status the contract does not explain, or a body over the cap: ``integration_failure``.
@@ -101,10 +104,7 @@ from replay.events import (
     EscalationContext,
     EscalationRaised,
     Event,
-    HintName,
     HintRejected,
-    HttpOutcome,
-    JobOutcome,
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
@@ -130,24 +130,16 @@ from replay.observations import (
     WakeUp,
     Withdrawal,
 )
-from replay.signals import (
-    Rejected,
-    parse_instant,
-    parse_json,
-    parse_ratelimit,
-    parse_ratelimit_policy,
-    parse_retry_after,
-    parse_seconds,
-    resolve_pointer,
-    validate_result,
-)
+from replay.reading import Reading, Refusal, read_response
 from replay.state import Operation, evolve
-from replay.tables import OPTION_EFFECTS, REASON_OPTIONS, TRANSPORT_KINDS, http_outcome
+from replay.tables import OPTION_EFFECTS, REASON_OPTIONS, TRANSPORT_KINDS
+from replay.text import cap, format_time
 
 __all__ = [
     "RegistrationProblem",
     "backoff_delay",
     "decide",
+    "decide_reading",
     "format_time",
     "register",
 ]
@@ -169,26 +161,6 @@ RegistrationProblem = Literal[
 ]
 
 _MAX_ATTEMPT: Final = 62  # 2**62 * any base is past every cap; keeps the float finite
-_HINT_VALUE_CAP: Final = 200
-
-
-def format_time(t: float) -> str:
-    """Format POSIX seconds as ISO-8601 UTC (``2025-04-18T10:20:05Z``; milliseconds if any).
-
-    Args:
-        t: POSIX seconds.
-
-    Returns:
-        The ISO-8601 text, or ``repr(t)`` if the time is outside the calendar.
-    """
-    from datetime import UTC, datetime
-
-    try:
-        when = datetime.fromtimestamp(t, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return repr(t)
-    spec = "seconds" if when.microsecond == 0 else "milliseconds"
-    return when.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
 def backoff_delay(contract: Contract, attempt: int, draw: float) -> tuple[float, float]:
@@ -343,6 +315,11 @@ def _check_now(now: float) -> None:
         raise InvalidInputError("now must be a finite number of POSIX seconds")
 
 
+def _check_draw(draw: float) -> None:
+    if not isinstance(draw, int | float) or not 0.0 <= draw < 1.0:
+        raise InvalidInputError("draw must be a number in [0, 1)")
+
+
 def decide(op: Operation, observation: Observation, now: float, draw: float) -> list[Event]:
     """Decide what one observation means for one operation (see the theory of operation).
 
@@ -360,8 +337,7 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
             observation belongs to another operation.
     """
     _check_now(now)
-    if not isinstance(draw, int | float) or not 0.0 <= draw < 1.0:
-        raise InvalidInputError("draw must be a number in [0, 1)")
+    _check_draw(draw)
     match observation:
         case WakeUp():
             return _on_wake_up(op, now, timer_elapsed=observation.timer_elapsed)
@@ -378,14 +354,15 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
                 return []  # already ended: nothing left to stop
             return [OperationWithdrawn(operation_id=op.operation_id, at=now, by=observation.by,
                                        by_uid=observation.by_uid,
-                                       note=_cap(observation.note, 1000))]
+                                       note=cap(observation.note, 1000))]
         case StatusResponseReceived() | TransportFailed() | RequestOutcomeUnknown():
             if observation.operation_id != op.operation_id:
                 raise InvalidInputError("the observation belongs to another operation")
             if op.phase != "live" or observation.request_number != op.status_requests_used:
                 return []  # a stale or late outcome: recorded as a fact, it decides nothing
             if isinstance(observation, StatusResponseReceived):
-                return _on_response(op, observation, now, draw)
+                reading = read_response(op, observation, now)
+                return _on_reading(op, reading, observation.request_number, now, draw)
             return _on_transport(op, observation, now, draw)
     raise InvalidInputError(f"not an observation: {type(observation).__name__}")
 
@@ -444,158 +421,51 @@ def _on_quota(op: Operation, deferral: QuotaDeferred, now: float) -> list[Event]
 # --- responses -----------------------------------------------------------------------------------
 
 
-def _cap(text: str, limit: int = _HINT_VALUE_CAP) -> str:
-    return text if len(text) <= limit else text[:limit]
+def decide_reading(
+    op: Operation, reading: Reading, request_number: int, now: float, draw: float
+) -> list[Event]:
+    """The rules after a response, applied to what was read from it.
+
+    :func:`decide` calls this for a ``StatusResponseReceived`` that answers the request in
+    flight, with :func:`replay.reading.read_response`'s reading; alone, it lets the rules be
+    exercised on any reading.
+
+    Args:
+        op: The operation's state, already evolved with the response.
+        reading: What the response said.
+        request_number: The request it answers.
+        now: The current time (POSIX seconds, UTC).
+        draw: A jitter draw in [0, 1).
+
+    Returns:
+        ``ResponseClassified``, any ``HintRejected``, then ``PollScheduled``, a stop
+        (``OperationStopped``, ``EscalationRaised``) or ``OperationSucceeded``.
+
+    Raises:
+        InvalidInputError: ``now`` is not finite or ``draw`` is outside [0, 1).
+    """
+    _check_now(now)
+    _check_draw(draw)
+    return _on_reading(op, reading, request_number, now, draw)
 
 
-def _cap_bytes(text: str, limit: int) -> tuple[str, bool]:
-    data = text.encode("utf-8", errors="replace")
-    if len(data) <= limit:
-        return text, False
-    return data[:limit].decode("utf-8", errors="ignore"), True
-
-
-def _state_category(contract: Contract, state: str) -> JobOutcome:
-    table = contract.states
-    for category in ("pending", "success", "failure", "canceled", "expired"):
-        if state in getattr(table, category):
-            outcome: JobOutcome = category
-            return outcome
-    return "unknown"  # S15: a state in no list is unknown, and unknown stops
-
-
-class _Reading(msgspec.Struct, frozen=True, kw_only=True):
-    """What a contract 2xx body said (internal)."""
-
-    document: object = None
-    job_state: str | None = None
-    job_outcome: JobOutcome | None = None
-    problem: StopReason | None = None
-    detail: str = ""
-
-
-def _read_body(op: Operation, response: StatusResponseReceived) -> _Reading:
-    contract = op.contract
-    if response.body_truncated:
-        return _Reading(problem="integration_failure", detail="the body exceeded the size cap")
-    parsed, document = parse_json(response.body)  # bounded: never a RecursionError
-    if not parsed:
-        return _Reading(problem="unparseable_response", detail=str(document))
-    found, state = resolve_pointer(document, contract.state_pointer)
-    if not found or not isinstance(state, str) or not state:
-        return _Reading(
-            document=document,
-            problem="unparseable_response",
-            detail=f"no job state (a non-empty string) at {contract.state_pointer!r}",
-        )
-    outcome = _state_category(contract, state)
-    reading = _Reading(document=document, job_state=_cap(state, 128), job_outcome=outcome)
-    if contract.job_id_pointer is not None:
-        found, job_id = resolve_pointer(document, contract.job_id_pointer)
-        if not found or not isinstance(job_id, str | int) or isinstance(job_id, bool):
-            return msgspec.structs.replace(
-                reading,
-                problem="unparseable_response",
-                detail=f"no job id at {contract.job_id_pointer!r}",
-            )
-        if str(job_id) != op.provider_job_id:
-            # S5: the job observed is not the job submitted.
-            return msgspec.structs.replace(
-                reading,
-                problem="contradiction",
-                detail=f"the response is about another job than {op.provider_job_id!r}",
-            )
-    return reading
-
-
-def _hint_problem(
-    op: Operation, hint: HintName, value: object, at: float | Rejected, now: float
-) -> float | Rejected:
-    """Validate a provider hint resolved to an absolute time (S8)."""
-    if isinstance(at, Rejected):
-        return at
-    contract = op.contract
-    deadline, which = op.effective_deadline
-    delay = at - now
-    if delay < 0:
-        return Rejected("negative" if hint == "poll_after_seconds" else "in the past")
-    if delay < contract.min_hint_seconds:
-        return Rejected(f"sooner than the contract's minimum of {contract.min_hint_seconds} s")
-    if delay > contract.max_hint_horizon_seconds:
-        return Rejected(f"beyond the hint horizon of {contract.max_hint_horizon_seconds} s")
-    if at >= deadline:
-        return Rejected(f"past the {which} deadline {format_time(deadline)}")
-    return at
-
-
-def _hint_text(value: object) -> str:
-    if isinstance(value, str):
-        return _cap(value)
-    return _cap(msgspec.json.encode(value).decode("utf-8", errors="replace"))
-
-
-def _on_response(
-    op: Operation, response: StatusResponseReceived, now: float, draw: float
+def _on_reading(
+    op: Operation, reading: Reading, number: int, now: float, draw: float
 ) -> list[Event]:
     contract = op.contract
-    number = response.request_number
-    outcome: HttpOutcome = http_outcome(response.status_code, contract.ok_statuses)
-    events: list[Event] = []
-
-    def rejected(hint: HintName, value: str, reason: str) -> None:
-        events.append(
-            HintRejected(
-                operation_id=op.operation_id,
-                at=now,
-                request_number=number,
-                hint=hint,
-                value=_cap(value),
-                reason=reason,
-            )
-        )
-
-    # RFC 9110 §10.2.3: Retry-After, either form, on any response we will wait after.
-    retry_after_at: float | None = None
-    if response.headers.retry_after is not None:
-        parsed = parse_retry_after(response.headers.retry_after, now)
-        if isinstance(parsed, Rejected):
-            rejected("retry_after", response.headers.retry_after, parsed.reason)
-        else:
-            retry_after_at = parsed
-
-    # IETF RateLimit headers: pacing on any response we wait after; Retry-After takes
-    # precedence (in _wait); malformed values are recorded and ignored.
-    pacing: float | None = None
-    for header_name, header_value, parser in (
-        ("ratelimit", response.headers.ratelimit, parse_ratelimit),
-        ("ratelimit_policy", response.headers.ratelimit_policy, parse_ratelimit_policy),
-    ):
-        if header_value is None:
-            continue
-        paced = parser(header_value)
-        hname: HintName = "ratelimit" if header_name == "ratelimit" else "ratelimit_policy"
-        if isinstance(paced, Rejected):
-            rejected(hname, header_value, paced.reason)
-        elif paced is not None and paced > contract.max_hint_horizon_seconds:
-            rejected(hname, header_value, "pacing beyond the hint horizon")
-        elif paced is not None:
-            pacing = paced if pacing is None else max(pacing, paced)
-
-    reading = _Reading()
-    if outcome == "ok":
-        reading = _read_body(op, response)
+    retry_after_at, pacing = reading.retry_after_at, reading.pacing
     classified = ResponseClassified(
         operation_id=op.operation_id,
         at=now,
         request_number=number,
-        http_status=response.status_code,
-        http_outcome=outcome,
+        http_status=reading.http_status,
+        http_outcome=reading.http_outcome,
         job_state=reading.job_state,
         job_outcome=reading.job_outcome,
-        provider_request_id=response.headers.request_id,
+        provider_request_id=reading.provider_request_id,
         retry_after_at=retry_after_at,
     )
-    events.insert(0, classified)
+    events: list[Event] = [classified, *_refused(op, reading.header_refusals, now, number)]
     op = evolve(op, classified)
 
     def stop(
@@ -612,7 +482,8 @@ def _on_response(
             provider_error_truncated=truncated,
         )
 
-    status = response.status_code
+    status = reading.http_status
+    outcome = reading.http_outcome
     if outcome == "auth_denied":
         # S24: stop at once; never again with the same credential.
         return stop("authorization_denied", f"HTTP {status}: the credential was refused")
@@ -649,19 +520,17 @@ def _on_response(
         return events + _wait(op, now, draw, number, retry_after_at, pacing=pacing)
 
     # A contract 2xx: the body carries the job state.
-    if reading.problem is not None:
-        return stop(reading.problem, reading.detail)
+    if reading.unreadable is not None:
+        return stop(reading.unreadable.reason, reading.unreadable.detail)
     state = reading.job_state or ""
-    document = reading.document
     if reading.job_outcome == "success":
-        return events + _success(op, state, document, now, number)
+        return events + _success(op, reading, state, now, number)
     if reading.job_outcome == "failure":
-        error, truncated = _provider_error(op, document, response.body)
         return stop(
             "provider_failure",
             f"the job reported {state!r}",
-            error,
-            truncated,
+            reading.provider_error,
+            reading.provider_error_truncated,
         )
     if reading.job_outcome == "canceled":
         return stop("canceled", f"the job reported {state!r}; it is not resubmitted")  # S29
@@ -671,42 +540,34 @@ def _on_response(
         return stop("unknown_state", f"state {state!r} is in no list of the state table")
 
     # Pending. S4: "running" past the job's own expiry is a contradiction.
-    if contract.expires_at_pointer is not None:
-        found, raw = resolve_pointer(document, contract.expires_at_pointer)
-        if found and raw is not None:
-            expires = parse_instant(raw)
-            if isinstance(expires, Rejected):
-                rejected("expires_at", _hint_text(raw), expires.reason)
-            elif now > expires:
-                return stop(
-                    "contradiction",
-                    f"state {state!r} past the job's own expiry {format_time(expires)}",
-                )
+    expires_at = reading.expires_at
+    if expires_at is not None and now > expires_at:
+        return stop(
+            "contradiction",
+            f"state {state!r} past the job's own expiry {format_time(expires_at)}",
+        )
+    # S8: provider hints are advice, validated; the refusals are recorded.
+    events += _refused(op, reading.body_refusals, now, number)
+    return events + _wait(
+        op, now, draw, number, retry_after_at, hint_at=reading.hint_at, pacing=pacing
+    )
 
-    # S8: provider hints are advice, validated; the rejections are recorded.
-    hint_at: float | None = None
-    for hint, pointer in (
-        ("next_check_at", contract.next_check_at_pointer),
-        ("poll_after_seconds", contract.poll_after_seconds_pointer),
-    ):
-        if pointer is None:
-            continue
-        found, raw = resolve_pointer(document, pointer)
-        if not found or raw is None:
-            continue
-        name: HintName = "next_check_at" if hint == "next_check_at" else "poll_after_seconds"
-        if name == "next_check_at":
-            candidate = parse_instant(raw)
-        else:
-            seconds = parse_seconds(raw)
-            candidate = seconds if isinstance(seconds, Rejected) else now + seconds
-        checked = _hint_problem(op, name, raw, candidate, now)
-        if isinstance(checked, Rejected):
-            rejected(name, _hint_text(raw), checked.reason)
-        else:
-            hint_at = checked if hint_at is None else max(hint_at, checked)
 
-    return events + _wait(op, now, draw, number, retry_after_at, hint_at=hint_at, pacing=pacing)
+def _refused(
+    op: Operation, refusals: tuple[Refusal, ...], now: float, number: int
+) -> list[Event]:
+    """A ``HintRejected`` for each value the reading did not take (S8)."""
+    return [
+        HintRejected(
+            operation_id=op.operation_id,
+            at=now,
+            request_number=number,
+            hint=r.hint,
+            value=r.value,
+            reason=r.reason,
+        )
+        for r in refusals
+    ]
 
 
 def _on_transport(
@@ -736,7 +597,7 @@ def _on_transport(
 
 
 def _success(
-    op: Operation, state: str, document: object, now: float, number: int
+    op: Operation, reading: Reading, state: str, now: float, number: int
 ) -> list[Event]:
     expected = op.expected_terminal_state
     if expected is not None and state != expected:
@@ -747,47 +608,20 @@ def _success(
             now,
             number,
         )
-    results: dict[str, str] = {}
-    for field in op.contract.results:
-        found, value = resolve_pointer(document, field.pointer)
-        problem = "is missing" if not found else validate_result(field.kind, value)
-        if problem is not None:
-            if field.required:
-                # S4, S14: a success without what the next step needs is not consumed.
-                return _stop(
-                    op,
-                    "contradiction",
-                    f"state {state!r} but required result {field.name!r} "
-                    f"({field.pointer}) {problem}",
-                    now,
-                    number,
-                )
-            continue
-        results[field.name] = value if isinstance(value, str) else _json_text(value)
+    if reading.missing_result is not None:
+        # S4, S14: a success without what the next step needs is not consumed.
+        return _stop(
+            op, "contradiction", f"state {state!r} but {reading.missing_result}", now, number
+        )
     return [
         OperationSucceeded(
             operation_id=op.operation_id,
             at=now,
             request_number=number,
             state=state,
-            results=results,
+            results=dict(reading.results),
         )
     ]
-
-
-def _json_text(value: object) -> str:
-    return msgspec.json.encode(value).decode("utf-8", errors="replace")
-
-
-def _provider_error(op: Operation, document: object, body: bytes) -> tuple[str, bool]:
-    """The provider's error, verbatim and capped (S3)."""
-    cap = op.contract.error_cap_bytes
-    if op.contract.error_pointer is not None:
-        found, value = resolve_pointer(document, op.contract.error_pointer)
-        if found and value is not None:
-            text = value if isinstance(value, str) else _json_text(value)
-            return _cap_bytes(text, cap)
-    return _cap_bytes(body.decode("utf-8", errors="replace"), cap)
 
 
 def _wait(
@@ -1011,9 +845,9 @@ def _on_decision(op: Operation, decision: DecisionSubmitted, now: float) -> list
             DecisionRejected(
                 operation_id=op.operation_id,
                 at=now,
-                option_id=_cap(decision.option, 64),
-                approver=_cap(decision.approver, 64),
-                note=_cap(decision.note, 1000),
+                option_id=cap(decision.option, 64),
+                approver=cap(decision.approver, 64),
+                note=cap(decision.note, 1000),
                 escalation_id=decision.escalation_id,
                 reason=reason,
             )
@@ -1032,14 +866,14 @@ def _on_decision(op: Operation, decision: DecisionSubmitted, now: float) -> list
     chosen = next((o for o in escalation.options if o.id == decision.option), None)
     if chosen is None:
         offered = ", ".join(o.id for o in escalation.options)
-        return reject(f"option {_cap(decision.option, 64)!r} was not offered; offered: {offered}")
+        return reject(f"option {cap(decision.option, 64)!r} was not offered; offered: {offered}")
     base = DecisionRecorded(
         operation_id=op.operation_id,
         at=now,
         escalation_id=escalation.escalation_id,
         option_id=chosen.id,
-        approver=_cap(decision.approver, 64),
-        note=_cap(decision.note, 1000),
+        approver=cap(decision.approver, 64),
+        note=cap(decision.note, 1000),
         resumes=False,
         new_deadline_at=op.deadline_at,
         new_business_deadline_at=op.business_deadline_at,

@@ -12,9 +12,7 @@ a snapshot and then folding the events after it gives the ledger a full fold giv
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 import msgspec
 
@@ -111,8 +109,9 @@ class Ledger:
 
     def fold(self, payloads: Iterable[tuple[int, bytes]],
              skipped: list[tuple[int, str]] | None = None) -> None:
-        """Decode and apply stored events (seq, payload) in order, the garbage collector
-        paused (see :func:`_no_gc`): how a start-up replays the log.
+        """Decode and apply stored events (seq, payload) in order: how a start-up replays the
+        log. (The daemon pauses the garbage collector around it, ``daemon.gc_tuning``: a
+        process-wide switch is not the pure model's to touch.)
 
         An event that does not decode (a damaged or foreign payload) or cannot follow its
         operation's state (a later event of an operation whose registration was
@@ -121,21 +120,20 @@ class Ledger:
         folding around it would act on a state that bide does not know.
         """
         apply = self.apply
-        with _no_gc():
-            for seq, payload in payloads:
-                try:
-                    ev = decode_log_event(payload)
-                    op = apply(ev)
-                    if isinstance(ev, OperationRegistered) and op is not None:
-                        # Where the registration landed: a receipt names it.
-                        self.ops[ev.operation_id] = msgspec.structs.replace(
-                            op, registered_seq=seq)
-                except NewerSchemaError:
+        for seq, payload in payloads:
+            try:
+                ev = decode_log_event(payload)
+                op = apply(ev)
+                if isinstance(ev, OperationRegistered) and op is not None:
+                    # Where the registration landed: a receipt names it.
+                    self.ops[ev.operation_id] = msgspec.structs.replace(
+                        op, registered_seq=seq)
+            except NewerSchemaError:
+                raise
+            except ReplayError as exc:
+                if skipped is None:
                     raise
-                except ReplayError as exc:
-                    if skipped is None:
-                        raise
-                    skipped.append((seq, str(exc)))
+                skipped.append((seq, str(exc)))
 
     def _share_contract(self, op: Operation) -> Operation:
         """A contract is about 1.4 KB of Python objects; 100,000 operations often have a
@@ -182,28 +180,27 @@ class Ledger:
 
     @classmethod
     def _load(cls, data: bytes, model: str) -> Ledger:
-        with _no_gc():
-            body = _decoder.decode(data)
-            if body.model != model:
-                raise SnapshotFormatError(
-                    "the snapshot was made by another version of the model (what it holds "
-                    "could differ from a replay by this one)")
-            if body.format != _FORMAT:
-                raise SnapshotFormatError(f"ledger snapshot format {body.format}, this "
-                                          f"version reads {_FORMAT}")
-            ledger = cls()
-            ledger.events = body.events
-            ledger.contracts = contracts = body.contracts
-            ops = ledger.ops
-            rows: list[msgspec.Struct] = body.ops
-            for row in rows:
-                try:
-                    row.contract = contracts[row.contract]  # type: ignore[attr-defined]
-                except (KeyError, TypeError):
-                    raise SnapshotFormatError("an operation names a contract the snapshot "
-                                              "does not hold") from None
-                op = compact(msgspec.convert(row, Operation, from_attributes=True))
-                ops[op.operation_id] = op
+        body = _decoder.decode(data)
+        if body.model != model:
+            raise SnapshotFormatError(
+                "the snapshot was made by another version of the model (what it holds "
+                "could differ from a replay by this one)")
+        if body.format != _FORMAT:
+            raise SnapshotFormatError(f"ledger snapshot format {body.format}, this "
+                                      f"version reads {_FORMAT}")
+        ledger = cls()
+        ledger.events = body.events
+        ledger.contracts = contracts = body.contracts
+        ops = ledger.ops
+        rows: list[msgspec.Struct] = body.ops
+        for row in rows:
+            try:
+                row.contract = contracts[row.contract]  # type: ignore[attr-defined]
+            except (KeyError, TypeError):
+                raise SnapshotFormatError("an operation names a contract the snapshot "
+                                          "does not hold") from None
+            op = compact(msgspec.convert(row, Operation, from_attributes=True))
+            ops[op.operation_id] = op
         ledger.actions = {a.action_id: a for a in body.actions}
         for raw in body.undecided:
             fact = decode_log_event(raw)
@@ -211,16 +208,3 @@ class Ledger:
                 raise SnapshotFormatError(f"an undecided fact is a {type(fact).__name__}")
             ledger.undecided[fact.operation_id] = fact
         return ledger
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Building 100,000 long-lived objects triggers full collections that find nothing to
-    free (a snapshot holds no cycles); without them loading is several times faster."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -54,3 +54,18 @@ def test_no_import_cycle_in_daemon() -> None:
 
     for module in sorted(modules):
         visit(module)
+
+
+def test_the_pure_model_never_imports_gc() -> None:
+    """The garbage collector is process-wide state: pausing it during a fold is the daemon's
+    (daemon/gc_tuning.py, issue 35), never the pure model's."""
+    for path in sorted((ROOT / "replay").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad = [n for n in names if n.split(".")[0] == "gc"]
+            assert not bad, f"{path.relative_to(ROOT)} imports gc"
