@@ -148,7 +148,7 @@ def parse_instant(value: object) -> float | Rejected:
     if isinstance(value, bool):
         return Rejected("a boolean is not a time")
     if isinstance(value, int | float):
-        number = float(value)
+        number = _as_float(value)
         if not math.isfinite(number) or number < 0:
             return Rejected("not a finite, non-negative POSIX time")
         return number
@@ -176,7 +176,7 @@ def parse_seconds(value: object) -> float | Rejected:
     if isinstance(value, bool):
         return Rejected("a boolean is not a number of seconds")
     if isinstance(value, int | float):
-        number = float(value)
+        number = _as_float(value)
     elif isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}(\.[0-9]{1,9})?", value.strip()):
         number = float(value.strip())
     else:
@@ -184,6 +184,15 @@ def parse_seconds(value: object) -> float | Rejected:
     if not math.isfinite(number):
         return Rejected("not a finite number of seconds")
     return number
+
+
+def _as_float(value: int | float) -> float:
+    """A JSON number as a float; an integer beyond a float's range (JSON integers have no
+    bound) becomes an infinity of its sign, which the callers refuse as not finite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 #: The deepest nesting of a provider's JSON body that is decoded. Status documents are a few

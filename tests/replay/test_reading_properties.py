@@ -26,7 +26,7 @@ from replay.tables import http_outcome
 
 from .helpers import T0, Daemon, contract
 
-#: Any JSON value Python's json writes (numbers within what a float can hold: see
+#: Any JSON value Python's json writes (integers beyond a float's range have their own test:
 #: test_an_integer_beyond_float_range_as_a_hint_is_refused_not_raised).
 json_values = st.recursive(
     st.none()
@@ -468,15 +468,6 @@ def test_headers_guidance_is_taken_or_refused_never_both(
     assert all(r.reason for r in reading.header_refusals)
 
 
-@pytest.mark.xfail(
-    raises=OverflowError,
-    strict=True,
-    reason=(
-        "known, kept as is: issue 35 changes no behaviour. parse_seconds and parse_instant call "
-        "float() on a JSON integer beyond a float's range, and decide raises; the daemon then "
-        "stops the operation with internal_error instead of refusing the hint (S8)"
-    ),
-)
 @pytest.mark.parametrize("field", ["poll_after_seconds", "next_check_at", "expires_at"])
 def test_an_integer_beyond_float_range_as_a_hint_is_refused_not_raised(field: str) -> None:
     op = in_flight(contract())
