@@ -2,10 +2,12 @@
 
 Modules, one job each (`accepting` is the accept loop the metrics listener and the API share):
 
-* ``supervisor`` owns the task group, the timers, the quotas and every status request;
-  ``actions`` runs submit, fetch and cancel through narrow ``ActionPorts``; ``http`` turns one
-  request into one recorded fact; ``spool`` is the file intake; ``snapshots`` the state
-  snapshot; ``timers`` the timer heap and the GCRA quota; ``faults`` a test-only seam.
+* ``engine/`` is the middle: the log and its fold, the polls, the quotas, the one door for
+  every request, the projections, the lifecycle (``daemon/ARCHITECTURE.md`` maps it);
+  ``supervisor`` composes it with the local API; ``actions`` runs submit, fetch and cancel
+  through narrow ``ActionPorts``; ``http`` turns one request into one recorded fact;
+  ``spool`` is the file intake; ``snapshots`` the state snapshot; ``timers`` the timer heap
+  and the GCRA quota; ``faults`` a test-only seam.
 * ``config``, ``profile`` and ``inputs`` read and check what people write (config, provider
   profiles, command-line numbers); ``readers`` loads the log for the offline readers.
 * ``metrics``, ``logfmt``, ``systemd`` and ``outbox`` are how the daemon speaks to operators.

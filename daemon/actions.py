@@ -24,11 +24,12 @@ import msgspec
 
 from daemon import logfmt, scoping
 from daemon.config import FetchConfig
+from daemon.errors import RefusalKind, Refused
 from daemon.faults import FaultInjection
 from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
 from daemon.profile import Profile
-from daemon.spool import FetchFile, Receipt, Spool, SpoolReject, SubmitFile, user_name
+from daemon.spool import FetchFile, Receipt, Spool, SubmitFile, user_name
 from daemon.timers import RateQuota
 from eventlog.errors import FencedError
 from eventlog.fsync import fsync_dir
@@ -91,14 +92,6 @@ class ActionPorts:
     fetch_limits: FetchConfig = field(default_factory=FetchConfig)
 
 
-class FetchThrottled(SpoolReject):
-    """A principal asks for fetches faster than ``[fetch] per_principal_per_minute``."""
-
-    def __init__(self, detail: str, retry_after: float) -> None:
-        super().__init__(detail)
-        self.retry_after = retry_after
-
-
 class ActionRunner:
     def __init__(self, ports: ActionPorts) -> None:
         self.ports = ports
@@ -116,20 +109,20 @@ class ActionRunner:
         reg = sf.registration
         profile = ports.profile(reg.provider)
         if profile is None:
-            raise SpoolReject(f"no profile for provider {reg.provider!r}")
+            raise Refused(f"no profile for provider {reg.provider!r}")
         if profile.submit is None:
-            raise SpoolReject(f"profile {profile.name} has no [submit] section: it documents "
+            raise Refused(f"profile {profile.name} has no [submit] section: it documents "
                               f"no submit call")
         if len(sf.body) > profile.submit.max_body_bytes:
-            raise SpoolReject(f"body is {len(sf.body)} bytes; the profile allows "
+            raise Refused(f"body is {len(sf.body)} bytes; the profile allows "
                               f"{profile.submit.max_body_bytes}")
         if ACTION_ID.search(reg.operation_id):
-            raise SpoolReject(f"operation id {reg.operation_id!r} ends like an action's id "
+            raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
                               f"(.submit, .fetch.N, .cancel.N); choose another")
         if self.holder(reg.operation_id) != owner:
             why = scoping.refusal(reg.operation_id)
             if why is not None:
-                raise SpoolReject(why)
+                raise Refused(why)
         # Another principal's id is this owner's too, recorded apart (daemon.scoping).
         reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
             reg.operation_id, owner, self.holder))
@@ -141,13 +134,15 @@ class ActionRunner:
                     and (not digest or existing.intent.request_digest in ("", digest)))
             if same:
                 return None  # ingested before a crash, or a client's retry
-            raise SpoolReject(f"operation id {reg.operation_id} is already in use")
+            raise Refused(f"operation id {reg.operation_id} is already in use",
+                          kind=RefusalKind.CONFLICT, code="operation_id_in_use")
         if ports.operation(reg.operation_id) is not None:
-            raise SpoolReject(f"operation id {reg.operation_id} is already in use")
+            raise Refused(f"operation id {reg.operation_id} is already in use",
+                          kind=RefusalKind.CONFLICT, code="operation_id_in_use")
         if not sf.force:
             duplicate = self._live_with_fingerprint(fp, owner)
             if duplicate is not None:
-                raise SpoolReject(f"duplicate submit: operation {duplicate} has the same request "
+                raise Refused(f"duplicate submit: operation {duplicate} has the same request "
                                   f"fingerprint and is still live (use --force to submit again)")
         key = sf.idempotency_key
         if key is None and profile.contract.idempotent_submit:
@@ -216,15 +211,18 @@ class ActionRunner:
         op = ports.operation(self.resolve(ff.operation_id, requester))
         if op is None or not (operator or (op.registered_by_uid is not None
                                            and op.registered_by_uid == requester)):
-            raise SpoolReject(f"no operation {ff.operation_id!r}")
+            raise Refused(f"no operation {ff.operation_id!r}", kind=RefusalKind.NOT_FOUND,
+                          code="not_found")
         self._take_fetch_slot(requester)
         target = fetch_target(op.phase, op.results, ff.result)
         if isinstance(target, str):
-            raise SpoolReject(f"operation {op.operation_id}: {target}")
+            raise Refused(f"operation {op.operation_id}: {target}", kind=RefusalKind.CONFLICT,
+                          code="not_fetchable")
         name, url = target
         profile = ports.profile(op.provider)
         if profile is None:
-            raise SpoolReject(f"no profile for provider {op.provider!r}")
+            raise Refused(f"no profile for provider {op.provider!r}", kind=RefusalKind.CONFLICT,
+                          code="not_fetchable")
         n = 1 + sum(1 for a in self.actions.values()
                     if a.operation_id == op.operation_id and a.kind == "fetch")
         intent = ActionIntended(
@@ -247,10 +245,11 @@ class ActionRunner:
         wait = quota.reserve()
         if wait > 0:
             quota.release()
-            raise FetchThrottled(
+            raise Refused(
                 f"user {user_name(requester)} asks for fetches faster than [fetch] "
                 f"per_principal_per_minute = {limits.per_principal_per_minute:g}; try again in "
-                f"{wait:.1f}s", wait)
+                f"{wait:.1f}s", kind=RefusalKind.RATE_LIMITED, code="fetch_rate_limited",
+                retry_after=wait)
 
     def prune_results(self, keep: str | None = None) -> None:
         """Remove results older than ``[fetch] results_max_age_seconds``, then the oldest

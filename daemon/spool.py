@@ -43,7 +43,7 @@ import msgspec
 from msgspec import Meta
 
 from daemon import logfmt
-from daemon.errors import UsageError
+from daemon.errors import Refused, UsageError
 from eventlog.fsync import fsync_dir
 from replay.observations import Registration
 
@@ -98,21 +98,22 @@ _INCOMING: dict[str, type[IncomingFile]] = {
 
 
 def decode_incoming(data: bytes) -> IncomingFile:
-    """Decode an incoming spool file of any kind; raises :class:`SpoolReject` with the reason."""
+    """Decode an incoming spool file of any kind; raises :class:`~daemon.errors.Refused`
+    with the reason."""
     try:
         kind = msgspec.json.decode(data, type=_Kind).kind
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise SpoolReject(f"not a valid spool file: {exc}") from None
+        raise Refused(f"not a valid spool file: {exc}") from None
     cls = _INCOMING.get(kind)
     if cls is None:
-        raise SpoolReject(f"unknown kind {kind[:32]!r} (known: {', '.join(_INCOMING)})")
+        raise Refused(f"unknown kind {kind[:32]!r} (known: {', '.join(_INCOMING)})")
     try:
         request = msgspec.json.decode(data, type=cls)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise SpoolReject(f"not a valid {kind} request: {exc}") from None
+        raise Refused(f"not a valid {kind} request: {exc}") from None
     if (isinstance(request, RegistrationFile | SubmitFile)
             and request.registration.status_location is not None):
-        raise SpoolReject(
+        raise Refused(
             "the registration names a status_location: agents give a provider and a job id, "
             "never a URL; only the provider's profile decides where bide sends its requests "
             "and its credential")
@@ -303,17 +304,17 @@ class Spool:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise SpoolReject("a symbolic link; spool files must be regular files") from None
-            raise SpoolReject(f"cannot open: {exc.strerror}") from None
+                raise Refused("a symbolic link; spool files must be regular files") from None
+            raise Refused(f"cannot open: {exc.strerror}") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise SpoolReject("not a regular file")
+                raise Refused("not a regular file")
             if st.st_size > MAX_FILE_BYTES:
-                raise SpoolReject(f"{st.st_size} bytes; the limit is {MAX_FILE_BYTES}")
+                raise Refused(f"{st.st_size} bytes; the limit is {MAX_FILE_BYTES}")
             data = os.read(fd, MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
-                raise SpoolReject(f"more than {MAX_FILE_BYTES} bytes")
+                raise Refused(f"more than {MAX_FILE_BYTES} bytes")
             return data, st
         finally:
             os.close(fd)
@@ -570,10 +571,6 @@ def _gid(group: str) -> int:
         raise SpoolPermissionError(
             f"group {group!r} (from [spool] in the config) does not exist; create it with "
             f"groupadd {group}, or clear the setting") from None
-
-
-class SpoolReject(Exception):
-    """A spool file is refused; the message is the reason written beside it."""
 
 
 def _mtime(path: Path) -> float:

@@ -69,3 +69,23 @@ def test_the_pure_model_never_imports_gc() -> None:
                 continue
             bad = [n for n in names if n.split(".")[0] == "gc"]
             assert not bad, f"{path.relative_to(ROOT)} imports gc"
+
+
+#: The engine's modules, each importing only modules before it (issue 35): one direction.
+ENGINE_ORDER = ["pacing", "chain", "followers", "poller", "intake", "spooling", "supervisor"]
+
+
+def test_the_engine_depends_one_way_and_knows_nothing_of_its_edges() -> None:
+    graph = {m: deps for m, deps in imports("daemon").items() if m.startswith("daemon.engine")}
+    assert {m.rsplit(".", 1)[1] for m in graph} - {"engine"} == set(ENGINE_ORDER)
+    for module, deps in graph.items():
+        edges = sorted(d for d in deps if d.startswith(("daemon.api", "daemon.commands",
+                                                        "daemon.cli", "daemon.mcp"))
+                       or d == "daemon.supervisor")
+        assert not edges, f"{module} imports {edges}: the engine is composed, not composing"
+        name = module.rsplit(".", 1)[1]
+        if name == "engine":
+            continue
+        allowed = {f"daemon.engine.{m}" for m in ENGINE_ORDER[:ENGINE_ORDER.index(name)]}
+        inner = {".".join(d.split(".")[:3]) for d in deps if d.startswith("daemon.engine.")}
+        assert inner <= allowed, f"{module} imports {sorted(inner - allowed)}: see ENGINE_ORDER"

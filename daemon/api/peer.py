@@ -1,7 +1,8 @@
 """Who is on the other end of a Unix socket: the kernel says, the client never does.
 
 ``SO_PEERCRED`` gives the uid, gid and pid of the process that connected; the uid's user name
-and its groups (``getgrouplist``) give the roles the config assigns:
+and its groups (``getgrouplist``) give the roles the config assigns (the rules are
+:class:`daemon.engine.intake.Authority`'s):
 
 * ``agent``: may register, submit, read, wait on and withdraw its *own* operations;
 * ``approver``: may answer escalations (never of its own operations, unless the config
@@ -15,15 +16,11 @@ group gains its role on their next connection, with no restart.
 
 from __future__ import annotations
 
-import grp
-import os
 import pwd
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Literal
 
-Role = Literal["agent", "approver", "operator"]
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -41,55 +38,9 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
-@dataclass(frozen=True)
-class RoleGroups:
-    """The groups that give each role ("" = everyone who can reach the socket; None for the
-    approvers: nobody, when the agents are a group and the approvers are not)."""
-
-    agents: str
-    approvers: str | None
-    operators: str
-
-    def describe(self, role: Role) -> str:
-        if role == "approver" and self.approvers is None:
-            return "nobody until [api] approvers_group is set"
-        group = {"agent": self.agents, "approver": self.approvers,
-                 "operator": self.operators}[role]
-        return f"group {group!r}" if group else "anyone"
-
-
 def user_name(uid: int) -> str:
     """The user name of ``uid``, or ``uid:N`` when it has none."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid:{uid}"
-
-
-def groups_of(uid: int, gid: int) -> set[str]:
-    """Names of the groups ``uid`` is in (its primary group and supplementary ones)."""
-    try:
-        entry = pwd.getpwuid(uid)
-    except KeyError:
-        gids = [gid]
-    else:
-        gids = os.getgrouplist(entry.pw_name, entry.pw_gid)
-    names = set()
-    for g in gids:
-        try:
-            names.add(grp.getgrgid(g).gr_name)
-        except KeyError:
-            continue
-    return names
-
-
-def roles_of(peer: Peer, groups: RoleGroups, *, daemon_uid: int) -> list[Role]:
-    member = groups_of(peer.uid, peer.gid)
-    roles: list[Role] = []
-    if not groups.agents or groups.agents in member:
-        roles.append("agent")
-    if groups.approvers is not None and (not groups.approvers or groups.approvers in member):
-        roles.append("approver")
-    if peer.uid in (0, daemon_uid) or (groups.operators and groups.operators in member):
-        roles.append("operator")
-    return roles

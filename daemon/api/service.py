@@ -1,13 +1,14 @@
 """The local API's endpoints: who may do what, answered from the daemon's memory.
 
-Every answer comes from the supervisor's live state (operations, actions, the in-memory
+Every answer comes from the engine's live state (operations, actions, the in-memory
 histories of :mod:`daemon.history`), never from a fold of the log. Every write goes through
-the same supervisor methods the spool uses, and is answered only once its event is durable.
+the engine's one door (:mod:`daemon.engine.intake`), as the spool's do, and is answered only
+once its event is durable. A refusal's kind gives its HTTP status (:data:`STATUS_OF`).
 
-Who may do what (roles from :mod:`daemon.api.peer`): an agent registers, submits, reads,
-waits on and withdraws its own operations, and another principal's operation answers 404 as a
-missing one does; approvers and operators read every operation; approvers answer
-escalations, never of an operation they registered unless ``[api] allow_self_approval``;
+Who may do what (the rules of :class:`daemon.engine.intake.Authority`): an agent registers,
+submits, reads, waits on and withdraws its own operations, and another principal's operation
+answers 404 as a missing one does; approvers and operators read every operation; approvers
+answer escalations, never of an operation they registered unless ``[api] allow_self_approval``;
 a principal in no role gets 403 naming the groups that would admit it.
 """
 
@@ -16,12 +17,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
-import os
 import re
 import secrets
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, unquote
@@ -30,9 +29,9 @@ import anyio
 import msgspec
 
 from daemon import __version__, logfmt, scoping
-from daemon.actions import ActionRunner, FetchThrottled, action_escalation_text
+from daemon.actions import ActionRunner, action_escalation_text
 from daemon.api.openapi import openapi_document
-from daemon.api.peer import Peer, Role, RoleGroups, roles_of, user_name
+from daemon.api.peer import Peer, user_name
 from daemon.api.provider_text import (
     bounded,
     escalation_parts,
@@ -63,11 +62,12 @@ from daemon.api.schema import (
 )
 from daemon.api.server import Request, Response, error
 from daemon.config import Config
-from daemon.errors import Refused, UsageError
+from daemon.engine.intake import Decide, Fetch, Intake, Register, Role, Submit, Withdraw
+from daemon.errors import RefusalKind, Refused, UsageError
 from daemon.history import Histories
 from daemon.inputs import parse_duration
 from daemon.metrics import Metrics
-from daemon.spool import FetchFile, SpoolReject, SubmitFile, new_request_id
+from daemon.spool import FetchFile, SubmitFile, new_request_id
 from daemon.timers import RateQuota
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition
@@ -91,29 +91,41 @@ class LeaseView(Protocol):
 
 
 class Daemon(Protocol):
-    """What the API takes from the supervisor (which imports this module: no cycle)."""
+    """What the API takes from the engine (daemon.supervisor, which imports this module: no
+    cycle): its memory to answer from, and its one door (``intake``) for every write."""
 
     config: Config
-    ops: dict[str, Operation]
     runner: ActionRunner
     histories: Histories
     metrics: Metrics
-    live_by_owner: collections.Counter[int | None]
-    keyring: KeyRing
+    intake: Intake
 
+    @property
+    def ops(self) -> dict[str, Operation]: ...
+    @property
+    def live_by_owner(self) -> collections.Counter[int | None]: ...
+    @property
+    def keyring(self) -> KeyRing: ...
     @property
     def position(self) -> LogPosition | None: ...
     @property
     def lease(self) -> LeaseView | None: ...
     def clock(self) -> float: ...
-    async def register_operation(self, reg: Registration, owner: int, *, digest: str = ""
-                                 ) -> tuple[Operation, bool]: ...
-    async def decide_escalation(self, op_id: str, observation: DecisionSubmitted,
-                                approver_uid: int) -> bool: ...
-    async def withdraw(self, op_id: str, withdrawal: Withdrawal) -> bool: ...
     async def next_event_of(self, op_id: str) -> None: ...
-    def one_at_a_time(self, op_id: str) -> AbstractAsyncContextManager[None]: ...
     def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
+
+
+#: The HTTP status of each kind of refusal (the one place that maps them).
+STATUS_OF: dict[RefusalKind, int] = {
+    RefusalKind.MALFORMED: 400,
+    RefusalKind.FORBIDDEN: 403,
+    RefusalKind.NOT_FOUND: 404,
+    RefusalKind.CONFLICT: 409,
+    RefusalKind.GONE: 410,
+    RefusalKind.INVALID: 422,
+    RefusalKind.RATE_LIMITED: 429,
+    RefusalKind.UNAVAILABLE: 503,
+}
 
 T = TypeVar("T")
 _OP_PATH = re.compile(r"^/v1/operations/([^/]+)(/story|/withdrawal|/decision|/fetch)?$")
@@ -135,17 +147,10 @@ class Caller:
 class Api:
     def __init__(self, supervisor: Daemon) -> None:
         self.sup = supervisor
-        cfg = supervisor.config
-        self.cfg = cfg.api
-        agents = (cfg.api.agents_group if cfg.api.agents_group is not None
-                  else cfg.spool.agents_group)
-        approvers: str | None = (cfg.api.approvers_group if cfg.api.approvers_group
-                                 is not None else cfg.spool.approvers_group)
-        if agents and not approvers:
-            approvers = None  # agents are a group, approvers none: nobody approves (closed)
-        self.groups = RoleGroups(agents=agents, approvers=approvers,
-                                 operators=cfg.api.operators_group)
-        self.daemon_uid = os.geteuid()
+        self.cfg = supervisor.config.api
+        self.intake = supervisor.intake
+        self.authority = supervisor.intake.authority
+        self.groups = self.authority.groups
         self._registrations: dict[int, RateQuota] = {}
         self._loading: anyio.Event | None = None
 
@@ -166,9 +171,9 @@ class Api:
             response = await self._route(caller, request, method, path)
         except Refused as exc:
             self.sup.metrics.api_rejections[exc.code] += 1
-            headers = ([("Retry-After", str(exc.retry_after))]
-                       if isinstance(exc, _Throttled) else [])
-            response = error(exc.status, exc.code, exc.detail, exc.field, headers)
+            headers = ([("Retry-After", str(max(1, math.ceil(exc.retry_after))))]
+                       if exc.retry_after is not None else [])
+            response = error(STATUS_OF[exc.kind], exc.code, exc.detail, exc.field, headers)
         return _shown_to(caller, response)
 
     async def _route(self, caller: Caller, request: Request, method: str, path: str
@@ -194,7 +199,7 @@ class Api:
         m = _OP_PATH.match(request.raw_path)
         if m is None:
             raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
-                          status=404, field="path")
+                          kind=RefusalKind.NOT_FOUND, field="path")
         # What the caller calls op_id: its own operation under that id (daemon.scoping).
         op_id, sub = self.sup.runner.resolve(unquote(m.group(1)), caller.peer.uid), m.group(2)
         if sub is None:
@@ -216,28 +221,16 @@ class Api:
             ("Allow", allowed)])
 
     def _caller(self, peer: Peer) -> Caller:
-        roles = roles_of(peer, self.groups, daemon_uid=self.daemon_uid)
-        if self.groups.approvers:
-            # As the spool's approval_refusal: with an approvers group, the daemon's own user
-            # never approves (it is the one acting on decisions), and root only when the
-            # config says so, whatever groups either is in.
-            allow_root = self.sup.config.spool.allow_root_approval
-            if peer.uid == self.daemon_uid or (peer.uid == 0 and not allow_root):
-                roles = [role for role in roles if role != "approver"]
-            elif peer.uid == 0 and "approver" not in roles:
-                roles.append("approver")
-        return Caller(peer=peer, name=user_name(peer.uid), roles=roles)
+        return Caller(peer=peer, name=user_name(peer.uid),
+                      roles=self.authority.roles(peer.uid, peer.gid))
 
     # -- who sees what -----------------------------------------------------------------------
 
     def _reads_all(self, caller: Caller) -> bool:
-        return "operator" in caller.roles or "approver" in caller.roles
+        return self.authority.reads_all(caller.roles)
 
     def _need(self, caller: Caller, role: Role, doing: str) -> None:
-        if role in caller.roles or (role == "agent" and "operator" in caller.roles):
-            return
-        raise Refused(f"user {caller.name} may not {doing}: that takes the {role} role "
-                      f"({self.groups.describe(role)})", code="forbidden", status=403)
+        self.authority.need(caller.name, caller.roles, role, doing)
 
     def _visible_op(self, caller: Caller, op_id: str) -> Operation | Action:
         """The operation (or the submit that will start it) if the caller may see it; else
@@ -256,7 +249,7 @@ class Api:
                 owner = (action.intent.registered_by_uid if action.kind == "submit" or
                          parent is None else parent.registered_by_uid)
         if found is None or not (self._reads_all(caller) or owner == caller.peer.uid):
-            raise Refused(f"no operation {op_id!r}", code="not_found", status=404)
+            raise Refused(f"no operation {op_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
         return found
 
     # -- writes ------------------------------------------------------------------------------
@@ -269,13 +262,15 @@ class Api:
         wait = quota.reserve()
         if wait > 0:
             quota.release()
-            raise _Throttled(f"user {caller.name} registers faster than [api] "
-                             f"registrations_per_second = {self.cfg.registrations_per_second:g};"
-                             f" try again in {wait:.2f}s", math.ceil(wait))
+            raise Refused(f"user {caller.name} registers faster than [api] "
+                          f"registrations_per_second = {self.cfg.registrations_per_second:g};"
+                          f" try again in {wait:.2f}s", kind=RefusalKind.RATE_LIMITED,
+                          code="rate_limited", retry_after=math.ceil(wait))
         live = self.sup.live_by_owner[caller.peer.uid]
         if live >= self.cfg.max_live_per_principal:
-            raise _Throttled(f"user {caller.name} has {live} live operations, the limit "
-                             f"([api] max_live_per_principal); wait for some to end", 30)
+            raise Refused(f"user {caller.name} has {live} live operations, the limit "
+                          f"([api] max_live_per_principal); wait for some to end",
+                          kind=RefusalKind.RATE_LIMITED, code="rate_limited", retry_after=30)
 
     async def _watch(self, caller: Caller, request: Request) -> Response:
         self._need(caller, "agent", "register operations")
@@ -287,7 +282,7 @@ class Api:
             self._throttle(caller)
         reg = _registration(body, op_id, body.job_id, now, request_fingerprint=body.fingerprint,
                             started_at=body.started_at)
-        op, created = await self.sup.register_operation(reg, caller.peer.uid, digest=digest)
+        op, created = await self.intake.register(Register(reg, caller.peer.uid, digest))
         receipt = Receipt(operation_id=op.operation_id, status="registered",
                           sequence=op.registered_seq, created=created)
         return _json(201 if created else 200, receipt)
@@ -306,14 +301,8 @@ class Api:
         reg = _registration(body, op_id, "(submitting)", now)
         sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
                         body=body.body, idempotency_key=body.idempotency_key, force=body.force)
-        try:
-            async with self.sup.one_at_a_time(op_id):
-                sequence = await self.sup.runner.ingest_submit(
-                    sf.request_id, sf, caller.peer.uid, digest=_digest(body, op_id))
-        except SpoolReject as exc:
-            code = "operation_id_in_use" if "already in use" in str(exc) else "rejected"
-            raise Refused(str(exc), code=code, status=409 if code != "rejected" else 422
-                          ) from None
+        sequence = await self.intake.submit(Submit(sf, caller.peer.uid,
+                                                   digest=_digest(body, op_id)))
         action = self.sup.runner.actions.get(action_id)
         op = self.sup.ops.get(recorded)
         return _json(202 if existing is None else 200, Receipt(
@@ -327,26 +316,18 @@ class Api:
         found = self._visible_op(caller, op_id)
         owner = (found.registered_by_uid if isinstance(found, Operation)
                  else found.intent.registered_by_uid)
-        if owner != caller.peer.uid:
-            raise Refused(f"operation {op_id} is {_owner_name(found)}'s; only its owner may "
-                          f"withdraw it", code="forbidden", status=403)
+        self.authority.may_withdraw(op_id, owner, _owner_name(found), caller.peer.uid)
         if not isinstance(found, Operation):
             raise Refused(f"operation {op_id} is still being submitted; withdraw it once the "
-                          f"provider has answered", code="submitting", status=409)
-        withdrawn = await self.sup.withdraw(op_id, Withdrawal(
-            by=caller.name, by_uid=caller.peer.uid, note=body.note))
+                          f"provider has answered", code="submitting", kind=RefusalKind.CONFLICT)
+        withdrawn = await self.intake.withdraw(Withdraw(op_id, Withdrawal(
+            by=caller.name, by_uid=caller.peer.uid, note=body.note)))
         return _json(200, WithdrawAnswer(operation_id=op_id, phase=self.sup.ops[op_id].phase,
                                          withdrawn=withdrawn))
 
     async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
-        if "approver" not in caller.roles:  # before the lookup: the same for every id
-            why = (" (the daemon's own user is never an approver)"
-                   if caller.peer.uid == self.daemon_uid and self.groups.approvers else
-                   " (root is one only with [spool] allow_root_approval = true)"
-                   if caller.peer.uid == 0 and self.groups.approvers else "")
-            raise Refused(f"user {caller.name} may not answer escalations: that takes the "
-                          f"approver role ({self.groups.describe('approver')}){why}",
-                          code="forbidden", status=403)
+        # Before the lookup: the same for every id.
+        self.authority.need_approver(caller.peer.uid, caller.name, caller.roles)
         body = _decode(request.body, DecisionRequest)
         found = self._visible_op(caller, op_id)
         owner = (found.registered_by_uid if isinstance(found, Operation)
@@ -356,7 +337,7 @@ class Api:
         observation = DecisionSubmitted(option=body.option, approver=caller.name,
                                         note=body.note, escalation_id=body.escalation_id)
         escalation = found.escalation if isinstance(found, Operation) else None
-        resumes = await self.sup.decide_escalation(target, observation, caller.peer.uid)
+        resumes = await self.intake.decide(Decide(target, observation, caller.peer.uid))
         self_approved = owner == caller.peer.uid
         return _json(200, DecisionAnswer(
             operation_id=op_id,
@@ -374,18 +355,8 @@ class Api:
         seconds = self._wait_seconds(request.query, default="0s")
         ask = FetchFile(version=1, request_id=new_request_id(), kind="fetch",
                         operation_id=op_id, result=body.result)
-        try:
-            # One at a time per operation: each fetch's number follows the recorded ones.
-            async with self.sup.one_at_a_time(f"{op_id}\x00fetch"):
-                intent = await self.sup.runner.ingest_fetch(
-                    "", ask, caller.peer.uid, operator="operator" in caller.roles)
-        except FetchThrottled as exc:
-            raise _Throttled(str(exc), math.ceil(exc.retry_after),
-                             code="fetch_rate_limited") from None
-        except SpoolReject as exc:
-            if str(exc).startswith("no operation"):
-                raise Refused(str(exc), code="not_found", status=404) from None
-            raise Refused(str(exc), code="not_fetchable", status=409) from None
+        intent = await self.intake.fetch(Fetch(ask, caller.peer.uid,
+                                               operator="operator" in caller.roles))
         action = await self._fetch_waited(intent.action_id, op_id, seconds)
         answer = self._fetch_answer(action)
         return _json(200 if answer.done else 202, answer)
@@ -402,10 +373,10 @@ class Api:
         outcome = action.outcome
         if not isinstance(outcome, ActionSucceeded) or not outcome.stored_as:
             raise Refused(f"fetch {action_id} has not succeeded (it is {action.phase}); no "
-                          f"content", code="not_fetched", status=409)
+                          f"content", code="not_fetched", kind=RefusalKind.CONFLICT)
         if "/" in outcome.stored_as or outcome.stored_as in (".", ".."):
             raise Refused(f"fetch {action_id} names no stored result", code="not_fetched",
-                          status=409)
+                          kind=RefusalKind.CONFLICT)
         return Response(200, file=self.sup.runner.results_dir / outcome.stored_as,
                         content_type="application/octet-stream",
                         headers=[("X-Bide-SHA256", outcome.sha256 or "")])
@@ -419,14 +390,15 @@ class Api:
             owner = op.registered_by_uid if op is not None else None
             if "operator" in caller.roles or (owner is not None and owner == caller.peer.uid):
                 return action
-        raise Refused(f"no fetch {action_id!r}", code="not_found", status=404)
+        raise Refused(f"no fetch {action_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
 
     def _wait_seconds(self, query: dict[str, str], *, default: str) -> float:
         try:
             seconds = parse_duration(query.get("wait", default), "wait", allow_zero=True,
                                      maximum=86400.0)
         except UsageError as exc:
-            raise Refused(str(exc), code="invalid_wait", status=400, field="wait") from None
+            raise Refused(str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED,
+                          field="wait") from None
         return min(seconds, self.cfg.max_wait_seconds)
 
     async def _fetch_waited(self, action_id: str, op_id: str, seconds: float) -> Action:
@@ -481,12 +453,13 @@ class Api:
             seconds = parse_duration(query["wait"], "wait", allow_zero=True,
                                      maximum=86400.0)
         except UsageError as exc:
-            raise Refused(str(exc), code="invalid_wait", status=400, field="wait") from None
+            raise Refused(str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED,
+                          field="wait") from None
         seconds = min(seconds, self.cfg.max_wait_seconds)
         until = query.get("until", "done")
         if until not in ("done", "registered"):
             raise Refused("until must be done (the default) or registered", code="invalid_until",
-                          status=400, field="until")
+                          kind=RefusalKind.MALFORMED, field="until")
 
         def reached(view: OperationView) -> bool:
             return view.done or (until == "registered" and view.phase != "submitting")
@@ -518,14 +491,14 @@ class Api:
         phase = query.get("phase")
         if phase is not None and phase not in ("live", "succeeded", "escalated", "closed"):
             raise Refused(f"phase {phase!r} is not one of live, succeeded, escalated, closed",
-                          code="invalid_phase", status=400, field="phase")
+                          code="invalid_phase", kind=RefusalKind.MALFORMED, field="phase")
         try:
             limit = int(query.get("limit", "100"))
         except ValueError:
             limit = -1
         if not 1 <= limit <= _PAGE_LIMIT:
             raise Refused(f"limit must be a whole number from 1 to {_PAGE_LIMIT}",
-                          code="invalid_limit", status=400, field="limit")
+                          code="invalid_limit", kind=RefusalKind.MALFORMED, field="limit")
         after = query.get("cursor", "")
         everyone = self._reads_all(caller) and query.get("all") in ("1", "true")
         mine = [op for op in self.sup.ops.values()
@@ -568,7 +541,7 @@ class Api:
         if kept is None:
             raise Refused(f"the story of {op_id} ended too long ago to be kept in memory ([api]"
                           f" closed_stories); read it offline: bide story {op_id} --offline",
-                          code="story_not_kept", status=410)
+                          code="story_not_kept", kind=RefusalKind.GONE)
         events, before_gap, dropped = kept
         if not dropped:
             before_gap = len(events)  # nothing left out: one story, grouped across the head
@@ -599,8 +572,9 @@ class Api:
         with anyio.move_on_after(20.0):
             await self._loading.wait()
         if not self.sup.histories.loaded:
-            raise _Throttled("the daemon is loading the stories recorded before it started; "
-                             "ask again shortly", 5, status=503, code="loading")
+            raise Refused("the daemon is loading the stories recorded before it started; ask "
+                          "again shortly", kind=RefusalKind.UNAVAILABLE, code="loading",
+                          retry_after=5)
 
     async def _read_earlier(self) -> None:
         sup = self.sup
@@ -728,13 +702,6 @@ def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:
         key=lambda line: float(line["at"]))  # type: ignore[arg-type]
 
 
-class _Throttled(Refused):
-    def __init__(self, detail: str, retry_after: int, *, status: int = 429,
-                 code: str = "rate_limited") -> None:
-        super().__init__(detail, code=code, status=status)
-        self.retry_after = max(1, retry_after)
-
-
 def _options(options: Iterable[Option]) -> list[OptionView]:
     return [OptionView(number=n, id=o.id, label=o.label, params=dict(o.params))
             for n, o in enumerate(options, start=1)]
@@ -750,11 +717,11 @@ def _decode(body: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        raise Refused(f"invalid request: {exc}", code="invalid_field", status=422,
+        raise Refused(f"invalid request: {exc}", code="invalid_field", kind=RefusalKind.INVALID,
                       field=_field_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise Refused(f"the body is not valid JSON: {exc}", code="malformed_json",
-                      status=400) from None
+                      kind=RefusalKind.MALFORMED) from None
 
 
 def _field_of(message: str) -> str | None:
@@ -778,7 +745,8 @@ def _registration(body: WatchRequest | SubmitRequest, op_id: str, job_id: str, n
             max_transport_failures=body.max_transport_failures,
             max_rate_limited=body.max_rate_limited, **more), Registration)
     except msgspec.ValidationError as exc:
-        raise Refused(f"invalid request: {exc}", code="invalid_field", status=422) from None
+        raise Refused(f"invalid request: {exc}", code="invalid_field",
+                      kind=RefusalKind.INVALID) from None
 
 
 def _digest(body: WatchRequest | SubmitRequest, op_id: str) -> str:
@@ -801,7 +769,7 @@ def _cursor_key(cursor: str) -> tuple[float, str]:
         when = math.nan
     if not sep or not math.isfinite(when):
         raise Refused("cursor is not one this API handed out", code="invalid_cursor",
-                      status=400, field="cursor")
+                      kind=RefusalKind.MALFORMED, field="cursor")
     return when, op_id
 
 
