@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(VENV)/bin/bide demo
 
 lint: $(STAMP)
+	$(VENV)/bin/ruff format --check daemon eventlog replay tests
 	$(VENV)/bin/ruff check daemon eventlog replay tests
 	$(VENV)/bin/mypy --strict daemon eventlog replay tests
 

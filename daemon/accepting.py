@@ -19,9 +19,9 @@ from daemon import logfmt
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-async def accepted(listener: anyio.abc.SocketListener, name: str,
-                   on_exhausted: Callable[[], None] = lambda: None
-                   ) -> AsyncIterator[anyio.abc.SocketStream]:
+async def accepted(
+    listener: anyio.abc.SocketListener, name: str, on_exhausted: Callable[[], None] = lambda: None
+) -> AsyncIterator[anyio.abc.SocketStream]:
     """Each accepted connection, forever; ``name`` prefixes the log lines."""
     failing = False
     while True:
@@ -31,8 +31,9 @@ async def accepted(listener: anyio.abc.SocketListener, name: str,
             if exc.errno not in OUT_OF_DESCRIPTORS:
                 raise
             if not failing:
-                logfmt.warn(f"{name}: out of file descriptors; not accepting for now",
-                            error=exc.strerror)
+                logfmt.warn(
+                    f"{name}: out of file descriptors; not accepting for now", error=exc.strerror
+                )
                 on_exhausted()
             failing = True
             await anyio.sleep(0.2)

@@ -101,8 +101,9 @@ class ActionRunner:
 
     # -- ingest ------------------------------------------------------------------------------
 
-    async def ingest_submit(self, rid: str, sf: SubmitFile, owner: int, *,
-                            digest: str = "") -> int | None:
+    async def ingest_submit(
+        self, rid: str, sf: SubmitFile, owner: int, *, digest: str = ""
+    ) -> int | None:
         """Record the submit's intent and start it; returns the intent's log sequence number
         (None when this submit was recorded before: a retry)."""
         ports = self.ports
@@ -111,50 +112,75 @@ class ActionRunner:
         if profile is None:
             raise Refused(f"no profile for provider {reg.provider!r}")
         if profile.submit is None:
-            raise Refused(f"profile {profile.name} has no [submit] section: it documents "
-                              f"no submit call")
+            raise Refused(
+                f"profile {profile.name} has no [submit] section: it documents no submit call"
+            )
         if len(sf.body) > profile.submit.max_body_bytes:
-            raise Refused(f"body is {len(sf.body)} bytes; the profile allows "
-                              f"{profile.submit.max_body_bytes}")
+            raise Refused(
+                f"body is {len(sf.body)} bytes; the profile allows {profile.submit.max_body_bytes}"
+            )
         if ACTION_ID.search(reg.operation_id):
-            raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
-                              f"(.submit, .fetch.N, .cancel.N); choose another")
+            raise Refused(
+                f"operation id {reg.operation_id!r} ends like an action's id "
+                f"(.submit, .fetch.N, .cancel.N); choose another"
+            )
         if self.holder(reg.operation_id) != owner:
             why = scoping.refusal(reg.operation_id)
             if why is not None:
                 raise Refused(why)
         # Another principal's id is this owner's too, recorded apart (daemon.scoping).
-        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
-            reg.operation_id, owner, self.holder))
+        reg = msgspec.structs.replace(
+            reg, operation_id=scoping.recorded_id(reg.operation_id, owner, self.holder)
+        )
         action_id = f"{reg.operation_id}.submit"
         fp = fingerprint(profile.submit.method, profile.submit.url, sf.body)
         existing = self.actions.get(action_id)
         if existing is not None:
-            same = (existing.intent.request_fingerprint == fp
-                    and (not digest or existing.intent.request_digest in ("", digest)))
+            same = existing.intent.request_fingerprint == fp and (
+                not digest or existing.intent.request_digest in ("", digest)
+            )
             if same:
                 return None  # ingested before a crash, or a client's retry
-            raise Refused(f"operation id {reg.operation_id} is already in use",
-                          kind=RefusalKind.CONFLICT, code="operation_id_in_use")
+            raise Refused(
+                f"operation id {reg.operation_id} is already in use",
+                kind=RefusalKind.CONFLICT,
+                code="operation_id_in_use",
+            )
         if ports.operation(reg.operation_id) is not None:
-            raise Refused(f"operation id {reg.operation_id} is already in use",
-                          kind=RefusalKind.CONFLICT, code="operation_id_in_use")
+            raise Refused(
+                f"operation id {reg.operation_id} is already in use",
+                kind=RefusalKind.CONFLICT,
+                code="operation_id_in_use",
+            )
         if not sf.force:
             duplicate = self._live_with_fingerprint(fp, owner)
             if duplicate is not None:
-                raise Refused(f"duplicate submit: operation {duplicate} has the same request "
-                                  f"fingerprint and is still live (use --force to submit again)")
+                raise Refused(
+                    f"duplicate submit: operation {duplicate} has the same request "
+                    f"fingerprint and is still live (use --force to submit again)"
+                )
         key = sf.idempotency_key
         if key is None and profile.contract.idempotent_submit:
             key = secrets.token_hex(16)  # S29: recorded before the request leaves
         template = msgspec.structs.replace(reg, request_fingerprint=fp, idempotency_key=key)
         intent = ActionIntended(
-            operation_id=reg.operation_id, at=ports.clock(), action_id=action_id, kind="submit",
-            provider=profile.name, method=profile.submit.method, url=profile.submit.url,
-            request_fingerprint=fp, idempotency_key=key,
-            timeout_seconds=profile.submit.timeout_seconds, body=sf.body,
-            registration=template, spool_request=rid, registered_by=user_name(owner),
-            registered_by_uid=owner, request_digest=digest)
+            operation_id=reg.operation_id,
+            at=ports.clock(),
+            action_id=action_id,
+            kind="submit",
+            provider=profile.name,
+            method=profile.submit.method,
+            url=profile.submit.url,
+            request_fingerprint=fp,
+            idempotency_key=key,
+            timeout_seconds=profile.submit.timeout_seconds,
+            body=sf.body,
+            registration=template,
+            spool_request=rid,
+            registered_by=user_name(owner),
+            registered_by_uid=owner,
+            request_digest=digest,
+        )
         landed = await ports.record([intent])
         self.start(action_id)
         return landed[0].seq
@@ -163,13 +189,19 @@ class ActionRunner:
         """The owner's own live operation (or submit) with this fingerprint: another
         principal's is none of its business, and naming it would tell that it exists."""
         for op in self.ports.operations():
-            if (op.request_fingerprint == fp and op.phase in ("live", "escalated")
-                    and op.registered_by_uid == owner):
+            if (
+                op.request_fingerprint == fp
+                and op.phase in ("live", "escalated")
+                and op.registered_by_uid == owner
+            ):
                 return scoping.shown(op.operation_id, owner)
         for action in self.actions.values():
-            if (action.kind == "submit" and action.intent.request_fingerprint == fp
-                    and action.phase in ("in_flight", "escalated")
-                    and action.intent.registered_by_uid == owner):
+            if (
+                action.kind == "submit"
+                and action.intent.request_fingerprint == fp
+                and action.phase in ("in_flight", "escalated")
+                and action.intent.registered_by_uid == owner
+            ):
                 return scoping.shown(action.operation_id, owner)
         return None
 
@@ -194,13 +226,14 @@ class ActionRunner:
             return mine
         m = ACTION_ID.search(op_id)
         if m is not None:
-            action = scoping.scoped(op_id[:m.start()], uid) + op_id[m.start():]
+            action = scoping.scoped(op_id[: m.start()], uid) + op_id[m.start() :]
             if action in self.actions:
                 return action
         return op_id
 
-    async def ingest_fetch(self, rid: str, ff: FetchFile, requester: int, *,
-                           operator: bool = False) -> ActionIntended:
+    async def ingest_fetch(
+        self, rid: str, ff: FetchFile, requester: int, *, operator: bool = False
+    ) -> ActionIntended:
         """Record a fetch asked for by the user ``requester`` (the API's peer or the spool
         file's owner) and start it; returns its intent.
 
@@ -209,29 +242,48 @@ class ActionRunner:
         missing one. Each principal is held to ``[fetch] per_principal_per_minute``."""
         ports = self.ports
         op = ports.operation(self.resolve(ff.operation_id, requester))
-        if op is None or not (operator or (op.registered_by_uid is not None
-                                           and op.registered_by_uid == requester)):
-            raise Refused(f"no operation {ff.operation_id!r}", kind=RefusalKind.NOT_FOUND,
-                          code="not_found")
+        if op is None or not (
+            operator or (op.registered_by_uid is not None and op.registered_by_uid == requester)
+        ):
+            raise Refused(
+                f"no operation {ff.operation_id!r}", kind=RefusalKind.NOT_FOUND, code="not_found"
+            )
         self._take_fetch_slot(requester)
         target = fetch_target(op.phase, op.results, ff.result)
         if isinstance(target, str):
-            raise Refused(f"operation {op.operation_id}: {target}", kind=RefusalKind.CONFLICT,
-                          code="not_fetchable")
+            raise Refused(
+                f"operation {op.operation_id}: {target}",
+                kind=RefusalKind.CONFLICT,
+                code="not_fetchable",
+            )
         name, url = target
         profile = ports.profile(op.provider)
         if profile is None:
-            raise Refused(f"no profile for provider {op.provider!r}", kind=RefusalKind.CONFLICT,
-                          code="not_fetchable")
-        n = 1 + sum(1 for a in self.actions.values()
-                    if a.operation_id == op.operation_id and a.kind == "fetch")
+            raise Refused(
+                f"no profile for provider {op.provider!r}",
+                kind=RefusalKind.CONFLICT,
+                code="not_fetchable",
+            )
+        n = 1 + sum(
+            1
+            for a in self.actions.values()
+            if a.operation_id == op.operation_id and a.kind == "fetch"
+        )
         intent = ActionIntended(
-            operation_id=op.operation_id, at=ports.clock(),
-            action_id=f"{op.operation_id}.fetch.{n}", kind="fetch", provider=op.provider,
-            method="GET", url=url,
-            timeout_seconds=profile.fetch.timeout_seconds, max_bytes=profile.fetch.max_bytes,
-            spool_request=rid or None, result_name=name, requested_by=user_name(requester),
-            requested_by_uid=requester)
+            operation_id=op.operation_id,
+            at=ports.clock(),
+            action_id=f"{op.operation_id}.fetch.{n}",
+            kind="fetch",
+            provider=op.provider,
+            method="GET",
+            url=url,
+            timeout_seconds=profile.fetch.timeout_seconds,
+            max_bytes=profile.fetch.max_bytes,
+            spool_request=rid or None,
+            result_name=name,
+            requested_by=user_name(requester),
+            requested_by_uid=requester,
+        )
         await ports.record([intent])
         self.start(intent.action_id)
         return intent
@@ -241,15 +293,19 @@ class ActionRunner:
         quota = self._fetch_quotas.get(requester)
         if quota is None:
             quota = self._fetch_quotas[requester] = RateQuota(
-                limits.per_principal_per_minute / 60.0, limits.burst)
+                limits.per_principal_per_minute / 60.0, limits.burst
+            )
         wait = quota.reserve()
         if wait > 0:
             quota.release()
             raise Refused(
                 f"user {user_name(requester)} asks for fetches faster than [fetch] "
                 f"per_principal_per_minute = {limits.per_principal_per_minute:g}; try again in "
-                f"{wait:.1f}s", kind=RefusalKind.RATE_LIMITED, code="fetch_rate_limited",
-                retry_after=wait)
+                f"{wait:.1f}s",
+                kind=RefusalKind.RATE_LIMITED,
+                code="fetch_rate_limited",
+                retry_after=wait,
+            )
 
     def prune_results(self, keep: str | None = None) -> None:
         """Remove results older than ``[fetch] results_max_age_seconds``, then the oldest
@@ -283,8 +339,12 @@ class ActionRunner:
             total -= size
             removed += 1
         if removed:
-            logfmt.info("results pruned", removed=removed, kept_bytes=total,
-                        max_bytes=limits.results_max_bytes)
+            logfmt.info(
+                "results pruned",
+                removed=removed,
+                kept_bytes=total,
+                max_bytes=limits.results_max_bytes,
+            )
 
     async def decide(self, action: Action, decision: DecisionSubmitted) -> ActionDecided:
         events = decide_action(action, decision, self.ports.clock())
@@ -310,13 +370,19 @@ class ActionRunner:
         if profile is None or profile.cancel is None:
             logfmt.error("cancel chosen but the profile documents no cancel call", op=op_id)
             return
-        n = 1 + sum(1 for a in self.actions.values()
-                    if a.operation_id == op_id and a.kind == "cancel")
+        n = 1 + sum(
+            1 for a in self.actions.values() if a.operation_id == op_id and a.kind == "cancel"
+        )
         intent = ActionIntended(
-            operation_id=op_id, at=ports.clock(), action_id=f"{op_id}.cancel.{n}", kind="cancel",
-            provider=op.provider, method=profile.cancel.method,
+            operation_id=op_id,
+            at=ports.clock(),
+            action_id=f"{op_id}.cancel.{n}",
+            kind="cancel",
+            provider=op.provider,
+            method=profile.cancel.method,
             url=profile.cancel_url(op.provider_job_id),
-            timeout_seconds=profile.cancel.timeout_seconds)
+            timeout_seconds=profile.cancel.timeout_seconds,
+        )
         await ports.record([intent])
         self.start(intent.action_id)
 
@@ -336,9 +402,14 @@ class ActionRunner:
             logfmt.warn("action outcome unknown after restart", action=action.action_id)
             await self._outcome(action.action_id, events)
         for op in list(ports.operations()):
-            if op.phase == "closed" and op.follow_up == "cancel_at_provider" and not any(
+            if (
+                op.phase == "closed"
+                and op.follow_up == "cancel_at_provider"
+                and not any(
                     a.operation_id == op.operation_id and a.kind == "cancel"
-                    for a in self.actions.values()):
+                    for a in self.actions.values()
+                )
+            ):
                 await self.start_cancel(op.operation_id)
 
     # -- running -----------------------------------------------------------------------------
@@ -357,14 +428,18 @@ class ActionRunner:
             raise  # another node holds the log: this node's term ends (daemon.node)
         except Exception as exc:  # one action, not the daemon
             name = type(exc).__name__
-            logfmt.error("internal error while running an action", action=action_id,
-                         error=name)
+            logfmt.error("internal error while running an action", action=action_id, error=name)
             self.ports.count_internal_error()
             action = self.actions.get(action_id)
             if action is None or action.phase != "in_flight":
                 return
-            events = judge_unanswered(action.intent, None, f"internal error ({name}) during "
-                                      f"the call; it may have left", None, self.ports.clock())
+            events = judge_unanswered(
+                action.intent,
+                None,
+                f"internal error ({name}) during the call; it may have left",
+                None,
+                self.ports.clock(),
+            )
             with contextlib.suppress(Exception):
                 await self._outcome(action_id, events)
 
@@ -375,9 +450,13 @@ class ActionRunner:
         client = ports.client(intent.provider)
         profile = ports.profile(intent.provider)
         if client is None or profile is None:
-            events = judge_unanswered(intent, "connect_refused",
-                                      f"no profile for provider {intent.provider}", None,
-                                      ports.clock())
+            events = judge_unanswered(
+                intent,
+                "connect_refused",
+                f"no profile for provider {intent.provider}",
+                None,
+                ports.clock(),
+            )
             await self._outcome(action_id, events)
             return
         if intent.kind == "fetch":
@@ -393,15 +472,28 @@ class ActionRunner:
         if seconds is None:
             await self._outcome(action_id, self._not_sent(intent))
             return
-        result = await client.call(intent.method, intent.url, seconds=seconds,
-                                   cap=ANSWER_CAP, body=intent.body or None, headers=headers)
+        result = await client.call(
+            intent.method,
+            intent.url,
+            seconds=seconds,
+            cap=ANSWER_CAP,
+            body=intent.body or None,
+            headers=headers,
+        )
         spec = profile.submit_spec
         if isinstance(result, NoAnswer):
             events = judge_unanswered(intent, result.kind, result.detail, spec, ports.clock())
         else:
-            events = judge_answer(intent, result.status, result.headers,
-                                  result.operation_location, result.body, spec, profile.origin,
-                                  ports.clock())
+            events = judge_answer(
+                intent,
+                result.status,
+                result.headers,
+                result.operation_location,
+                result.body,
+                spec,
+                profile.origin,
+                ports.clock(),
+            )
         await self._outcome(action_id, events)
 
     async def _outcome(self, action_id: str, events: list[ActionEvent]) -> None:
@@ -418,22 +510,39 @@ class ActionRunner:
                 await self._register(action, outcome)
             elif action.kind == "fetch" and rid:
                 who = action.intent.requested_by_uid
-                ports.spool.write_receipt(Receipt(
-                    rid, "fetched", _shown(action.operation_id, who),
-                    action_id=_shown(action_id, who), stored_as=outcome.stored_as,
-                    sha256=outcome.sha256, size=outcome.size), reader=who)
+                ports.spool.write_receipt(
+                    Receipt(
+                        rid,
+                        "fetched",
+                        _shown(action.operation_id, who),
+                        action_id=_shown(action_id, who),
+                        stored_as=outcome.stored_as,
+                        sha256=outcome.sha256,
+                        size=outcome.size,
+                    ),
+                    reader=who,
+                )
             logfmt.info("action succeeded", action=action_id, http=outcome.http_status)
             return
         if isinstance(outcome, ActionFailed):
             self._announce(action, outcome)
             if rid:
                 status = "escalated" if outcome.options else "failed"
-                who = (action.intent.requested_by_uid if action.kind == "fetch"
-                       else action.intent.registered_by_uid)
-                ports.spool.write_receipt(Receipt(rid, status, _shown(action.operation_id, who),  # type: ignore[arg-type]
-                                                f"{outcome.reason}: {outcome.detail}",
-                                                action_id=_shown(action_id, who)),
-                                          reader=who)
+                who = (
+                    action.intent.requested_by_uid
+                    if action.kind == "fetch"
+                    else action.intent.registered_by_uid
+                )
+                ports.spool.write_receipt(
+                    Receipt(
+                        rid,
+                        status,  # type: ignore[arg-type]
+                        _shown(action.operation_id, who),
+                        f"{outcome.reason}: {outcome.detail}",
+                        action_id=_shown(action_id, who),
+                    ),
+                    reader=who,
+                )
 
     async def _register(self, action: Action, outcome: ActionSucceeded) -> None:
         ports = self.ports
@@ -442,35 +551,54 @@ class ActionRunner:
         rid = action.intent.spool_request
         if template is None or profile is None or outcome.provider_job_id is None:
             return
-        reg = msgspec.structs.replace(template, provider_job_id=outcome.provider_job_id,
-                                      status_location=outcome.status_location)
-        events = register(reg, profile.contract, ports.clock(),
-                          registered_by=action.intent.registered_by,
-                          registered_by_uid=action.intent.registered_by_uid)
+        reg = msgspec.structs.replace(
+            template,
+            provider_job_id=outcome.provider_job_id,
+            status_location=outcome.status_location,
+        )
+        events = register(
+            reg,
+            profile.contract,
+            ports.clock(),
+            registered_by=action.intent.registered_by,
+            registered_by_uid=action.intent.registered_by_uid,
+        )
         rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
         if rejected is not None:
-            logfmt.error("accepted job could not be registered", op=reg.operation_id,
-                         reason=rejected.reason)
+            logfmt.error(
+                "accepted job could not be registered", op=reg.operation_id, reason=rejected.reason
+            )
             if rid:
                 who = action.intent.registered_by_uid
-                ports.spool.write_receipt(Receipt(rid, "rejected", _shown(reg.operation_id, who),
-                                                f"{rejected.reason}: {rejected.detail}"),
-                                          reader=who)
+                ports.spool.write_receipt(
+                    Receipt(
+                        rid,
+                        "rejected",
+                        _shown(reg.operation_id, who),
+                        f"{rejected.reason}: {rejected.detail}",
+                    ),
+                    reader=who,
+                )
             return
         await ports.record(events)
         registered = next(e for e in events if isinstance(e, OperationRegistered))
         ports.schedule(registered.operation_id)
-        logfmt.info("submitted and registered", op=registered.operation_id,
-                    job=registered.provider_job_id)
+        logfmt.info(
+            "submitted and registered", op=registered.operation_id, job=registered.provider_job_id
+        )
         if rid:
             who = action.intent.registered_by_uid
-            ports.spool.write_receipt(Receipt(rid, "registered",
-                                            _shown(registered.operation_id, who),
-                                            action_id=_shown(action.action_id, who)),
-                                      reader=who)
+            ports.spool.write_receipt(
+                Receipt(
+                    rid,
+                    "registered",
+                    _shown(registered.operation_id, who),
+                    action_id=_shown(action.action_id, who),
+                ),
+                reader=who,
+            )
 
-    async def _download(self, intent: ActionIntended, client: StatusClient
-                        ) -> list[ActionEvent]:
+    async def _download(self, intent: ActionIntended, client: StatusClient) -> list[ActionEvent]:
         """Stream the result to ``results/ACTION.part``, then rename it: never a partial file."""
         ports = self.ports
         self.results_dir.mkdir(mode=0o750, exist_ok=True)
@@ -479,19 +607,21 @@ class ActionRunner:
         digest = hashlib.sha256()
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
         try:
+
             def sink(chunk: bytes) -> None:
                 digest.update(chunk)
                 view = memoryview(chunk)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
 
             cap = intent.max_bytes or 1
             await ports.provider_turn(intent.provider)
             seconds = await ports.lease_room(intent.timeout_seconds, True)
             if seconds is None:
                 return self._not_sent(intent)
-            result = await client.call("GET", intent.url, seconds=seconds,
-                                       cap=cap, sink=sink, headers={"Accept": "*/*"})
+            result = await client.call(
+                "GET", intent.url, seconds=seconds, cap=cap, sink=sink, headers={"Accept": "*/*"}
+            )
             if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:
                 os.fsync(fd)
         finally:
@@ -500,8 +630,15 @@ class ActionRunner:
         if isinstance(result, NoAnswer):
             part.unlink(missing_ok=True)
             return judge_unanswered(intent, result.kind, result.detail, None, now)
-        events = judge_download(intent, result.status, result.size, result.truncated,
-                                digest.hexdigest(), final.name, now)
+        events = judge_download(
+            intent,
+            result.status,
+            result.size,
+            result.truncated,
+            digest.hexdigest(),
+            final.name,
+            now,
+        )
         if not isinstance(events[0], ActionSucceeded):
             part.unlink(missing_ok=True)
             return events
@@ -513,20 +650,29 @@ class ActionRunner:
         return events
 
     def _not_sent(self, intent: ActionIntended) -> list[ActionEvent]:
-        return judge_unanswered(intent, "not_sent", "not sent: the log's lease would not "
-                                "outlive the call once its intent was durable", None,
-                                self.ports.clock())
+        return judge_unanswered(
+            intent,
+            "not_sent",
+            "not sent: the log's lease would not outlive the call once its intent was durable",
+            None,
+            self.ports.clock(),
+        )
 
     def _announce(self, action: Action, failed: ActionFailed) -> None:
         if not failed.options:
-            logfmt.warn("action failed", action=action.action_id, reason=failed.reason,
-                        detail=failed.detail)
+            logfmt.warn(
+                "action failed", action=action.action_id, reason=failed.reason, detail=failed.detail
+            )
             return
         text = action_escalation_text(action, failed)
-        path = write_text(self.ports.outbox_dir, f"{action.action_id}.{action.attempts}",
-                          text)
-        logfmt.warn("action escalated", action=action.action_id, reason=failed.reason,
-                    outbox=path, options=",".join(o.id for o in failed.options))
+        path = write_text(self.ports.outbox_dir, f"{action.action_id}.{action.attempts}", text)
+        logfmt.warn(
+            "action escalated",
+            action=action.action_id,
+            reason=failed.reason,
+            outbox=path,
+            options=",".join(o.id for o in failed.options),
+        )
 
 
 def action_escalation_text(action: Action, failed: ActionFailed) -> str:
@@ -535,8 +681,12 @@ def action_escalation_text(action: Action, failed: ActionFailed) -> str:
         f"  action:        {action.kind} for operation {action.operation_id} "
         f"(provider {action.provider})",
         f"  request:       {action.intent.method} {action.intent.url}, attempt "
-        f"{action.attempts}" + (", idempotency key recorded" if action.intent.idempotency_key
-                                else ", no idempotency key"),
+        f"{action.attempts}"
+        + (
+            ", idempotency key recorded"
+            if action.intent.idempotency_key
+            else ", no idempotency key"
+        ),
         f"  outcome:       {failed.detail or failed.reason} at {format_time(failed.at)}"
         + (" (the request may have taken effect)" if failed.ambiguous else ""),
         "  options:",
@@ -552,4 +702,3 @@ def _shown(text: str, uid: int | None) -> str:
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-

@@ -124,8 +124,8 @@ class WitnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    agents_group: str = ""      # group that may write registrations (spool/incoming)
-    approvers_group: str = ""   # group that may write decisions (spool/decisions)
+    agents_group: str = ""  # group that may write registrations (spool/incoming)
+    approvers_group: str = ""  # group that may write decisions (spool/decisions)
     allow_root_approval: bool = False  # with approvers_group: may root's files approve?
     require_escalation_number: bool = True  # a decision names the escalation it answers
     receipt_retention_seconds: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
@@ -213,12 +213,15 @@ class Config:
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None
         self.witness_token = (
-            (base / raw.witness.token_file).resolve() if raw.witness.token_file else None)
+            (base / raw.witness.token_file).resolve() if raw.witness.token_file else None
+        )
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
         self.postgres = _postgres(path, raw)
         self.password_file = (
             (base / self.postgres.password_file).resolve()
-            if self.postgres is not None and self.postgres.password_file else None)
+            if self.postgres is not None and self.postgres.password_file
+            else None
+        )
 
     @property
     def log_dir(self) -> Path:
@@ -267,19 +270,26 @@ def _postgres(path: Path, raw: ConfigFile) -> PostgresConfig | None:
     store, pg = raw.log.store, raw.postgres
     in_log = store.startswith(("postgresql://", "postgres://"))
     if store != "files" and not in_log:
-        raise ConfigError(f'{path}: [log] store = "{store.split(":")[0]}:..." is neither '
-                          f'"files" nor a postgresql:// DSN')
+        raise ConfigError(
+            f'{path}: [log] store = "{store.split(":")[0]}:..." is neither '
+            f'"files" nor a postgresql:// DSN'
+        )
     if pg is None:
         return PostgresConfig(dsn=store) if in_log else None
     if in_log and pg.dsn and pg.dsn != store:
-        raise ConfigError(f"{path}: [log] store and [postgres] dsn name two databases; "
-                          f"keep one of them")
+        raise ConfigError(
+            f"{path}: [log] store and [postgres] dsn name two databases; keep one of them"
+        )
     if not (in_log or pg.dsn):
-        raise ConfigError(f"{path}: a [postgres] table without a dsn; set dsn there (or "
-                          f'[log] store = "postgresql://...")')
+        raise ConfigError(
+            f"{path}: a [postgres] table without a dsn; set dsn there (or "
+            f'[log] store = "postgresql://...")'
+        )
     if pg.renew_seconds >= pg.lease_seconds:
-        raise ConfigError(f"{path}: [postgres] renew_seconds ({pg.renew_seconds}) must be "
-                          f"shorter than lease_seconds ({pg.lease_seconds})")
+        raise ConfigError(
+            f"{path}: [postgres] renew_seconds ({pg.renew_seconds}) must be "
+            f"shorter than lease_seconds ({pg.lease_seconds})"
+        )
     return msgspec.structs.replace(pg, dsn=pg.dsn or store)
 
 

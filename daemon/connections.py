@@ -93,11 +93,16 @@ class _Stream(httpcore.AsyncNetworkStream):
             self._readiness.remove(self._fd)
             self._fd = -1
 
-    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         self._forget_fd()  # the TLS stream registers the same socket again
-        return _Stream(await self._inner.start_tls(ssl_context, server_hostname, timeout),
-                       self._readiness)
+        return _Stream(
+            await self._inner.start_tls(ssl_context, server_hostname, timeout), self._readiness
+        )
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
@@ -115,12 +120,18 @@ class Backend(httpcore.AnyIOBackend):
     def __init__(self) -> None:
         self._readiness = _Readiness()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None,
-                          ) -> httpcore.AsyncNetworkStream:
-        return _Stream(await super().connect_tcp(host, port, timeout, local_address,
-                                                 socket_options), self._readiness)
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return _Stream(
+            await super().connect_tcp(host, port, timeout, local_address, socket_options),
+            self._readiness,
+        )
 
 
 def install(transport: httpx.AsyncHTTPTransport) -> bool:
@@ -128,7 +139,8 @@ def install(transport: httpx.AsyncHTTPTransport) -> bool:
     this httpx or httpcore keeps its pool elsewhere."""
     pool = getattr(transport, "_pool", None)
     if not isinstance(pool, httpcore.AsyncConnectionPool) or not isinstance(
-            getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
+        getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend
+    ):
         return False
     pool._network_backend = Backend()
     return True

@@ -52,32 +52,87 @@ class Scenario:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("quick-success", "quick success", "queued, running, succeeded with result",
-             "succeeded"),
-    Scenario("retry-after", "503 with Retry-After honoured",
-             [{"status": 503, "retry_after": 1}, {"status": 503, "retry_after_date": 2},
-              "succeeded with result"], "succeeded"),
-    Scenario("rate-limited", "429 storm ending in rate_limited", [{"status": 429}],
-             "escalated", "rate_limited"),
-    Scenario("unknown-state", "a state never seen before", "queued, manual_review",
-             "escalated", "unknown_state"),
-    Scenario("auth-denied", "authorization denied", [{"status": 401}],
-             "escalated", "authorization_denied"),
-    Scenario("no-result", "success without the result reference", "queued, succeeded",
-             "escalated", "contradiction"),
-    Scenario("eventual-404", "404 right after submit, then success",
-             [{"status": 404, "times": 2}, "succeeded with result"], "succeeded"),
-    Scenario("deadline", "deadline exceeded while running", "running",
-             "escalated", "deadline_exceeded", {"deadline_seconds": 3.0}),
-    Scenario("budget", "request budget exhausted", "running",
-             "escalated", "request_budget_exhausted", {"max_status_requests": 4}),
-    Scenario("hints", "provider hints honoured, bogus ones rejected",
-             [{"state": "running", "poll_after_seconds": 1},
-              {"state": "running", "poll_after_seconds": -5},
-              {"state": "running", "next_check_in": 86400 * 30},
-              "succeeded with result"], "succeeded"),
-    Scenario("submit-fetch", "submitted by bide (202 + Location), polled, result fetched",
-             "queued, running, succeeded with result", "succeeded", submit=True),
+    Scenario(
+        "quick-success", "quick success", "queued, running, succeeded with result", "succeeded"
+    ),
+    Scenario(
+        "retry-after",
+        "503 with Retry-After honoured",
+        [
+            {"status": 503, "retry_after": 1},
+            {"status": 503, "retry_after_date": 2},
+            "succeeded with result",
+        ],
+        "succeeded",
+    ),
+    Scenario(
+        "rate-limited",
+        "429 storm ending in rate_limited",
+        [{"status": 429}],
+        "escalated",
+        "rate_limited",
+    ),
+    Scenario(
+        "unknown-state",
+        "a state never seen before",
+        "queued, manual_review",
+        "escalated",
+        "unknown_state",
+    ),
+    Scenario(
+        "auth-denied",
+        "authorization denied",
+        [{"status": 401}],
+        "escalated",
+        "authorization_denied",
+    ),
+    Scenario(
+        "no-result",
+        "success without the result reference",
+        "queued, succeeded",
+        "escalated",
+        "contradiction",
+    ),
+    Scenario(
+        "eventual-404",
+        "404 right after submit, then success",
+        [{"status": 404, "times": 2}, "succeeded with result"],
+        "succeeded",
+    ),
+    Scenario(
+        "deadline",
+        "deadline exceeded while running",
+        "running",
+        "escalated",
+        "deadline_exceeded",
+        {"deadline_seconds": 3.0},
+    ),
+    Scenario(
+        "budget",
+        "request budget exhausted",
+        "running",
+        "escalated",
+        "request_budget_exhausted",
+        {"max_status_requests": 4},
+    ),
+    Scenario(
+        "hints",
+        "provider hints honoured, bogus ones rejected",
+        [
+            {"state": "running", "poll_after_seconds": 1},
+            {"state": "running", "poll_after_seconds": -5},
+            {"state": "running", "next_check_in": 86400 * 30},
+            "succeeded with result",
+        ],
+        "succeeded",
+    ),
+    Scenario(
+        "submit-fetch",
+        "submitted by bide (202 + Location), polled, result fetched",
+        "queued, running, succeeded with result",
+        "succeeded",
+        submit=True,
+    ),
 )
 
 CONTRACT = """\
@@ -126,8 +181,8 @@ def _write_workspace(root: Path, sim: SimulatorHandle, token: str) -> Path:
     )
     config = root / "bide.toml"
     config.write_text(
-        '# Written by `bide demo --keep`; every reader command works on it:\n'
-        '#   bide status --config THIS   bide story OP --config THIS   bide verify --config THIS\n'
+        "# Written by `bide demo --keep`; every reader command works on it:\n"
+        "#   bide status --config THIS   bide story OP --config THIS   bide verify --config THIS\n"
         '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
         'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 100\n'
         "checkpoint_interval_seconds = 5\n\n"
@@ -142,20 +197,26 @@ def _register(spool: Spool, scenario: Scenario, now: float) -> None:
     if deadline is not None:
         reg["deadline_at"] = now + float(str(deadline))
     registration = msgspec.convert(
-        {"operation_id": scenario.name, "provider": "demo", "provider_job_id": scenario.name,
-         **reg}, Registration)
+        {
+            "operation_id": scenario.name,
+            "provider": "demo",
+            "provider_job_id": scenario.name,
+            **reg,
+        },
+        Registration,
+    )
     rid = new_request_id()
     request: RegistrationFile | SubmitFile = (
-        SubmitFile(1, rid, "submit", registration,
-                   msgspec.json.encode({"scenario": scenario.name}))
-        if scenario.submit else RegistrationFile(1, rid, registration))
+        SubmitFile(1, rid, "submit", registration, msgspec.json.encode({"scenario": scenario.name}))
+        if scenario.submit
+        else RegistrationFile(1, rid, registration)
+    )
     spool.drop(spool.incoming, rid, msgspec.json.encode(request))
 
 
 def _fetch(spool: Spool, operation_id: str) -> None:
     rid = new_request_id()
-    spool.drop(spool.incoming, rid,
-               msgspec.json.encode(FetchFile(1, rid, "fetch", operation_id)))
+    spool.drop(spool.incoming, rid, msgspec.json.encode(FetchFile(1, rid, "fetch", operation_id)))
 
 
 async def _drive(supervisor: Supervisor, spool: Spool, limit: float) -> None:
@@ -171,15 +232,21 @@ async def _drive(supervisor: Supervisor, spool: Spool, limit: float) -> None:
             return names <= ops.keys() and all(ops[n].phase != "live" for n in names)
 
         def all_fetched() -> bool:
-            done = {a.operation_id for a in supervisor.runner.actions.values()
-                    if a.kind == "fetch" and a.phase in ("succeeded", "failed")}
+            done = {
+                a.operation_id
+                for a in supervisor.runner.actions.values()
+                if a.kind == "fetch" and a.phase in ("succeeded", "failed")
+            }
             return wanted <= done
 
         wanted: set[str] = set()
         with anyio.move_on_after(limit):
             await supervisor.wait_until(all_ended)
-            wanted = {s.name for s in SCENARIOS
-                      if s.submit and supervisor.ops[s.name].phase == "succeeded"}
+            wanted = {
+                s.name
+                for s in SCENARIOS
+                if s.submit and supervisor.ops[s.name].phase == "succeeded"
+            }
             for name in wanted:
                 _fetch(spool, name)
             await supervisor.wait_until(all_fetched)
@@ -203,9 +270,12 @@ def run_demo(keep: Path | None, *, show_stories: bool = True) -> int:
     if (root / "state").exists():
         shutil.rmtree(root / "state")
     token = os.urandom(DEMO_TOKEN_BYTES).hex()
-    script = script_from_dict({
-        "jobs": {s.name: {"steps": s.steps} for s in SCENARIOS if not s.submit},
-        "scenarios": {s.name: {"steps": s.steps} for s in SCENARIOS if s.submit}})
+    script = script_from_dict(
+        {
+            "jobs": {s.name: {"steps": s.steps} for s in SCENARIOS if not s.submit},
+            "scenarios": {s.name: {"steps": s.steps} for s in SCENARIOS if s.submit},
+        }
+    )
     started = time.monotonic()
     try:
         with run_in_thread(script, token=token) as sim:
@@ -224,17 +294,23 @@ def run_demo(keep: Path | None, *, show_stories: bool = True) -> int:
             submitted = [r.job_id for r in sim.requests(kind="submit")]
             for s in SCENARIOS:
                 if s.submit:
-                    seen[s.name] = len([r for r in sim.requests(kind="status")
-                                        if r.job_id in submitted])
-        return _report(root, cfg.log_dir, keyring, seen, time.monotonic() - started,
-                       show_stories)
+                    seen[s.name] = len(
+                        [r for r in sim.requests(kind="status") if r.job_id in submitted]
+                    )
+        return _report(root, cfg.log_dir, keyring, seen, time.monotonic() - started, show_stories)
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _report(root: Path, log_dir: Path, keyring: keys.KeyRing, seen: dict[str, int],
-            elapsed: float, show_stories: bool) -> int:
+def _report(
+    root: Path,
+    log_dir: Path,
+    keyring: keys.KeyRing,
+    seen: dict[str, int],
+    elapsed: float,
+    show_stories: bool,
+) -> int:
     log = load_log(log_dir, keyring)
     all_ok = True
     print(f"\n{'scenario':<15} {'result':<4} {'outcome':<34} {'requests':>9}  provider saw")
@@ -242,30 +318,40 @@ def _report(root: Path, log_dir: Path, keyring: keys.KeyRing, seen: dict[str, in
         op = log.ops.get(scenario.name)
         ok, outcome = _outcome(op, scenario)
         if scenario.submit:
-            fetched = [a for a in log.actions.values()
-                       if a.operation_id == scenario.name and a.kind == "fetch"
-                       and a.phase == "succeeded"]
+            fetched = [
+                a
+                for a in log.actions.values()
+                if a.operation_id == scenario.name and a.kind == "fetch" and a.phase == "succeeded"
+            ]
             ok = ok and len(fetched) == 1
             outcome += ", fetched" if fetched else ", NOT fetched"
         all_ok &= ok
         used = f"{op.status_requests_used}/{op.max_status_requests}" if op else "-"
-        print(f"{scenario.name:<15} {'ok' if ok else 'FAIL':<4} {outcome:<34} {used:>9}  "
-              f"{seen[scenario.name]}  ({scenario.title})")
+        print(
+            f"{scenario.name:<15} {'ok' if ok else 'FAIL':<4} {outcome:<34} {used:>9}  "
+            f"{seen[scenario.name]}  ({scenario.title})"
+        )
     if show_stories:
         for scenario in SCENARIOS:
             events = [e for _, e in log.events if e.operation_id == scenario.name]
             actions = [e for e in log.action_events if e.operation_id == scenario.name]
-            lines = sorted([*story_json(events), *action_story(actions)],
-                           key=lambda line: float(str(line["at"])))
+            lines = sorted(
+                [*story_json(events), *action_story(actions)],
+                key=lambda line: float(str(line["at"])),
+            )
             print(f"\n== {scenario.name}: {scenario.title}")
             print(for_people(lines), end="")
     verify_key = keys.load_verify_key(root / "keys" / keys.VERIFY_KEY)
     report = verify_log(log_dir, verify_key)
     mismatches = check([e for _, e in log.events])
     print(f"\nverify (offline, verify.pub only): {report.summary()}")
-    print(f"replay --check: {len(log.events)} events re-derived, {len(mismatches)} mismatch(es)"
-          f" ({len(log.action_events)} action events recorded beside them)")
+    print(
+        f"replay --check: {len(log.events)} events re-derived, {len(mismatches)} mismatch(es)"
+        f" ({len(log.action_events)} action events recorded beside them)"
+    )
     passed = all_ok and report.exit_status == 0 and not mismatches
-    print(f"\nbide demo: {'all scenarios ended as expected' if all_ok else 'SCENARIO FAILED'}; "
-          f"verify {report.verdict}; {elapsed:.1f}s")
+    print(
+        f"\nbide demo: {'all scenarios ended as expected' if all_ok else 'SCENARIO FAILED'}; "
+        f"verify {report.verdict}; {elapsed:.1f}s"
+    )
     return 0 if passed else 1

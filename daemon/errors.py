@@ -1,11 +1,11 @@
 """Errors of the daemon layer.
 
-    DaemonError            anything the I/O shell cannot do; the message names the path or
-     |                     setting at fault and the fix, and never carries a secret
-     +-- UsageError        bad flags or a missing/unreadable file given by the user (exit 2)
-     +-- ConfigError       a config or provider profile that does not validate
-     +-- Refused           the one refusal of a request (spool file, API call, command), with
-                           its kind; the API maps the kind to an HTTP status
+DaemonError            anything the I/O shell cannot do; the message names the path or
+ |                     setting at fault and the fix, and never carries a secret
+ +-- UsageError        bad flags or a missing/unreadable file given by the user (exit 2)
+ +-- ConfigError       a config or provider profile that does not validate
+ +-- Refused           the one refusal of a request (spool file, API call, command), with
+                       its kind; the API maps the kind to an HTTP status
 """
 
 from __future__ import annotations
@@ -46,9 +46,15 @@ class Refused(DaemonError):
 
     exit_status = 1
 
-    def __init__(self, detail: str, *, kind: RefusalKind = RefusalKind.INVALID,
-                 code: str = "rejected", field: str | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        detail: str,
+        *,
+        kind: RefusalKind = RefusalKind.INVALID,
+        code: str = "rejected",
+        field: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.kind = kind

@@ -47,9 +47,11 @@ class FaultInjection:
             if stage in STAGES and key:
                 (stops if how == "stop" else points).add((stage, key))
         if points or stops:
-            logfmt.warn(f"FAULT INJECTION ENABLED by {ENV}: this daemon will fail on purpose",
-                        points=",".join(f"{s}:{k}" for s, k in sorted(points)),
-                        stops=",".join(f"{s}:{k}" for s, k in sorted(stops)))
+            logfmt.warn(
+                f"FAULT INJECTION ENABLED by {ENV}: this daemon will fail on purpose",
+                points=",".join(f"{s}:{k}" for s, k in sorted(points)),
+                stops=",".join(f"{s}:{k}" for s, k in sorted(stops)),
+            )
         return cls(frozenset(points), frozenset(stops))
 
     def fire(self, stage: str, key: str) -> None:

@@ -114,11 +114,15 @@ class Histories:
         the earlier events were loaded)."""
         if self.loaded:
             return op_id in self._events
-        return (registered_seq is not None and self.start_seq is not None
-                and registered_seq > self.start_seq)
+        return (
+            registered_seq is not None
+            and self.start_seq is not None
+            and registered_seq > self.start_seq
+        )
 
-    def read_earlier(self, log_dir: Path, keyring: KeyRing, wanted: Callable[[str], bool]
-                     ) -> dict[str, _Kept]:
+    def read_earlier(
+        self, log_dir: Path, keyring: KeyRing, wanted: Callable[[str], bool]
+    ) -> dict[str, _Kept]:
         """Read the events recorded before the start, of the operations ``wanted`` says are
         kept (run in a worker thread; :meth:`merge` them on the event loop)."""
         earlier: dict[str, _Kept] = {}
@@ -144,8 +148,8 @@ class Histories:
                 current.prepend(kept)
         self.loaded = True
 
-def read_until(payloads: Iterable[tuple[int, bytes]], end: int
-               ) -> Iterable[tuple[int, bytes]]:
+
+def read_until(payloads: Iterable[tuple[int, bytes]], end: int) -> Iterable[tuple[int, bytes]]:
     for seq, payload in payloads:
         if seq > end:
             return

@@ -100,21 +100,24 @@ def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str]
         mode = stat.S_IMODE(os.stat(path).st_mode)
         raw = path.read_bytes()
     except OSError as exc:
-        raise CredentialError(f"credential file {path} for provider {profile.name}: "
-                              f"{exc.strerror}") from None
+        raise CredentialError(
+            f"credential file {path} for provider {profile.name}: {exc.strerror}"
+        ) from None
     if mode & 0o077:
         raise CredentialError(
             f"credential file {path} for provider {profile.name} is open to group or others "
-            f"(mode {mode:04o}); fix: chmod 0600 {path}")
+            f"(mode {mode:04o}); fix: chmod 0600 {path}"
+        )
     secret = raw.strip(b" \t\r\n")
     if not secret or b"\n" in secret or b"\r" in secret:
         raise CredentialError(f"credential file {path} must hold one non-empty line")
-    bad = next((i for i, byte in enumerate(secret) if not 0x20 <= byte <= 0x7e), None)
+    bad = next((i for i, byte in enumerate(secret) if not 0x20 <= byte <= 0x7E), None)
     if bad is not None:
         raise CredentialError(
             f"credential file {path} for provider {profile.name} holds a byte that cannot be "
             f"sent in a header (a control character or non-ASCII, at offset {bad}); write the "
-            f"token as printable ASCII")
+            f"token as printable ASCII"
+        )
     value = f"{ref.scheme} {secret.decode('ascii')}" if ref.scheme else secret.decode("ascii")
     return ref.header, value
 
@@ -134,8 +137,11 @@ class StatusClient:
         self._retired: set[httpx.AsyncHTTPTransport] = set()
         self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
         ref = profile.credential
-        self._credential_file = (os.fspath(credentials_dir / ref.file)
-                                 if ref is not None and credentials_dir is not None else None)
+        self._credential_file = (
+            os.fspath(credentials_dir / ref.file)
+            if ref is not None and credentials_dir is not None
+            else None
+        )
 
     def _build(self) -> httpx.AsyncHTTPTransport:
         limit = self.profile.quota.max_in_flight
@@ -197,11 +203,15 @@ class StatusClient:
         self._credential_seen = ((*key, now), value)
         return value
 
-    def _request_headers(self, url_origin: str, extra: dict[str, str] | None
-                         ) -> dict[str, str]:
+    def _request_headers(self, url_origin: str, extra: dict[str, str] | None) -> dict[str, str]:
         """Headers for one call; the credential only for the provider's own origin."""
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json",
-                   "Accept-Encoding": "identity", **self.profile.status.headers, **(extra or {})}
+        headers = {
+            "User-Agent": USER_AGENT,
+            "Accept": "application/json",
+            "Accept-Encoding": "identity",
+            **self.profile.status.headers,
+            **(extra or {}),
+        }
         if url_origin == self.profile.origin:
             credential = self._credential()
             if credential is not None:
@@ -209,8 +219,15 @@ class StatusClient:
         return headers
 
     async def call(
-        self, method: str, url: str, *, seconds: float, cap: int, body: bytes | None = None,
-        headers: dict[str, str] | None = None, sink: Callable[[bytes], None] | None = None,
+        self,
+        method: str,
+        url: str,
+        *,
+        seconds: float,
+        cap: int,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        sink: Callable[[bytes], None] | None = None,
     ) -> Answer | NoAnswer:
         """Make exactly one request. With ``sink`` the body goes there instead of memory.
 
@@ -232,26 +249,44 @@ class StatusClient:
         transport = self._transport
         self._users[transport] = self._users.get(transport, 0) + 1
         try:
-            return await self._exchange(transport, method, url, request_headers, body, budget,
-                                        cap, sink)
+            return await self._exchange(
+                transport, method, url, request_headers, body, budget, cap, sink
+            )
         finally:
             await self._release(transport, 1)
 
     async def _exchange(
-        self, transport: httpx.AsyncHTTPTransport, method: str, url: str,
-        request_headers: dict[str, str], body: bytes | None, budget: float, cap: int,
+        self,
+        transport: httpx.AsyncHTTPTransport,
+        method: str,
+        url: str,
+        request_headers: dict[str, str],
+        body: bytes | None,
+        budget: float,
+        cap: int,
         sink: Callable[[bytes], None] | None,
     ) -> Answer | NoAnswer:
         answer: Answer | None = None
         headed = False
         try:
-            request = httpx.Request(method, url, headers=request_headers, content=body,
-                                    extensions={"timeout": httpx.Timeout(budget).as_dict()})
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol, UnicodeError, ValueError,
-                TypeError) as exc:
+            request = httpx.Request(
+                method,
+                url,
+                headers=request_headers,
+                content=body,
+                extensions={"timeout": httpx.Timeout(budget).as_dict()},
+            )
+        except (
+            httpx.InvalidURL,
+            httpx.UnsupportedProtocol,
+            UnicodeError,
+            ValueError,
+            TypeError,
+        ) as exc:
             # Refused before it left. The message may quote a header value: not recorded.
-            return NoAnswer("not_sent", f"not sent: the request could not be built "
-                                        f"({type(exc).__name__})")
+            return NoAnswer(
+                "not_sent", f"not sent: the request could not be built ({type(exc).__name__})"
+            )
         try:
             with anyio.move_on_after(budget):
                 resp = await transport.handle_async_request(request)
@@ -259,32 +294,44 @@ class StatusClient:
                     resp.request = request
                     headed = True
                     if not 100 <= resp.status_code <= 599:
-                        return NoAnswer("protocol_error", f"status code {resp.status_code} is "
-                                        f"outside 100-599: not an HTTP answer")
+                        return NoAnswer(
+                            "protocol_error",
+                            f"status code {resp.status_code} is "
+                            f"outside 100-599: not an HTTP answer",
+                        )
                     data, size, truncated = await self._read_capped(resp, cap, sink)
                     kept = _headers(resp, self.profile.status.request_id_header)
-                    answer = Answer(resp.status_code, kept,
-                                    _capped(resp.headers.get("operation-location")), data, size,
-                                    truncated)
+                    answer = Answer(
+                        resp.status_code,
+                        kept,
+                        _capped(resp.headers.get("operation-location")),
+                        data,
+                        size,
+                        truncated,
+                    )
             if answer is not None:
                 return answer
             if self._transport is transport:
                 await self.rebuild()
             if headed:
-                return NoAnswer("read_timeout",
-                                f"body not complete within {budget:.3g}s (slow response)")
-            return NoAnswer("read_timeout",
-                            f"no complete response head within {budget:.3g}s (slow response)")
+                return NoAnswer(
+                    "read_timeout", f"body not complete within {budget:.3g}s (slow response)"
+                )
+            return NoAnswer(
+                "read_timeout", f"no complete response head within {budget:.3g}s (slow response)"
+            )
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
             # The HTTP layer refused to write it (e.g. an illegal header value): never sent.
             # Its message may quote a header value (the credential): not recorded.
-            return NoAnswer("not_sent", f"not sent: the HTTP layer refused the request "
-                                        f"({type(exc).__name__})")
+            return NoAnswer(
+                "not_sent", f"not sent: the HTTP layer refused the request ({type(exc).__name__})"
+            )
         except httpx.PoolTimeout:
             if self._transport is transport:
                 await self.rebuild()
-            return NoAnswer("pool_timeout",
-                            "no connection slot free in time; connection pool rebuilt")
+            return NoAnswer(
+                "pool_timeout", "no connection slot free in time; connection pool rebuilt"
+            )
         except httpx.ConnectTimeout:
             return NoAnswer("connect_timeout", f"no connection within {budget:.3g}s")
         except httpx.ConnectError as exc:
@@ -298,38 +345,62 @@ class StatusClient:
         except httpx.RemoteProtocolError as exc:
             text = str(exc)
             if "disconnected" in text or "closed" in text:
-                return NoAnswer("connection_reset",
-                                "provider closed the connection without a complete response")
+                return NoAnswer(
+                    "connection_reset", "provider closed the connection without a complete response"
+                )
             return NoAnswer("protocol_error", f"malformed HTTP from the provider: {text[:200]}")
         except httpx.HTTPError as exc:
             return NoAnswer("protocol_error", type(exc).__name__)
 
     async def fetch(
-        self, *, operation_id: str, url: str, request_number: int, time_left: float,
+        self,
+        *,
+        operation_id: str,
+        url: str,
+        request_number: int,
+        time_left: float,
         clock: Callable[[], float],
     ) -> StatusResponseReceived | TransportFailed:
         """The one status request of a poll, as the fact the model reads."""
         status = self.profile.status
         refused = _url_refused(url, self.profile.origin, self.profile.status_path_prefix)
         if refused is not None:  # S22: only the profile's own status resources
-            return TransportFailed(operation_id=operation_id, at=clock(),
-                                   request_number=request_number, kind="not_sent",
-                                   detail=f"not sent: {refused}"[:HEADER_CAP])
-        result = await self.call(status.method, url,
-                                 seconds=min(status.timeout_seconds, time_left),
-                                 cap=status.max_body_bytes)
+            return TransportFailed(
+                operation_id=operation_id,
+                at=clock(),
+                request_number=request_number,
+                kind="not_sent",
+                detail=f"not sent: {refused}"[:HEADER_CAP],
+            )
+        result = await self.call(
+            status.method,
+            url,
+            seconds=min(status.timeout_seconds, time_left),
+            cap=status.max_body_bytes,
+        )
         if isinstance(result, NoAnswer):
-            return TransportFailed(operation_id=operation_id, at=clock(),
-                                   request_number=request_number, kind=result.kind,
-                                   detail=result.detail[:HEADER_CAP])
-        return StatusResponseReceived(operation_id=operation_id, at=clock(),
-                                      request_number=request_number, status_code=result.status,
-                                      headers=result.headers, body=result.body,
-                                      body_truncated=result.truncated)
+            return TransportFailed(
+                operation_id=operation_id,
+                at=clock(),
+                request_number=request_number,
+                kind=result.kind,
+                detail=result.detail[:HEADER_CAP],
+            )
+        return StatusResponseReceived(
+            operation_id=operation_id,
+            at=clock(),
+            request_number=request_number,
+            status_code=result.status,
+            headers=result.headers,
+            body=result.body,
+            body_truncated=result.truncated,
+        )
 
     @staticmethod
     async def _read_capped(
-        resp: httpx.Response, cap: int, sink: Callable[[bytes], None] | None,
+        resp: httpx.Response,
+        cap: int,
+        sink: Callable[[bytes], None] | None,
     ) -> tuple[bytes, int, bool]:
         """(body, size, truncated): at most ``cap`` bytes, raw (never decompressed)."""
         chunks: list[bytes] = []

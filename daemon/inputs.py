@@ -31,8 +31,14 @@ _NUMBER = re.compile(r"^[0-9]+(?:\.[0-9]+)?$")
 _INTEGER = re.compile(r"^[0-9]+$")
 
 
-def parse_duration(text: str, flag: str, *, minimum: float = 0.0,
-                   maximum: float = MAX_DURATION_SECONDS, allow_zero: bool = False) -> float:
+def parse_duration(
+    text: str,
+    flag: str,
+    *,
+    minimum: float = 0.0,
+    maximum: float = MAX_DURATION_SECONDS,
+    allow_zero: bool = False,
+) -> float:
     """``90``, ``90s``, ``40m``, ``1h30m``, ``2d`` -> seconds, within [minimum, maximum].
 
     Only plain decimal digits are read: no sign, exponent, ``nan`` or ``inf`` (Python's
@@ -50,8 +56,9 @@ def parse_duration(text: str, flag: str, *, minimum: float = 0.0,
             raise UsageError(f"{flag} {text!r} is not a duration ({example})")
         d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
         seconds = d * 86400 + h * 3600 + mi * 60 + s
-    return check_range(seconds, flag, minimum=minimum, maximum=maximum, allow_zero=allow_zero,
-                       unit="s")
+    return check_range(
+        seconds, flag, minimum=minimum, maximum=maximum, allow_zero=allow_zero, unit="s"
+    )
 
 
 def parse_time(text: str, flag: str, now: float) -> float:
@@ -63,12 +70,15 @@ def parse_time(text: str, flag: str, now: float) -> float:
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"{flag} {text!r} is not a time (ISO-8601 like 2026-12-02T18:00:00Z, "
-                         f"or +DURATION like +2h)") from None
+        raise UsageError(
+            f"{flag} {text!r} is not a time (ISO-8601 like 2026-12-02T18:00:00Z, "
+            f"or +DURATION like +2h)"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return check_range(dt.timestamp(), flag, minimum=MIN_TIME, maximum=MAX_TIME,
-                       allow_zero=False, unit="")
+    return check_range(
+        dt.timestamp(), flag, minimum=MIN_TIME, maximum=MAX_TIME, allow_zero=False, unit=""
+    )
 
 
 def parse_count(text: str, flag: str, *, minimum: int = 1, maximum: int = 1_000_000) -> int:
@@ -83,36 +93,50 @@ def parse_count(text: str, flag: str, *, minimum: int = 1, maximum: int = 1_000_
     return value
 
 
-def check_range(value: float, flag: str, *, minimum: float, maximum: float,
-                allow_zero: bool = False, unit: str = "") -> float:
+def check_range(
+    value: float,
+    flag: str,
+    *,
+    minimum: float,
+    maximum: float,
+    allow_zero: bool = False,
+    unit: str = "",
+) -> float:
     """``value`` if finite and within [minimum, maximum] (and not zero unless allowed)."""
     if not math.isfinite(value):
         raise UsageError(f"{flag} must be a finite number, not {value}")
     if value == 0 and not allow_zero:
         raise UsageError(f"{flag} must be more than zero")
     if not minimum <= value <= maximum:
-        raise UsageError(f"{flag} {value:g}{unit} is out of range: from {minimum:g}{unit} to "
-                         f"{maximum:g}{unit}")
+        raise UsageError(
+            f"{flag} {value:g}{unit} is out of range: from {minimum:g}{unit} to {maximum:g}{unit}"
+        )
     return value + 0.0  # -0.0 becomes 0.0
 
 
 def count_arg(minimum: int = 1, maximum: int = 1_000_000) -> Callable[[str], int]:
     """An argparse ``type=`` for a count; argparse names the flag in its error."""
+
     def parse(text: str) -> int:
         try:
             return parse_count(text, "value", minimum=minimum, maximum=maximum)
         except UsageError as exc:
             raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
+
     return parse
 
 
-def seconds_arg(minimum: float = 0.0, maximum: float = 3600.0, *,
-                allow_zero: bool = False) -> Callable[[str], float]:
+def seconds_arg(
+    minimum: float = 0.0, maximum: float = 3600.0, *, allow_zero: bool = False
+) -> Callable[[str], float]:
     """An argparse ``type=`` for a duration (``10``, ``90s``, ``5m``)."""
+
     def parse(text: str) -> float:
         try:
-            return parse_duration(text, "value", minimum=minimum, maximum=maximum,
-                                  allow_zero=allow_zero)
+            return parse_duration(
+                text, "value", minimum=minimum, maximum=maximum, allow_zero=allow_zero
+            )
         except UsageError as exc:
             raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
+
     return parse

@@ -85,24 +85,44 @@ def render(stats: LeaseStats, epoch: int, remaining: float) -> list[str]:
     """Prometheus lines for the lease."""
     out: list[str] = []
     for name, kind, help_, value in (
-        ("bide_lease_renewals_total", "counter", "Lease renewals that succeeded.",
-         stats.renewals),
-        ("bide_lease_renewal_failures_total", "counter",
-         "Lease renewals that could not reach the database.", stats.renewal_failures),
-        ("bide_lease_takeovers_total", "counter", "Times this process took the lease.",
-         stats.takeovers),
-        ("bide_lease_fenced_total", "counter",
-         "Terms this process ended fenced (an append or renewal refused: another epoch).",
-         stats.fenced),
-        ("bide_store_fenced_appends_total", "counter",
-         "Write rounds the database refused because another node's epoch was in force.",
-         stats.fenced_appends),
+        ("bide_lease_renewals_total", "counter", "Lease renewals that succeeded.", stats.renewals),
+        (
+            "bide_lease_renewal_failures_total",
+            "counter",
+            "Lease renewals that could not reach the database.",
+            stats.renewal_failures,
+        ),
+        (
+            "bide_lease_takeovers_total",
+            "counter",
+            "Times this process took the lease.",
+            stats.takeovers,
+        ),
+        (
+            "bide_lease_fenced_total",
+            "counter",
+            "Terms this process ended fenced (an append or renewal refused: another epoch).",
+            stats.fenced,
+        ),
+        (
+            "bide_store_fenced_appends_total",
+            "counter",
+            "Write rounds the database refused because another node's epoch was in force.",
+            stats.fenced_appends,
+        ),
         ("bide_lease_epoch", "gauge", "The lease epoch this node acts under.", epoch),
-        ("bide_lease_remaining_seconds", "gauge",
-         "Lease time left by this node's own clock (CLOCK_BOOTTIME).",
-         round(max(remaining, 0.0), 3)),
-        ("bide_db_round_trip_seconds", "gauge", "The last lease statement's round trip.",
-         round(stats.round_trip, 6)),
+        (
+            "bide_lease_remaining_seconds",
+            "gauge",
+            "Lease time left by this node's own clock (CLOCK_BOOTTIME).",
+            round(max(remaining, 0.0), 3),
+        ),
+        (
+            "bide_db_round_trip_seconds",
+            "gauge",
+            "The last lease statement's round trip.",
+            round(stats.round_trip, 6),
+        ),
     ):
         out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
     return out
@@ -253,8 +273,12 @@ class Lease:
             # database's plus records never acknowledged. Cut those, keep the rest.
             kept = await anyio.to_thread.run_sync(cut_after, self.log_dir, *stored)
             if kept is not None:
-                logfmt.warn("records this node's copy held but the database never committed "
-                            "(never acknowledged) were cut", kept_in=kept, head=stored[0])
+                logfmt.warn(
+                    "records this node's copy held but the database never committed "
+                    "(never acknowledged) were cut",
+                    kept_in=kept,
+                    head=stored[0],
+                )
                 self._known = stored
                 return
         self._move_aside(f"the local copy of the log (head {head[0]}) is not the database's")
@@ -286,16 +310,14 @@ class Lease:
                 try:
                     await self.follow()
                     sent = now()
-                    term = await self._timed(self.link.take_lease(self.holder,
-                                                                  self.lease_seconds))
+                    term = await self._timed(self.link.take_lease(self.holder, self.lease_seconds))
                     if term is not None:
                         epoch = term.epoch
                         self.epoch, self._term = epoch, term
                         self._extended(sent + self.lease_seconds)
                         self.stats.takeovers += 1
                         if await self._caught_up():
-                            logfmt.info("took the log's lease", node=self.holder,
-                                        epoch=epoch)
+                            logfmt.info("took the log's lease", node=self.holder, epoch=epoch)
                             return epoch
                 except (StoreError, DamagedLogError, OSError) as exc:
                     logfmt.warn("standby cannot follow the log; retrying", error=exc)
@@ -312,8 +334,9 @@ class Lease:
                 await self.follow()
                 return True
             except StoreError as exc:
-                logfmt.warn("cannot copy the log's tail after taking the lease; retrying",
-                            error=exc)
+                logfmt.warn(
+                    "cannot copy the log's tail after taking the lease; retrying", error=exc
+                )
                 await anyio.sleep(min(self.poll, max(0.0, self.remaining())))
         self.valid_until = float("-inf")
         return False
@@ -343,21 +366,28 @@ class Lease:
             sent = now()
             try:
                 with anyio.fail_after(max(0.1, self.remaining())):
-                    renewed = await self._timed(self.link.renew_lease(
-                        self.holder, self._current(), self.lease_seconds))
+                    renewed = await self._timed(
+                        self.link.renew_lease(self.holder, self._current(), self.lease_seconds)
+                    )
             except (StoreError, TimeoutError) as exc:
                 self.stats.renewal_failures += 1
                 if self.remaining() <= 0:
-                    raise FencedError(f"the lease ran out by this node's clock (epoch "
-                                      f"{self.epoch}) while the database could not be "
-                                      f"reached; back to standby") from None
-                logfmt.warn("lease renewal failed; requests stop once too little is left",
-                            error=str(exc) or "timed out", remaining=f"{self.remaining():.1f}s")
+                    raise FencedError(
+                        f"the lease ran out by this node's clock (epoch "
+                        f"{self.epoch}) while the database could not be "
+                        f"reached; back to standby"
+                    ) from None
+                logfmt.warn(
+                    "lease renewal failed; requests stop once too little is left",
+                    error=str(exc) or "timed out",
+                    remaining=f"{self.remaining():.1f}s",
+                )
                 continue
             if not renewed:
                 self.valid_until = float("-inf")
-                raise FencedError(f"the lease is no longer this node's (epoch {self.epoch}); "
-                                  f"back to standby")
+                raise FencedError(
+                    f"the lease is no longer this node's (epoch {self.epoch}); back to standby"
+                )
             self._extended(sent + self.lease_seconds)
             self.stats.renewals += 1
 
@@ -369,8 +399,10 @@ class Lease:
             with anyio.fail_after(max(1.0, self.settings.connect_timeout)):
                 await self._timed(self.link.release_lease(self.holder, self._current()))
         except (StoreError, TimeoutError) as exc:
-            logfmt.warn("could not hand the lease over; the next node waits for it to expire",
-                        error=str(exc) or "timed out")
+            logfmt.warn(
+                "could not hand the lease over; the next node waits for it to expire",
+                error=str(exc) or "timed out",
+            )
 
 
 def _cannot_listen(why: str) -> None:

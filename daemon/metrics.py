@@ -96,56 +96,86 @@ class Metrics:
     def render(self, ops: Mapping[str, Operation], log_dir: Path, log_flushes: int = 0) -> str:
         phases = Counter(op.phase for op in ops.values())
         out = ["# HELP bide_operations Operations by phase.", "# TYPE bide_operations gauge"]
-        out += [f'bide_operations{{phase="{p}"}} {phases.get(p, 0)}'
-                for p in ("live", "succeeded", "escalated", "closed")]
-        out += ["# HELP bide_status_requests_sent_total Status requests sent.",
-                "# TYPE bide_status_requests_sent_total counter",
-                f"bide_status_requests_sent_total {self.requests_sent}"]
-        out += ["# HELP bide_status_responses_total Status responses by HTTP outcome.",
-                "# TYPE bide_status_responses_total counter"]
-        out += [f'bide_status_responses_total{{provider="{p}",outcome="{o}"}} {n}'
-                for (p, o), n in sorted(self.responses.items())]
-        out += ["# HELP bide_transport_failures_total Status requests with no HTTP response.",
-                "# TYPE bide_transport_failures_total counter"]
-        out += [f'bide_transport_failures_total{{provider="{p}",kind="{k}"}} {n}'
-                for (p, k), n in sorted(self.transport.items())]
-        out += ["# HELP bide_escalations_total Escalations raised by reason.",
-                "# TYPE bide_escalations_total counter"]
-        out += [f'bide_escalations_total{{reason="{r}"}} {n}'
-                for r, n in sorted(self.escalations.items())]
-        out += ["# HELP bide_polls_scheduled_total Scheduled polls by delay source.",
-                "# TYPE bide_polls_scheduled_total counter"]
-        out += [f'bide_polls_scheduled_total{{source="{s}"}} {n}'
-                for s, n in sorted(self.delay_sources.items())]
-        out += self.wakeup_lateness.render("bide_wakeup_lateness_seconds",
-                                           "Actual minus scheduled wake-up time.")
-        out += self.append_latency.render("bide_log_append_seconds",
-                                          "Time until an append was durable.")
+        out += [
+            f'bide_operations{{phase="{p}"}} {phases.get(p, 0)}'
+            for p in ("live", "succeeded", "escalated", "closed")
+        ]
+        out += [
+            "# HELP bide_status_requests_sent_total Status requests sent.",
+            "# TYPE bide_status_requests_sent_total counter",
+            f"bide_status_requests_sent_total {self.requests_sent}",
+        ]
+        out += [
+            "# HELP bide_status_responses_total Status responses by HTTP outcome.",
+            "# TYPE bide_status_responses_total counter",
+        ]
+        out += [
+            f'bide_status_responses_total{{provider="{p}",outcome="{o}"}} {n}'
+            for (p, o), n in sorted(self.responses.items())
+        ]
+        out += [
+            "# HELP bide_transport_failures_total Status requests with no HTTP response.",
+            "# TYPE bide_transport_failures_total counter",
+        ]
+        out += [
+            f'bide_transport_failures_total{{provider="{p}",kind="{k}"}} {n}'
+            for (p, k), n in sorted(self.transport.items())
+        ]
+        out += [
+            "# HELP bide_escalations_total Escalations raised by reason.",
+            "# TYPE bide_escalations_total counter",
+        ]
+        out += [
+            f'bide_escalations_total{{reason="{r}"}} {n}'
+            for r, n in sorted(self.escalations.items())
+        ]
+        out += [
+            "# HELP bide_polls_scheduled_total Scheduled polls by delay source.",
+            "# TYPE bide_polls_scheduled_total counter",
+        ]
+        out += [
+            f'bide_polls_scheduled_total{{source="{s}"}} {n}'
+            for s, n in sorted(self.delay_sources.items())
+        ]
+        out += self.wakeup_lateness.render(
+            "bide_wakeup_lateness_seconds", "Actual minus scheduled wake-up time."
+        )
+        out += self.append_latency.render(
+            "bide_log_append_seconds", "Time until an append was durable."
+        )
         size = sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl"))
-        out += ["# HELP bide_log_bytes Size of the event log's segments.",
-                "# TYPE bide_log_bytes gauge", f"bide_log_bytes {size}",
-                "# HELP bide_log_flushes_total Durable write rounds (one fdatasync each).",
-                "# TYPE bide_log_flushes_total counter", f"bide_log_flushes_total {log_flushes}",
-                "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
-                "# TYPE bide_log_append_failing gauge", f"bide_log_append_failing {self.log_alarm}",
-                "# HELP bide_spool_pruned_total Old receipts and refused files removed.",
-                "# TYPE bide_spool_pruned_total counter",
-                f"bide_spool_pruned_total {self.spool_pruned}",
-                "# HELP bide_internal_errors_total Exceptions contained by the barrier (bugs).",
-                "# TYPE bide_internal_errors_total counter",
-                f"bide_internal_errors_total {self.internal_errors}",
-                "# HELP bide_log_append_retries_total Failed append attempts retried.",
-                "# TYPE bide_log_append_retries_total counter",
-                f"bide_log_append_retries_total {self.log_append_retries}",
-                "# HELP bide_api_requests_total Local API requests answered.",
-                "# TYPE bide_api_requests_total counter",
-                f"bide_api_requests_total {self.api_requests}",
-                "# HELP bide_api_waiters Local API callers waiting on an operation now.",
-                "# TYPE bide_api_waiters gauge", f"bide_api_waiters {self.api_waiters}",
-                "# HELP bide_api_rejections_total Local API requests refused, by reason.",
-                "# TYPE bide_api_rejections_total counter"]
-        out += [f'bide_api_rejections_total{{reason="{r}"}} {n}'
-                for r, n in sorted(self.api_rejections.items())]
+        out += [
+            "# HELP bide_log_bytes Size of the event log's segments.",
+            "# TYPE bide_log_bytes gauge",
+            f"bide_log_bytes {size}",
+            "# HELP bide_log_flushes_total Durable write rounds (one fdatasync each).",
+            "# TYPE bide_log_flushes_total counter",
+            f"bide_log_flushes_total {log_flushes}",
+            "# HELP bide_log_append_failing 1 while appends to the log fail (disk full, ...).",
+            "# TYPE bide_log_append_failing gauge",
+            f"bide_log_append_failing {self.log_alarm}",
+            "# HELP bide_spool_pruned_total Old receipts and refused files removed.",
+            "# TYPE bide_spool_pruned_total counter",
+            f"bide_spool_pruned_total {self.spool_pruned}",
+            "# HELP bide_internal_errors_total Exceptions contained by the barrier (bugs).",
+            "# TYPE bide_internal_errors_total counter",
+            f"bide_internal_errors_total {self.internal_errors}",
+            "# HELP bide_log_append_retries_total Failed append attempts retried.",
+            "# TYPE bide_log_append_retries_total counter",
+            f"bide_log_append_retries_total {self.log_append_retries}",
+            "# HELP bide_api_requests_total Local API requests answered.",
+            "# TYPE bide_api_requests_total counter",
+            f"bide_api_requests_total {self.api_requests}",
+            "# HELP bide_api_waiters Local API callers waiting on an operation now.",
+            "# TYPE bide_api_waiters gauge",
+            f"bide_api_waiters {self.api_waiters}",
+            "# HELP bide_api_rejections_total Local API requests refused, by reason.",
+            "# TYPE bide_api_rejections_total counter",
+        ]
+        out += [
+            f'bide_api_rejections_total{{reason="{r}"}} {n}'
+            for r, n in sorted(self.api_rejections.items())
+        ]
         return "\n".join(out) + "\n"
 
 
@@ -153,9 +183,13 @@ class Metrics:
 MAX_CONNECTIONS = 16
 
 
-async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
-                        task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
-                        ) -> None:
+async def serve_metrics(
+    host: str,
+    port: int,
+    render: Callable[[], str],
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """Answer ``GET /metrics`` on ``host:port``; anything else is 404.
 
     Bounded so that no client can take the daemon down: at most :data:`MAX_CONNECTIONS`
@@ -182,10 +216,15 @@ async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
                     body, status = render().encode(), b"200 OK"
                 else:
                     body, status = b"not found; try /metrics\n", b"404 Not Found"
-                head = b"".join((b"HTTP/1.1 ", status,
-                                 b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                                 b"Content-Length: ", str(len(body)).encode(),
-                                 b"\r\nConnection: close\r\n\r\n"))
+                head = b"".join(
+                    (
+                        b"HTTP/1.1 ",
+                        status,
+                        b"\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
+                        str(len(body)).encode(),
+                        b"\r\nConnection: close\r\n\r\n",
+                    )
+                )
                 with anyio.move_on_after(5):
                     await stream.send(head + body)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -193,8 +232,9 @@ async def serve_metrics(host: str, port: int, render: Callable[[], str], *,
         finally:
             open_connections -= 1
 
-    async def accept(inner: anyio.abc.Listener[anyio.abc.SocketStream],
-                     connections: anyio.abc.TaskGroup) -> None:
+    async def accept(
+        inner: anyio.abc.Listener[anyio.abc.SocketStream], connections: anyio.abc.TaskGroup
+    ) -> None:
         nonlocal open_connections
         assert isinstance(inner, anyio.abc.SocketListener)
         async for stream in accepted(inner, "metrics"):

@@ -34,9 +34,14 @@ from eventlog.store import LineStore
 
 
 class Build(Protocol):
-    def __call__(self, cfg: Config, *, store: LineStore | None = None,
-                 lease: RequestGate | None = None, ask_witnesses: bool = True
-                 ) -> Supervisor: ...
+    def __call__(
+        self,
+        cfg: Config,
+        *,
+        store: LineStore | None = None,
+        lease: RequestGate | None = None,
+        ask_witnesses: bool = True,
+    ) -> Supervisor: ...
 
 
 def run_node(cfg: Config, build: Build) -> int:
@@ -49,11 +54,18 @@ def run_node(cfg: Config, build: Build) -> int:
         raise ConfigError(
             f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
             f"host (a standby could not continue the chain): set [log] forward_secure = false "
-            f"and give every node the same keys directory (signing.key, data.key)")
+            f"and give every node the same keys directory (signing.key, data.key)"
+        )
     pg = cfg.postgres
-    lease = Lease(settings, cfg.log_dir, lease_seconds=pg.lease_seconds,
-                  renew_seconds=pg.renew_seconds, margin=pg.request_margin_seconds,
-                  node=pg.node, poll=pg.standby_poll_seconds)
+    lease = Lease(
+        settings,
+        cfg.log_dir,
+        lease_seconds=pg.lease_seconds,
+        renew_seconds=pg.renew_seconds,
+        margin=pg.request_margin_seconds,
+        node=pg.node,
+        poll=pg.standby_poll_seconds,
+    )
     _check_profiles_fit(cfg, lease.longest_request)
     with pgstore.PgLogStore(settings) as log_store:
         log_store.require()
@@ -77,8 +89,12 @@ def _check_profiles_fit(cfg: Config, longest: float) -> None:
     good, _ = load_profiles(cfg.profiles_dir)
     problems = too_long_for_lease(good, longest)
     if problems:
-        raise ConfigError("; ".join(f"{cfg.profiles_dir / name}.toml: {message}"
-                                    for name, message in sorted(problems.items())))
+        raise ConfigError(
+            "; ".join(
+                f"{cfg.profiles_dir / name}.toml: {message}"
+                for name, message in sorted(problems.items())
+            )
+        )
 
 
 async def _node(cfg: Config, lease: Lease, build: Build) -> None:
@@ -121,17 +137,26 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
             # handed over but left to run out, so no other node starts before they end.
             lease.valid_until = float("-inf")
             if any(isinstance(e, DivergedError) for e in fenced):
-                logfmt.warn("this node's copy of the log diverged from the database; back to "
-                            "standby to re-sync it (the lease runs out first)",
-                            error=fenced[0], epoch=epoch)
+                logfmt.warn(
+                    "this node's copy of the log diverged from the database; back to "
+                    "standby to re-sync it (the lease runs out first)",
+                    error=fenced[0],
+                    epoch=epoch,
+                )
             elif fenced:
                 lease.stats.fenced += 1
-                logfmt.warn("fenced: another node holds the log; sending nothing more, back "
-                            "to standby", error=fenced[0], epoch=epoch)
+                logfmt.warn(
+                    "fenced: another node holds the log; sending nothing more, back to standby",
+                    error=fenced[0],
+                    epoch=epoch,
+                )
             else:
-                logfmt.error("the log's database failed under this node's term; sending "
-                             "nothing more, back to standby (the lease runs out first)",
-                             error=failed[0], epoch=epoch)
+                logfmt.error(
+                    "the log's database failed under this node's term; sending "
+                    "nothing more, back to standby (the lease runs out first)",
+                    error=failed[0],
+                    epoch=epoch,
+                )
             continue
         await lease.release()
         logfmt.info("lease handed over", node=lease.holder, epoch=epoch)
@@ -143,6 +168,7 @@ async def _standby(lease: Lease) -> int | None:
     got: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
+
             async def take() -> None:
                 got.append(await lease.acquire())
                 tg.cancel_scope.cancel()
@@ -152,5 +178,3 @@ async def _standby(lease: Lease) -> int | None:
                 tg.cancel_scope.cancel()
                 break
     return got[0] if got else None
-
-

@@ -16,8 +16,11 @@ from replay.state import Operation
 
 def provider_error_text(error: str, truncated: bool, indent: str = "  ") -> str:
     """The provider's own error, whole as stored, quoted line by line; says where it was cut."""
-    head = (f"{indent}provider error (cut at the contract's error_cap_bytes; the rest is in no "
-            f"record):" if truncated else f"{indent}provider error:")
+    head = (
+        f"{indent}provider error (cut at the contract's error_cap_bytes; the rest is in no record):"
+        if truncated
+        else f"{indent}provider error:"
+    )
     body = [f"{indent}  | {line}" for line in error.splitlines() or [""]]
     return "\n".join([head, *body])
 
@@ -39,14 +42,20 @@ def escalation_text(ev: EscalationRaised, op: Operation | None = None) -> str:
         + (f" at {format_time(c.last_state_at)}" if c.last_state_at is not None else ""),
         f"  elapsed:       {c.elapsed_seconds:.0f}s since {format_time(c.started_at)}",
         f"  deadline:      {format_time(c.deadline_at)}"
-        + (f" (business deadline {format_time(c.business_deadline_at)})"
-           if c.business_deadline_at is not None else ""),
+        + (
+            f" (business deadline {format_time(c.business_deadline_at)})"
+            if c.business_deadline_at is not None
+            else ""
+        ),
         f"  requests:      {c.status_requests_used} of {c.max_status_requests} used; "
         f"transport failures {c.transport_failures_used} of {c.max_transport_failures}; "
         f"rate-limited {c.rate_limited_used} of {c.max_rate_limited}",
         f"  last HTTP:     {last_http}"
-        + (f", provider request id {c.last_provider_request_id}"
-           if c.last_provider_request_id else ""),
+        + (
+            f", provider request id {c.last_provider_request_id}"
+            if c.last_provider_request_id
+            else ""
+        ),
     ]
     if op is not None and op.provider_error is not None:
         lines.append(provider_error_text(op.provider_error, op.provider_error_truncated))
@@ -54,14 +63,15 @@ def escalation_text(ev: EscalationRaised, op: Operation | None = None) -> str:
     for n, option in enumerate(ev.options, start=1):
         params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
         lines.append(f"    {n}. {option.id}: {option.label}" + (f" [{params}]" if params else ""))
-    lines.append(f"  decide with:   bide decide {c.operation_id} OPTION --escalation "
-                 f"{ev.escalation_id} [--note TEXT]")
+    lines.append(
+        f"  decide with:   bide decide {c.operation_id} OPTION --escalation "
+        f"{ev.escalation_id} [--note TEXT]"
+    )
     return "\n".join(lines) + "\n"
 
 
 def write_escalation(outbox: Path, ev: EscalationRaised, op: Operation | None = None) -> Path:
-    return write_text(outbox, f"{ev.operation_id}.{ev.escalation_id}",
-                      escalation_text(ev, op))
+    return write_text(outbox, f"{ev.operation_id}.{ev.escalation_id}", escalation_text(ev, op))
 
 
 def write_text(outbox: Path, name: str, text: str) -> Path:

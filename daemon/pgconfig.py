@@ -19,11 +19,17 @@ if TYPE_CHECKING:
 
 
 def add_dsn_flags(parser: argparse.ArgumentParser, *, what: str = "the log's database") -> None:
-    parser.add_argument("--dsn", metavar="DSN",
-                        help=f"{what}: a postgresql:// URL or conninfo, without a password "
-                        "(default: the config's [postgres] dsn, else $BIDE_POSTGRES_DSN)")
-    parser.add_argument("--password-file", metavar="FILE",
-                        help="the database password, in a 0600 file (or use PGPASSFILE)")
+    parser.add_argument(
+        "--dsn",
+        metavar="DSN",
+        help=f"{what}: a postgresql:// URL or conninfo, without a password "
+        "(default: the config's [postgres] dsn, else $BIDE_POSTGRES_DSN)",
+    )
+    parser.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="the database password, in a 0600 file (or use PGPASSFILE)",
+    )
 
 
 def settings_for(args: argparse.Namespace) -> PgSettings:
@@ -40,8 +46,10 @@ def settings_for(args: argparse.Namespace) -> PgSettings:
     env = os.environ.get("BIDE_POSTGRES_DSN")
     if env:
         return PgSettings(env, password_file=pw)
-    raise UsageError("name the database: --dsn DSN, a config with [postgres] dsn (--config), "
-                     "or $BIDE_POSTGRES_DSN")
+    raise UsageError(
+        "name the database: --dsn DSN, a config with [postgres] dsn (--config), "
+        "or $BIDE_POSTGRES_DSN"
+    )
 
 
 def store_for(args: argparse.Namespace, *, read_only: bool = False) -> PgLogStore:
@@ -58,6 +66,9 @@ def config_settings(cfg: Config) -> PgSettings | None:
         return None
     from eventlog.pgstore import PgSettings
 
-    return PgSettings(cfg.postgres.dsn, password_file=cfg.password_file,
-                      allow_async_commit=cfg.postgres.allow_async_commit,
-                      link_timeout=cfg.postgres.lease_seconds)
+    return PgSettings(
+        cfg.postgres.dsn,
+        password_file=cfg.password_file,
+        allow_async_commit=cfg.postgres.allow_async_commit,
+        link_timeout=cfg.postgres.lease_seconds,
+    )

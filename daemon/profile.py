@@ -162,12 +162,14 @@ class Profile:
     def submit_spec(self) -> SubmitSpec | None:
         if self.submit is None:
             return None
-        return SubmitSpec(job_id_from=self.submit.job_id_from,
-                          job_id_pointer=self.submit.job_id_pointer,
-                          status_from=self.submit.status_from,
-                          idempotent=self.contract.idempotent_submit,
-                          max_attempts=self.submit.max_attempts,
-                          status_path_prefix=self.status_path_prefix)
+        return SubmitSpec(
+            job_id_from=self.submit.job_id_from,
+            job_id_pointer=self.submit.job_id_pointer,
+            status_from=self.submit.status_from,
+            idempotent=self.contract.idempotent_submit,
+            max_attempts=self.submit.max_attempts,
+            status_path_prefix=self.status_path_prefix,
+        )
 
     @functools.cached_property
     def status_path_prefix(self) -> str:
@@ -242,11 +244,22 @@ def load_profile(path: Path) -> Profile:
         raise ConfigError(
             f"{path}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
             f"but the profile {'has no' if raw.cancel is None else 'has a'} [cancel] section; "
-            f"a cancel is offered only where the provider documents one, so make them agree")
+            f"a cancel is offered only where the provider documents one, so make them agree"
+        )
     if raw.submit is not None:
         _check_submit(path, text, raw.submit, contract)
-    return Profile(name, path, raw.status, raw.credential, raw.quota, contract,
-                   contract_digest(contract), raw.submit, raw.fetch, raw.cancel)
+    return Profile(
+        name,
+        path,
+        raw.status,
+        raw.credential,
+        raw.quota,
+        contract,
+        contract_digest(contract),
+        raw.submit,
+        raw.fetch,
+        raw.cancel,
+    )
 
 
 def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract) -> None:
@@ -255,11 +268,13 @@ def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
     if submit.job_id_from == "body" and not submit.job_id_pointer:
-        raise ConfigError(f"{path}: submit.job_id_from is \"body\" but submit.job_id_pointer "
-                          f"is not set")
+        raise ConfigError(
+            f'{path}: submit.job_id_from is "body" but submit.job_id_pointer is not set'
+        )
     if contract.idempotent_submit and not submit.idempotency_header:
-        raise ConfigError(f"{path}: contract.idempotent_submit is true but "
-                          f"submit.idempotency_header is not set")
+        raise ConfigError(
+            f"{path}: contract.idempotent_submit is true but submit.idempotency_header is not set"
+        )
 
 
 def _check_url(path: Path, text: str, url: str, table: str) -> None:
@@ -319,8 +334,10 @@ def load_profiles(directory: Path) -> tuple[dict[str, Profile], dict[Path, str]]
     good: dict[str, Profile] = {}
     bad: dict[Path, str] = {}
     if not directory.is_dir():
-        raise ConfigError(f"profiles directory {directory} does not exist; create it and put "
-                          f"one TOML profile per provider in it (see `bide check-profile -h`)")
+        raise ConfigError(
+            f"profiles directory {directory} does not exist; create it and put "
+            f"one TOML profile per provider in it (see `bide check-profile -h`)"
+        )
     for path in sorted(directory.glob("*.toml")):
         try:
             good[path.stem] = load_profile(path)
@@ -337,16 +354,19 @@ def too_long_for_lease(profiles: dict[str, Profile], longest: float) -> dict[str
     out: dict[str, str] = {}
     for name, p in profiles.items():
         calls = [("status", p.status.timeout_seconds)]
-        calls += [(section, call.timeout_seconds)
-                  for section, call in (("submit", p.submit), ("cancel", p.cancel))
-                  if call is not None]
-        too_long = [f"[{section}] timeout_seconds = {t:g}" for section, t in calls
-                    if t > longest]
+        calls += [
+            (section, call.timeout_seconds)
+            for section, call in (("submit", p.submit), ("cancel", p.cancel))
+            if call is not None
+        ]
+        too_long = [f"[{section}] timeout_seconds = {t:g}" for section, t in calls if t > longest]
         if too_long:
-            out[name] = (f"{', '.join(too_long)} does not fit in the log's lease: a request "
-                         f"is sent only while the lease has its timeout plus "
-                         f"request_margin_seconds left, and just before a renewal "
-                         f"lease_seconds - renew_seconds is left, so at most {longest:g} s; "
-                         f"lower timeout_seconds to {max(longest, 0):g} or less, or raise "
-                         f"[postgres] lease_seconds (a [fetch] download is cut to that instead)")
+            out[name] = (
+                f"{', '.join(too_long)} does not fit in the log's lease: a request "
+                f"is sent only while the lease has its timeout plus "
+                f"request_margin_seconds left, and just before a renewal "
+                f"lease_seconds - renew_seconds is left, so at most {longest:g} s; "
+                f"lower timeout_seconds to {max(longest, 0):g} or less, or raise "
+                f"[postgres] lease_seconds (a [fetch] download is cut to that instead)"
+            )
     return out

@@ -52,16 +52,21 @@ def open_keyring(config: Config) -> KeyRing:
     return load_keyring(keys_directory(config.keys_dir))
 
 
-def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
-             until_time: float | None = None, jobs: int | None = None) -> LoadedLog:
+def load_log(
+    log_dir: Path,
+    keyring: KeyRing,
+    *,
+    until_seq: int | None = None,
+    until_time: float | None = None,
+    jobs: int | None = None,
+) -> LoadedLog:
     """Every event of the log (up to ``until_*``) and the state they fold into; a large log
     is opened on every core (:class:`eventlog.parallel.ParallelReader`) when the process has
     one thread."""
     reader = ParallelReader(log_dir, keyring, jobs=jobs)
     log = LoadedLog([], {}, -1)
     with collector_paused():
-        _fold(log, reader.payloads(log.unreadable), until_seq=until_seq,
-              until_time=until_time)
+        _fold(log, reader.payloads(log.unreadable), until_seq=until_seq, until_time=until_time)
     log.head_seq = reader.next_seq - 1
     if until_seq is not None:
         log.unreadable = [u for u in log.unreadable if u[0] <= until_seq]
@@ -69,8 +74,9 @@ def load_log(log_dir: Path, keyring: KeyRing, *, until_seq: int | None = None,
     return log
 
 
-def load_operation(log_dir: Path, keyring: KeyRing, operation: str, *,
-                   jobs: int | None = None) -> LoadedLog:
+def load_operation(
+    log_dir: Path, keyring: KeyRing, operation: str, *, jobs: int | None = None
+) -> LoadedLog:
     """One operation's events and actions, what its story needs. An event whose plaintext
     does not hold the id as a JSON string cannot be one of them, so it is neither decoded nor
     folded, and a large log is opened on every core, the workers sending back only those."""
@@ -83,9 +89,14 @@ def load_operation(log_dir: Path, keyring: KeyRing, operation: str, *,
     return log
 
 
-def _fold(log: LoadedLog, payloads: Iterator[tuple[int, bytes]], *,
-          until_seq: int | None = None, until_time: float | None = None,
-          operation: str | None = None) -> None:
+def _fold(
+    log: LoadedLog,
+    payloads: Iterator[tuple[int, bytes]],
+    *,
+    until_seq: int | None = None,
+    until_time: float | None = None,
+    operation: str | None = None,
+) -> None:
     for seq, payload in payloads:
         if until_seq is not None and seq > until_seq:
             break
@@ -130,8 +141,9 @@ def load_ledger(config: Config, keyring: KeyRing) -> Ledger:
     # the current epoch key (forward-secure logs) or signing.key; an auditor has neither:
     # the whole log
     keys = snapshot_keys(config, keys_dir)
-    if keys.root is not None or (keys.epochs_dir is not None
-                                 and os.access(keys.epochs_dir, os.R_OK | os.X_OK)):
+    if keys.root is not None or (
+        keys.epochs_dir is not None and os.access(keys.epochs_dir, os.R_OK | os.X_OK)
+    ):
         snapshot = load_snapshot(config.snapshot_path, keyring, keys)
         if snapshot is not None and mismatch(config.log_dir, snapshot.position) is None:
             return replay_log(config.log_dir, keyring, snapshot)
@@ -142,8 +154,10 @@ def need_op(ops: Mapping[str, Operation], op_id: str) -> Operation:
     op = ops.get(op_id)
     if op is None:
         hint = ", ".join(sorted(ops)[:5])
-        raise UsageError(f"no operation {op_id!r} in the log" +
-                         (f" (some that exist: {hint})" if hint else " (the log has none yet)"))
+        raise UsageError(
+            f"no operation {op_id!r} in the log"
+            + (f" (some that exist: {hint})" if hint else " (the log has none yet)")
+        )
     return op
 
 

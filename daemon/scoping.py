@@ -36,8 +36,10 @@ def scoped(op_id: str, uid: int) -> str:
 def refusal(op_id: str) -> str | None:
     """Why a caller may not choose ``op_id``, or None."""
     if RESERVED.search(op_id):
-        return (f"operation id {op_id!r} holds '~u' and a digit, which bide keeps for its own "
-                f"use; choose another")
+        return (
+            f"operation id {op_id!r} holds '~u' and a digit, which bide keeps for its own "
+            f"use; choose another"
+        )
     if len(op_id) > MAX_CHOSEN_LENGTH:
         return f"operation id is {len(op_id)} characters; at most {MAX_CHOSEN_LENGTH}"
     return None

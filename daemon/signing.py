@@ -81,21 +81,32 @@ def open_signing(config: Config, keys_dir: Path) -> LogSigning:
             raise KeyFileError(
                 f"{keys_dir / SIGNING_KEY} does not exist: the log at {config.log_dir} is "
                 f"signed with one key (format 2, or [log] forward_secure = false), which must "
-                f"stay on the host; restore it, or start a new forward-secure log")
+                f"stay on the host; restore it, or start a new forward-secure log"
+            )
         return LogSigning(root, heads)
-    policy = EpochPolicy(every_checkpoints=config.log.epoch_checkpoints,
-                         every_seconds=config.log.epoch_seconds)
-    signing = EpochSigning(load_verify_key(keys_dir / VERIFY_KEY),
-                           config.state_dir / EPOCHS_DIR, policy=policy, root=root)
+    policy = EpochPolicy(
+        every_checkpoints=config.log.epoch_checkpoints, every_seconds=config.log.epoch_seconds
+    )
+    signing = EpochSigning(
+        load_verify_key(keys_dir / VERIFY_KEY),
+        config.state_dir / EPOCHS_DIR,
+        policy=policy,
+        root=root,
+    )
     out = LogSigning(signing, heads)
     if root is not None:
-        why = ("it is needed once, to create the log; move it offline after this start"
-               if fmt is None else
-               "the log exists, so the daemon does not need it: move it offline")
-        out.warnings.append((
-            "the root signing key is readable on this host: whoever reads it can re-sign the "
-            "whole log; " + why + " (keep verify.pub)",
-            {"key": keys_dir / SIGNING_KEY}))
+        why = (
+            "it is needed once, to create the log; move it offline after this start"
+            if fmt is None
+            else "the log exists, so the daemon does not need it: move it offline"
+        )
+        out.warnings.append(
+            (
+                "the root signing key is readable on this host: whoever reads it can re-sign the "
+                "whole log; " + why + " (keep verify.pub)",
+                {"key": keys_dir / SIGNING_KEY},
+            )
+        )
     return out
 
 

@@ -97,24 +97,27 @@ class SnapshotKeys:
         """The key a snapshot at ``position`` must be tagged with; :class:`SnapshotError`
         naming ``where`` and why when this host holds none."""
         if position.format >= FORMAT_FORWARD_SECURE:
-            signer = (None if self.epochs_dir is None
-                      else epoch_signer_at(self.epochs_dir, position))
+            signer = None if self.epochs_dir is None else epoch_signer_at(self.epochs_dir, position)
             if signer is None:
                 raise SnapshotError(
                     f"snapshot {where} names epoch {position.epoch} of log {position.log_id}, "
                     f"whose key this host does not hold: the epoch ended (its key was "
                     f"destroyed, so an older snapshot, or one tagged with a key from a backup, "
                     f"is not trusted), or the snapshot is not this daemon's; it will be "
-                    f"rebuilt")
+                    f"rebuilt"
+                )
             return signer.mac_key
         if self.root is None:
-            raise SnapshotError(f"snapshot {where} is of a format-2 log, and this log is "
-                                f"forward-secure (or its signing key is not readable here)")
+            raise SnapshotError(
+                f"snapshot {where} is of a format-2 log, and this log is "
+                f"forward-secure (or its signing key is not readable here)"
+            )
         return self.root.mac_key
 
 
-def load_snapshot(path: Path, keyring: KeyRing, keys: SnapshotKeys,
-                  store: LineStore | None = None) -> Snapshot | None:
+def load_snapshot(
+    path: Path, keyring: KeyRing, keys: SnapshotKeys, store: LineStore | None = None
+) -> Snapshot | None:
     """The state snapshot at ``path``, or the one ``store`` keeps (the log in PostgreSQL:
     whichever node wrote it last) when that one is later; None (and a warning) when there is
     none or none is usable (damaged, or not tagged with the key ``keys`` gives for the
@@ -140,8 +143,7 @@ def load_snapshot(path: Path, keyring: KeyRing, keys: SnapshotKeys,
         try:
             claimed = snapshot_position(data)
             if claimed is None:
-                raise SnapshotError(f"snapshot {where} has no readable header; it will be "
-                                    f"rebuilt")
+                raise SnapshotError(f"snapshot {where} has no readable header; it will be rebuilt")
             position, body = open_snapshot(data, keyring, keys.to_read(claimed, where), where)
             del data
             with collector_paused():
@@ -162,8 +164,9 @@ def _seq_or_none(data: bytes) -> int:
     return -1 if seq is None else seq
 
 
-def replay_log(log_dir: Path, keyring: KeyRing, start: Snapshot | None = None, *,
-               jobs: int | None = None) -> Ledger:
+def replay_log(
+    log_dir: Path, keyring: KeyRing, start: Snapshot | None = None, *, jobs: int | None = None
+) -> Ledger:
     """Fold the log into a ledger: every event, or those after ``start``'s position into its
     ledger (the caller has checked that the position still names its record).
 
@@ -189,11 +192,13 @@ def warn_unreadable(skipped: list[tuple[int, str]], shown: int = 10) -> None:
     """One warning line per event left out (the first ``shown``), then a count of the rest."""
     skipped.sort()
     for seq, why in skipped[:shown]:
-        logfmt.warn("log event left out: unreadable or unfoldable (its operation is unknown "
-                    "or incomplete)", seq=seq, reason=why)
+        logfmt.warn(
+            "log event left out: unreadable or unfoldable (its operation is unknown or incomplete)",
+            seq=seq,
+            reason=why,
+        )
     if len(skipped) > shown:
-        logfmt.warn("more log events left out", count=len(skipped) - shown,
-                    last_seq=skipped[-1][0])
+        logfmt.warn("more log events left out", count=len(skipped) - shown, last_seq=skipped[-1][0])
 
 
 def release_freed_heap() -> None:
@@ -207,8 +212,14 @@ def release_freed_heap() -> None:
         pass
 
 
-def save_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
-                  ledger: Ledger, store: LineStore | None = None) -> int:
+def save_snapshot(
+    path: Path,
+    keyring: KeyRing,
+    mac_key: bytes,
+    position: LogPosition,
+    ledger: Ledger,
+    store: LineStore | None = None,
+) -> int:
     """Write the snapshot, tagged with ``mac_key`` (:meth:`SnapshotKeys.to_write`), to
     ``path`` and, with the log in a database, keep the same bytes there for the next node (a
     failure there is logged: the local file is written)."""
@@ -217,31 +228,49 @@ def save_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPos
     if store is not None:
         try:
             if not store.save_snapshot(position.seq, position.hash, data):
-                logfmt.info("state snapshot not kept in the database (a later one is there, "
-                            "or this node no longer holds the log)", seq=position.seq)
+                logfmt.info(
+                    "state snapshot not kept in the database (a later one is there, "
+                    "or this node no longer holds the log)",
+                    seq=position.seq,
+                )
         except StoreError as exc:
-            logfmt.warn("state snapshot not kept in the database; the next node replays "
-                        "more", error=exc)
+            logfmt.warn(
+                "state snapshot not kept in the database; the next node replays more", error=exc
+            )
     return len(data)
 
 
-async def write_snapshot_in_thread(path: Path, keyring: KeyRing, keys: SnapshotKeys,
-                                   position: LogPosition, ledger: Ledger,
-                                   store: LineStore | None = None) -> None:
+async def write_snapshot_in_thread(
+    path: Path,
+    keyring: KeyRing,
+    keys: SnapshotKeys,
+    position: LogPosition,
+    ledger: Ledger,
+    store: LineStore | None = None,
+) -> None:
     """Encode, seal and write ``ledger`` at ``position`` in a worker thread. A failure is
     logged, not raised: the log is unaffected, and the next start replays more of it."""
     started = time.monotonic()
     mac_key = keys.to_write(position)  # now: the epoch may end while the thread runs
     if mac_key is None:
-        logfmt.info("state snapshot not written: its position's epoch has ended",
-                    seq=position.seq, epoch=position.epoch)
+        logfmt.info(
+            "state snapshot not written: its position's epoch has ended",
+            seq=position.seq,
+            epoch=position.epoch,
+        )
         return
     try:
-        size = await anyio.to_thread.run_sync(save_snapshot, path, keyring, mac_key, position,
-                                              ledger, store)
+        size = await anyio.to_thread.run_sync(
+            save_snapshot, path, keyring, mac_key, position, ledger, store
+        )
     except OSError as exc:
         logfmt.warn("state snapshot not written; the log is unaffected", error=exc)
         return
-    logfmt.info("state snapshot written", seq=position.seq, events=ledger.events,
-                operations=len(ledger.ops), bytes=size,
-                seconds=f"{time.monotonic() - started:.3f}")
+    logfmt.info(
+        "state snapshot written",
+        seq=position.seq,
+        events=ledger.events,
+        operations=len(ledger.ops),
+        bytes=size,
+        seconds=f"{time.monotonic() - started:.3f}",
+    )

@@ -94,7 +94,10 @@ class _Kind(msgspec.Struct, frozen=True):
 
 IncomingFile = RegistrationFile | SubmitFile | FetchFile
 _INCOMING: dict[str, type[IncomingFile]] = {
-    "watch": RegistrationFile, "submit": SubmitFile, "fetch": FetchFile}
+    "watch": RegistrationFile,
+    "submit": SubmitFile,
+    "fetch": FetchFile,
+}
 
 
 def decode_incoming(data: bytes) -> IncomingFile:
@@ -111,12 +114,15 @@ def decode_incoming(data: bytes) -> IncomingFile:
         request = msgspec.json.decode(data, type=cls)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise Refused(f"not a valid {kind} request: {exc}") from None
-    if (isinstance(request, RegistrationFile | SubmitFile)
-            and request.registration.status_location is not None):
+    if (
+        isinstance(request, RegistrationFile | SubmitFile)
+        and request.registration.status_location is not None
+    ):
         raise Refused(
             "the registration names a status_location: agents give a provider and a job id, "
             "never a URL; only the provider's profile decides where bide sends its requests "
-            "and its credential")
+            "and its credential"
+        )
     return request
 
 
@@ -162,8 +168,9 @@ class Spool:
         self.owners: dict[str, int] = {}
         self._acl_warned = False
 
-    def layout(self, agents_group: str = "", approvers_group: str = ""
-               ) -> tuple[tuple[Path, int, str], ...]:
+    def layout(
+        self, agents_group: str = "", approvers_group: str = ""
+    ) -> tuple[tuple[Path, int, str], ...]:
         """(directory, mode, group) of the spool; group "" is the daemon's own.
 
         A role directory is setgid: a file dropped there takes the role's group, which the
@@ -172,13 +179,18 @@ class Spool:
         Receipts directories need no setgid bit: a receipt is readable through its ACL by the
         one user who asked, never through its group.
         """
+
         def role(group: str) -> int:
             return 0o3730 if group else 0o730  # sticky: no one removes another's file
 
-        return ((self.root, 0o755, ""), (self.incoming, role(agents_group), agents_group),
-                (self.decisions, role(approvers_group), approvers_group),
-                (self.rejected, 0o750, ""), (self.receipts, 0o750, agents_group),
-                (self.decided, 0o750, approvers_group))
+        return (
+            (self.root, 0o755, ""),
+            (self.incoming, role(agents_group), agents_group),
+            (self.decisions, role(approvers_group), approvers_group),
+            (self.rejected, 0o750, ""),
+            (self.receipts, 0o750, agents_group),
+            (self.decided, 0o750, approvers_group),
+        )
 
     def create(self, agents_group: str = "", approvers_group: str = "") -> None:
         """Make the directories with their modes (the umask is ignored), and hand
@@ -198,12 +210,14 @@ class Spool:
                     os.chmod(d, mode)  # a change of group clears the setgid bit
             except PermissionError:
                 raise SpoolPermissionError(
-                    f"{d} must exist with mode {mode:04o}" + (f" and group {group}" if group
-                                                             else "")
+                    f"{d} must exist with mode {mode:04o}"
+                    + (f" and group {group}" if group else "")
                     + ", and this process may not set that up (under the shipped unit the "
                     f"system call filter forbids chown and setgid bits): create it beforehand, "
-                    f"e.g. install -d -m {mode:04o}" + (f" -g {group}" if group else "")
-                    + f" {d} (the shipped unit does so in ExecStartPre=+)") from None
+                    f"e.g. install -d -m {mode:04o}"
+                    + (f" -g {group}" if group else "")
+                    + f" {d} (the shipped unit does so in ExecStartPre=+)"
+                ) from None
             if mode & stat.S_ISGID and not d.stat().st_mode & stat.S_ISGID:
                 _make_setgid(d, mode, group)
         self.check_decisions(agents_group)
@@ -218,24 +232,29 @@ class Spool:
             raise SpoolPermissionError(
                 f"decisions directory {self.decisions} carries a POSIX ACL ({acl}): users "
                 f"outside the approvers' group may write there. Fix: setfacl -b -k "
-                f"{self.decisions}")
+                f"{self.decisions}"
+            )
         if mode & 0o002:
             raise SpoolPermissionError(
                 f"decisions directory {self.decisions} is world-writable (mode {mode:04o}): "
-                f"anyone could approve. Fix: chmod 0730 {self.decisions}")
+                f"anyone could approve. Fix: chmod 0730 {self.decisions}"
+            )
         if agents_group and mode & 0o020 and st.st_gid == _gid(agents_group):
             raise SpoolPermissionError(
                 f"decisions directory {self.decisions} is writable by the agents' group "
                 f"{agents_group}: agents could approve their own escalations. Fix: chgrp "
-                f"APPROVERS {self.decisions} (or set [spool] approvers_group)")
+                f"APPROVERS {self.decisions} (or set [spool] approvers_group)"
+            )
 
     # -- writers (CLI side) -----------------------------------------------------------------
 
     def drop(self, directory: Path, request_id: str, data: bytes) -> Path:
         if not directory.is_dir():
             raise FileNotFoundError(
-                errno.ENOENT, f"spool directory {directory} does not exist (has `bide run` "
-                f"started once with this config?)")
+                errno.ENOENT,
+                f"spool directory {directory} does not exist (has `bide run` "
+                f"started once with this config?)",
+            )
         final = directory / f"{request_id}.json"
         tmp = directory / f".{request_id}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
@@ -267,8 +286,9 @@ class Spool:
             raise UsageError(f"not queued: {exc}") from None
         except OSError as exc:
             hint = f" ({who})" if who else ""
-            raise UsageError(f"cannot write to the spool {directory}: {exc.strerror}{hint}"
-                             ) from None
+            raise UsageError(
+                f"cannot write to the spool {directory}: {exc.strerror}{hint}"
+            ) from None
 
     def receipt_path(self, request_id: str, *, decision: bool = False) -> Path:
         return (self.decided if decision else self.receipts) / f"{request_id}.json"
@@ -276,7 +296,8 @@ class Spool:
     def read_receipt(self, request_id: str, *, decision: bool = False) -> Receipt | None:
         try:
             return msgspec.json.decode(
-                self.receipt_path(request_id, decision=decision).read_bytes(), type=Receipt)
+                self.receipt_path(request_id, decision=decision).read_bytes(), type=Receipt
+            )
         except (OSError, msgspec.DecodeError):
             return None
 
@@ -319,8 +340,9 @@ class Spool:
         finally:
             os.close(fd)
 
-    def reject(self, path: Path, request_id: str | None, reason: str, *,
-               decision: bool = False) -> None:
+    def reject(
+        self, path: Path, request_id: str | None, reason: str, *, decision: bool = False
+    ) -> None:
         """Move ``path`` to ``rejected/`` with NAME.reason beside it, and write the receipt."""
         self.rejected.mkdir(parents=True, exist_ok=True)
         target = self.rejected / path.name
@@ -340,8 +362,9 @@ class Spool:
         while len(self.owners) > OWNERS_KEPT:
             del self.owners[next(iter(self.owners))]
 
-    def write_receipt(self, receipt: Receipt, *, decision: bool = False,
-                      reader: int | None = None) -> None:
+    def write_receipt(
+        self, receipt: Receipt, *, decision: bool = False, reader: int | None = None
+    ) -> None:
         """Write ``receipt`` 0600, readable besides the daemon only by ``reader`` (by default
         the owner of the request file it answers, when this process read that file)."""
         if reader is None:
@@ -367,13 +390,17 @@ class Spool:
         except OSError as exc:
             if not self._acl_warned:
                 self._acl_warned = True
-                logfmt.warn("cannot give a receipt's reader access: the file system refuses "
-                            "POSIX ACLs; receipts stay readable by the daemon alone (use the "
-                            "local API, or mount the state directory with ACL support)",
-                            directory=directory, error=exc.strerror)
+                logfmt.warn(
+                    "cannot give a receipt's reader access: the file system refuses "
+                    "POSIX ACLs; receipts stay readable by the daemon alone (use the "
+                    "local API, or mount the state directory with ACL support)",
+                    directory=directory,
+                    error=exc.strerror,
+                )
 
-    def prune(self, now: float, *, receipt_retention: float, receipt_max: int,
-              rejected_max: int) -> int:
+    def prune(
+        self, now: float, *, receipt_retention: float, receipt_max: int, rejected_max: int
+    ) -> int:
         """Remove receipts older than ``receipt_retention`` seconds or past the newest
         ``receipt_max`` of their directory, and all but the newest ``rejected_max`` refused
         files (with their reasons). Returns how many were removed."""
@@ -381,12 +408,16 @@ class Spool:
         for directory in (self.receipts, self.decided):
             entries = sorted(_entries(directory), key=lambda e: (e.stat().st_mtime, e.name))
             for n, entry in enumerate(entries):
-                if (n < len(entries) - receipt_max
-                        or now - entry.stat().st_mtime > receipt_retention):
+                if (
+                    n < len(entries) - receipt_max
+                    or now - entry.stat().st_mtime > receipt_retention
+                ):
                     removed += _unlink(Path(entry.path))
-        refused = sorted((e for e in _entries(self.rejected) if not e.name.endswith(".reason")),
-                         key=lambda e: (e.stat().st_mtime, e.name))
-        for entry in refused[:max(0, len(refused) - rejected_max)]:
+        refused = sorted(
+            (e for e in _entries(self.rejected) if not e.name.endswith(".reason")),
+            key=lambda e: (e.stat().st_mtime, e.name),
+        )
+        for entry in refused[: max(0, len(refused) - rejected_max)]:
             removed += _unlink(Path(entry.path))
             removed += _unlink(Path(entry.path + ".reason"))
         self.rejected_since_prune = 0
@@ -407,9 +438,13 @@ _ACL_UNDEFINED_ID = 0xFFFFFFFF
 def _read_acl(uid: int) -> bytes:
     """``system.posix_acl_access`` for u::rw-,u:UID:r--,g::---,m::r--,o::--- (the kernel's
     xattr layout: a version, then (tag, perm, id) entries sorted by tag)."""
-    entries = ((_ACL_USER_OBJ, 6, _ACL_UNDEFINED_ID), (_ACL_USER, 4, uid),
-               (_ACL_GROUP_OBJ, 0, _ACL_UNDEFINED_ID), (_ACL_MASK, 4, _ACL_UNDEFINED_ID),
-               (_ACL_OTHER, 0, _ACL_UNDEFINED_ID))
+    entries = (
+        (_ACL_USER_OBJ, 6, _ACL_UNDEFINED_ID),
+        (_ACL_USER, 4, uid),
+        (_ACL_GROUP_OBJ, 0, _ACL_UNDEFINED_ID),
+        (_ACL_MASK, 4, _ACL_UNDEFINED_ID),
+        (_ACL_OTHER, 0, _ACL_UNDEFINED_ID),
+    )
     return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
@@ -451,13 +486,15 @@ def _readable_by_the_daemon(fd: int, directory: Path) -> None:
         raise SpoolUnreadable(
             f"the daemon's user {daemon} (who owns {directory}) is not in group {group}, "
             f"which the files dropped there get: it could not open this one. Fix (an "
-            f"administrator): usermod -aG {group} {daemon}, then restart the daemon")
+            f"administrator): usermod -aG {group} {daemon}, then restart the daemon"
+        )
     raise SpoolUnreadable(
         f"the file would get group {group}, not {dir_group} (the group of {directory}): you "
         f"({user_name(os.geteuid())}) are not in {dir_group} and the directory is not setgid, "
         f"and the daemon's user {daemon} cannot read a file of group {group}. Fix (an "
         f"administrator): install -d -m 3730 -g {dir_group} {directory}, and usermod -aG "
-        f"{dir_group} {user_name(os.geteuid())} if you should use it")
+        f"{dir_group} {user_name(os.geteuid())} if you should use it"
+    )
 
 
 def _make_setgid(directory: Path, mode: int, group: str) -> None:
@@ -466,8 +503,11 @@ def _make_setgid(directory: Path, mode: int, group: str) -> None:
     try:
         os.chmod(directory, mode)
     except PermissionError:
-        logfmt.warn("spool directory is not setgid; writers set their files' group themselves",
-                    directory=directory, fix=f"install -d -m {mode:04o} -g {group} {directory}")
+        logfmt.warn(
+            "spool directory is not setgid; writers set their files' group themselves",
+            directory=directory,
+            fix=f"install -d -m {mode:04o} -g {group} {directory}",
+        )
 
 
 def _check_member(group: str) -> None:
@@ -480,7 +520,8 @@ def _check_member(group: str) -> None:
     raise SpoolPermissionError(
         f"the daemon's user {me} is not in group {group} (from [spool] in the config), so it "
         f"could not open the files dropped in the spool by that group's members. Fix: "
-        f"usermod -aG {group} {me} (the shipped unit also names it in SupplementaryGroups=)")
+        f"usermod -aG {group} {me} (the shipped unit also names it in SupplementaryGroups=)"
+    )
 
 
 def _group_name(gid: int) -> str:
@@ -506,8 +547,9 @@ def _unlink(path: Path) -> int:
     return 1
 
 
-def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,
-                     daemon_uid: int, allow_root: bool) -> str | None:
+def approval_refusal(
+    path: Path, st: os.stat_result, *, approvers_group: str, daemon_uid: int, allow_root: bool
+) -> str | None:
     """Why a decision file's owner does not count as an approver (S36), or None if it does.
 
     The owner is who the kernel says wrote the file. A file with a second hard link, writable
@@ -517,8 +559,10 @@ def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,
     one-person setup, the demo, the tests) the owner alone is recorded.
     """
     if st.st_nlink > 1:
-        return (f"the file has {st.st_nlink} hard links: its owner may not be who wrote it "
-                f"(write decisions with bide decide)")
+        return (
+            f"the file has {st.st_nlink} hard links: its owner may not be who wrote it "
+            f"(write decisions with bide decide)"
+        )
     acl = _acl_grants(path)
     if acl:
         return f"the file carries a POSIX ACL ({acl}): others may have written it"
@@ -530,8 +574,10 @@ def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,
     if st.st_uid == daemon_uid:
         return f"the file is owned by the daemon's own user ({name}), who is no approver"
     if st.st_uid == 0 and not allow_root:
-        return ("the file is owned by root, who is no approver unless [spool] "
-                "allow_root_approval = true")
+        return (
+            "the file is owned by root, who is no approver unless [spool] "
+            "allow_root_approval = true"
+        )
     gid = _gid(approvers_group)
     try:
         entry = pwd.getpwuid(st.st_uid)
@@ -539,8 +585,10 @@ def approval_refusal(path: Path, st: os.stat_result, *, approvers_group: str,
     except KeyError:
         groups = []
     if gid not in groups:
-        return (f"the file's owner {name} is not in the approvers' group {approvers_group} "
-                f"(fix: usermod -aG {approvers_group} {name}, if they should approve)")
+        return (
+            f"the file's owner {name} is not in the approvers' group {approvers_group} "
+            f"(fix: usermod -aG {approvers_group} {name}, if they should approve)"
+        )
     return None
 
 
@@ -570,7 +618,8 @@ def _gid(group: str) -> int:
     except KeyError:
         raise SpoolPermissionError(
             f"group {group!r} (from [spool] in the config) does not exist; create it with "
-            f"groupadd {group}, or clear the setting") from None
+            f"groupadd {group}, or clear the setting"
+        ) from None
 
 
 def _mtime(path: Path) -> float:
@@ -578,7 +627,6 @@ def _mtime(path: Path) -> float:
         return path.lstat().st_mtime
     except FileNotFoundError:
         return 0.0
-
 
 
 def request_id_of(path: Path) -> str | None:

@@ -26,8 +26,9 @@ __all__ = ["DRAIN_SECONDS", "RequestGate", "Supervisor"]
 class Supervisor(Engine):
     """The engine, serving the local API when ``[api] enabled``."""
 
-    async def serve_api(self, *, task_status: anyio.abc.TaskStatus[None]
-                        = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve_api(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """The local API on its Unix socket, answered from the engine's memory."""
         from daemon.api.listener import open_listener
         from daemon.api.server import ApiServer, Limits
@@ -35,7 +36,8 @@ class Supervisor(Engine):
 
         cfg = self.config.api
         listener, where, bound = await open_listener(
-            self.config.socket_path, mode=int(cfg.socket_mode, 8), group=cfg.socket_group)
+            self.config.socket_path, mode=int(cfg.socket_mode, 8), group=cfg.socket_group
+        )
         api = Api(self)
 
         async def handle(request: Any) -> Any:
@@ -45,11 +47,15 @@ class Supervisor(Engine):
         def count(reason: str) -> None:
             self.metrics.api_rejections[reason] += 1
 
-        server = ApiServer(handle, limits=Limits(
-            max_connections=cfg.max_connections,
-            max_connections_per_user=cfg.max_connections_per_user,
-            request_timeout=cfg.request_timeout_seconds),
-                           count=count)
+        server = ApiServer(
+            handle,
+            limits=Limits(
+                max_connections=cfg.max_connections,
+                max_connections_per_user=cfg.max_connections_per_user,
+                request_timeout=cfg.request_timeout_seconds,
+            ),
+            count=count,
+        )
         self.api_socket = where
         logfmt.info("api listening", socket=where, inherited=not bound)
         task_status.started()

@@ -95,8 +95,9 @@ class RateQuota:
     without reserving again, so fifty operations due at once are spread out, not sent in waves.
     """
 
-    def __init__(self, rate: float, burst: int = 1,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate: float, burst: int = 1, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate = rate
         self.burst = max(1, burst)
         self.interval = (1.0 + QUOTA_GUARD) / rate

@@ -51,7 +51,8 @@ class SyncRing:
 
     def __init__(self, numbers: tuple[int, int, int, int]) -> None:
         self._setup, self._destroy, self._getevents, self._submit = (
-            ctypes.c_long(n) for n in numbers)
+            ctypes.c_long(n) for n in numbers
+        )
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = self._libc.syscall
         self._syscall.restype = ctypes.c_long
@@ -70,8 +71,14 @@ class SyncRing:
         # The arguments of the two calls made per round, built once (ctypes conversions are
         # most of what such a call costs in Python).
         self._submit_args = (self._submit, self._ctx, ctypes.c_long(1), self._iocbs)
-        self._reap_args = (self._getevents, self._ctx, ctypes.c_long(0),
-                           ctypes.c_long(_EVENTS), self._events, ctypes.byref(self._no_wait))
+        self._reap_args = (
+            self._getevents,
+            self._ctx,
+            ctypes.c_long(0),
+            ctypes.c_long(_EVENTS),
+            self._events,
+            ctypes.byref(self._no_wait),
+        )
         self.in_flight = False
         self.closed = False
 
@@ -81,8 +88,22 @@ class SyncRing:
 
     def submit(self, fd: int) -> None:
         """Start an ``fdatasync`` of ``fd``; raises ``OSError`` if the kernel refuses it."""
-        _IOCB.pack_into(self._iocb, 0, fd, 0, 0, _IOCB_CMD_FDSYNC, 0, fd, 0, 0, 0, 0,
-                        _IOCB_FLAG_RESFD, self._eventfd)
+        _IOCB.pack_into(
+            self._iocb,
+            0,
+            fd,
+            0,
+            0,
+            _IOCB_CMD_FDSYNC,
+            0,
+            fd,
+            0,
+            0,
+            0,
+            0,
+            _IOCB_FLAG_RESFD,
+            self._eventfd,
+        )
         if self._call(*self._submit_args) != 1:
             raise self._error("io_submit")
         self.in_flight = True
@@ -104,8 +125,14 @@ class SyncRing:
         """Block (a thread, never the event loop) up to ``seconds`` for the result."""
         whole = int(seconds)
         limit = _Timespec(whole, int((seconds - whole) * 1e9))
-        got = self._call(self._getevents, self._ctx, ctypes.c_long(1), ctypes.c_long(_EVENTS),
-                         self._events, ctypes.byref(limit))
+        got = self._call(
+            self._getevents,
+            self._ctx,
+            ctypes.c_long(1),
+            ctypes.c_long(_EVENTS),
+            self._events,
+            ctypes.byref(limit),
+        )
         if got < 0:
             raise self._error("io_getevents")
         if got == 0:

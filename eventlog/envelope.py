@@ -54,8 +54,14 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 _RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
 
 
-class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
-              forbid_unknown_fields=True, omit_defaults=True):
+class Genesis(
+    msgspec.Struct,
+    frozen=True,
+    tag="genesis",
+    tag_field="kind",
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+):
     """The first record. Signed, so the checkpoint spacing it promises cannot be rewritten:
     a log stripped of its checkpoints then fails verification instead of passing unsigned.
 
@@ -73,16 +79,18 @@ class Genesis(msgspec.Struct, frozen=True, tag="genesis", tag_field="kind",
     epoch_key: str = ""  # format 3 only
 
 
-class Segment(msgspec.Struct, frozen=True, tag="segment", tag_field="kind",
-              forbid_unknown_fields=True):
+class Segment(
+    msgspec.Struct, frozen=True, tag="segment", tag_field="kind", forbid_unknown_fields=True
+):
     seq: int
     prev: str
     log: str
     index: int
 
 
-class EventRecord(msgspec.Struct, frozen=True, tag="event", tag_field="kind",
-                  forbid_unknown_fields=True):
+class EventRecord(
+    msgspec.Struct, frozen=True, tag="event", tag_field="kind", forbid_unknown_fields=True
+):
     seq: int
     prev: str
     log: str
@@ -105,8 +113,14 @@ class SealedEvent(msgspec.Struct, frozen=True, tag="event", tag_field="kind"):
     ct: bytes
 
 
-class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="kind",
-                 forbid_unknown_fields=True, omit_defaults=True):
+class Checkpoint(
+    msgspec.Struct,
+    frozen=True,
+    tag="checkpoint",
+    tag_field="kind",
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+):
     """Format 3 adds ``epoch`` (whose key signs it) and, at an epoch boundary, ``next_key``:
     the public key of epoch ``epoch + 1``, certified by this signature. Both are omitted in
     format 2, so its records keep their bytes.
@@ -135,8 +149,9 @@ class Takeover(msgspec.Struct, frozen=True):
     holder: str
 
 
-class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
-               forbid_unknown_fields=True):
+class Recovery(
+    msgspec.Struct, frozen=True, tag="recovery", tag_field="kind", forbid_unknown_fields=True
+):
     seq: int
     prev: str
     log: str
@@ -149,8 +164,7 @@ class Recovery(msgspec.Struct, frozen=True, tag="recovery", tag_field="kind",
     reason: str = ""  # "torn", "unacknowledged", "unsealed"; empty in records before seals
 
 
-class Seal(msgspec.Struct, frozen=True, tag="seal", tag_field="kind",
-           forbid_unknown_fields=True):
+class Seal(msgspec.Struct, frozen=True, tag="seal", tag_field="kind", forbid_unknown_fields=True):
     """Authenticates every record before it (through ``prev``) to holders of the MAC key."""
 
     seq: int
@@ -208,8 +222,7 @@ _HEXDIGEST = operator.methodcaller("hexdigest")
 
 def associated_data(log_id: str, seq: int, prev: str, kid: str) -> bytes:
     """AEAD associated data: binds a ciphertext to its header as stored."""
-    return associated_data_from(aad_prefix(log_id), seq, bytes.fromhex(prev),
-                                kid.encode("ascii"))
+    return associated_data_from(aad_prefix(log_id), seq, bytes.fromhex(prev), kid.encode("ascii"))
 
 
 def aad_prefix(log_id: str) -> bytes:
@@ -226,53 +239,89 @@ def associated_data_from(prefix: bytes, seq: int, prev: bytes, kid: bytes) -> by
 _SEQ = struct.Struct(">Q")
 
 
-def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_every: int
-                    ) -> bytes:
+def genesis_message(log_id: str, fmt: int, signer: str, t_us: int, checkpoint_every: int) -> bytes:
     """The bytes a genesis signature covers."""
     return b"".join(
-        (_GENESIS_DOMAIN, bytes.fromhex(log_id), struct.pack(">Iqq", fmt, t_us, checkpoint_every),
-         bytes.fromhex(signer))
+        (
+            _GENESIS_DOMAIN,
+            bytes.fromhex(log_id),
+            struct.pack(">Iqq", fmt, t_us, checkpoint_every),
+            bytes.fromhex(signer),
+        )
     )
 
 
-def genesis_message_v3(log_id: str, signer: str, t_us: int, checkpoint_every: int,
-                       epoch_key: bytes) -> bytes:
+def genesis_message_v3(
+    log_id: str, signer: str, t_us: int, checkpoint_every: int, epoch_key: bytes
+) -> bytes:
     """The bytes a format-3 genesis signature covers: also the certified epoch-1 key."""
     return b"".join(
-        (_GENESIS_V3_DOMAIN, bytes.fromhex(log_id),
-         struct.pack(">Iqq", FORMAT_VERSION, t_us, checkpoint_every), bytes.fromhex(signer),
-         struct.pack(">B", len(epoch_key)), epoch_key)
+        (
+            _GENESIS_V3_DOMAIN,
+            bytes.fromhex(log_id),
+            struct.pack(">Iqq", FORMAT_VERSION, t_us, checkpoint_every),
+            bytes.fromhex(signer),
+            struct.pack(">B", len(epoch_key)),
+            epoch_key,
+        )
     )
 
 
 def seal_message(log_id: str, seq: int, head: str) -> bytes:
     """The bytes a seal's MAC covers. ``head`` is the hash of record ``seq - 1``."""
-    return b"".join((_SEAL_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq),
-                     bytes.fromhex(head)))
+    return b"".join(
+        (_SEAL_DOMAIN, bytes.fromhex(log_id), struct.pack(">Q", seq), bytes.fromhex(head))
+    )
 
 
 def checkpoint_message(
-    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool,
+    log_id: str,
+    seq: int,
+    head: str,
+    t_us: int,
+    prev_cp: str,
+    final: bool,
     takeover: Takeover | None = None,
 ) -> bytes:
     """The bytes a checkpoint signature covers. ``head`` is the hash of record ``seq - 1``."""
     return b"".join(
-        (_CHECKPOINT_DOMAIN, bytes.fromhex(log_id), struct.pack(">Qq", seq, t_us),
-         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00",
-         _takeover_bytes(takeover))
+        (
+            _CHECKPOINT_DOMAIN,
+            bytes.fromhex(log_id),
+            struct.pack(">Qq", seq, t_us),
+            bytes.fromhex(head),
+            bytes.fromhex(prev_cp),
+            b"\x01" if final else b"\x00",
+            _takeover_bytes(takeover),
+        )
     )
 
 
 def checkpoint_message_v2(
-    log_id: str, seq: int, head: str, t_us: int, prev_cp: str, final: bool, epoch: int,
-    next_key: bytes, takeover: Takeover | None = None,
+    log_id: str,
+    seq: int,
+    head: str,
+    t_us: int,
+    prev_cp: str,
+    final: bool,
+    epoch: int,
+    next_key: bytes,
+    takeover: Takeover | None = None,
 ) -> bytes:
     """The bytes a format-3 checkpoint signature covers: also its epoch and the next epoch's
     public key, when it certifies one (empty otherwise)."""
     return b"".join(
-        (_CHECKPOINT_V2_DOMAIN, bytes.fromhex(log_id), struct.pack(">QqQ", seq, t_us, epoch),
-         bytes.fromhex(head), bytes.fromhex(prev_cp), b"\x01" if final else b"\x00",
-         struct.pack(">B", len(next_key)), next_key, _takeover_bytes(takeover))
+        (
+            _CHECKPOINT_V2_DOMAIN,
+            bytes.fromhex(log_id),
+            struct.pack(">QqQ", seq, t_us, epoch),
+            bytes.fromhex(head),
+            bytes.fromhex(prev_cp),
+            b"\x01" if final else b"\x00",
+            struct.pack(">B", len(next_key)),
+            next_key,
+            _takeover_bytes(takeover),
+        )
     )
 
 
@@ -285,8 +334,9 @@ def checkpoint_takeover(cp: Checkpoint) -> Takeover | None:
 
 def takeover_fields(takeover: Takeover | None) -> dict[str, Any]:
     """The :class:`Checkpoint` keyword arguments that record ``takeover`` (none for None)."""
-    return {} if takeover is None else {"lease_epoch": takeover.lease_epoch,
-                                        "holder": takeover.holder}
+    return (
+        {} if takeover is None else {"lease_epoch": takeover.lease_epoch, "holder": takeover.holder}
+    )
 
 
 def _takeover_bytes(takeover: Takeover | None) -> bytes:
@@ -294,5 +344,6 @@ def _takeover_bytes(takeover: Takeover | None) -> bytes:
     if takeover is None:
         return b""
     holder = takeover.holder.encode()
-    return b"".join((_TAKEOVER_DOMAIN, struct.pack(">QH", takeover.lease_epoch, len(holder)),
-                     holder))
+    return b"".join(
+        (_TAKEOVER_DOMAIN, struct.pack(">QH", takeover.lease_epoch, len(holder)), holder)
+    )

@@ -96,8 +96,7 @@ def _public_b64(signer: Signer) -> str:
     return b64(signer.public_bytes)
 
 
-def write_epoch_key(directory: Path, log_id: str, epoch: int, private: Ed25519PrivateKey
-                    ) -> Path:
+def write_epoch_key(directory: Path, log_id: str, epoch: int, private: Ed25519PrivateKey) -> Path:
     """Write an epoch's private key durably (0600, fsync, directory fsync); returns the path.
     A leftover file of the same name (a key never certified) is destroyed first."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -125,8 +124,10 @@ def read_epoch_key(path: Path) -> tuple[str, int, Signer]:
     except OSError as exc:
         raise KeyFileError(f"cannot read epoch key {path}: {exc.strerror}") from None
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KeyFileError(f"epoch key {path} is accessible by group or others (mode "
-                           f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}")
+        raise KeyFileError(
+            f"epoch key {path} is accessible by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
+        )
     try:
         kf = msgspec.json.decode(data, type=_KeyFile)
         seed = base64.b64decode(kf.seed, validate=True)
@@ -177,8 +178,7 @@ def epoch_signer_at(directory: Path, position: LogPosition) -> Signer | None:
         log, epoch, signer = read_epoch_key(path)
     except KeyFileError:
         return None
-    if (log, epoch, _public_b64(signer)) != (position.log_id, position.epoch,
-                                             position.epoch_key):
+    if (log, epoch, _public_b64(signer)) != (position.log_id, position.epoch, position.epoch_key):
         return None
     return signer
 
@@ -197,8 +197,14 @@ class EpochSigning(CheckpointSigning):
     """Format 3 signing (see the module docstring). A format-2 log opened with it is signed
     the old way, with the root key, which must then be on the host."""
 
-    def __init__(self, verify_key: VerifyKey, key_dir: Path, *,
-                 policy: EpochPolicy | None = None, root: Signer | None = None) -> None:
+    def __init__(
+        self,
+        verify_key: VerifyKey,
+        key_dir: Path,
+        *,
+        policy: EpochPolicy | None = None,
+        root: Signer | None = None,
+    ) -> None:
         self.verify_key = verify_key
         self.key_dir = key_dir
         self.policy = policy or EpochPolicy()
@@ -245,8 +251,11 @@ class EpochSigning(CheckpointSigning):
         if self._legacy is not None:
             return self._legacy.mac_key if position.format != FORMAT_VERSION else None
         signer = self._s.signer
-        if (signer is None or position.log_id != self._log_id
-                or (position.epoch, position.epoch_key) != (self._s.epoch, self.epoch_key)):
+        if (
+            signer is None
+            or position.log_id != self._log_id
+            or (position.epoch, position.epoch_key) != (self._s.epoch, self.epoch_key)
+        ):
             return None
         return signer.mac_key
 
@@ -255,8 +264,14 @@ class EpochSigning(CheckpointSigning):
             return self._legacy.stamp(position)
         s = self._s
         return msgspec.structs.replace(
-            position, format=FORMAT_VERSION, epoch=s.epoch, epoch_key=self.epoch_key,
-            epoch_cert_seq=s.cert_seq, epoch_t_us=s.t_us, epoch_checkpoints=s.checkpoints)
+            position,
+            format=FORMAT_VERSION,
+            epoch=s.epoch,
+            epoch_key=self.epoch_key,
+            epoch_cert_seq=s.cert_seq,
+            epoch_t_us=s.t_us,
+            epoch_checkpoints=s.checkpoints,
+        )
 
     def _current(self) -> Signer:
         if self._s.signer is None:
@@ -270,7 +285,8 @@ class EpochSigning(CheckpointSigning):
             raise KeyFileError(
                 "creating a new log needs the root signing key (signing.key): it certifies the "
                 "log's first epoch key in the genesis record, once. Make it readable for the "
-                "first start, then move it offline (see deploy/README.md)")
+                "first start, then move it offline (see deploy/README.md)"
+            )
         first = Ed25519PrivateKey.generate()
         path = write_epoch_key(self.key_dir, log_id, 1, first)
         signer = Signer(first)
@@ -279,8 +295,17 @@ class EpochSigning(CheckpointSigning):
         self._log_id = log_id
         self._legacy = None
         self._s = _State(signer, path, 1, t_us, 0)
-        return Genesis(0, ZERO_HASH, FORMAT_VERSION, log_id, fp, t_us, checkpoint_every,
-                       b64(self._root.sign(msg)), _public_b64(signer))
+        return Genesis(
+            0,
+            ZERO_HASH,
+            FORMAT_VERSION,
+            log_id,
+            fp,
+            t_us,
+            checkpoint_every,
+            b64(self._root.sign(msg)),
+            _public_b64(signer),
+        )
 
     def opened(self, log_dir: Path, report: Report) -> None:
         self._before, self._destroy = None, []
@@ -291,7 +316,8 @@ class EpochSigning(CheckpointSigning):
                     f"log {log_dir} is format 2 (one signing key, before forward-secure "
                     f"checkpoints): it can be continued only with signing.key, which is not "
                     f"readable here. Restore signing.key, or move the log aside and start a "
-                    f"new one")
+                    f"new one"
+                )
             self._legacy = SingleKey(self._root)
             return
         self._legacy = None
@@ -299,22 +325,36 @@ class EpochSigning(CheckpointSigning):
         found: tuple[Signer, Path] | None = None
         for epoch, path in epoch_key_files(self.key_dir, report.log_id):
             log, file_epoch, signer = read_epoch_key(path)
-            if (found is None and file_epoch == epoch == want_epoch and log == report.log_id
-                    and _public_b64(signer) == want_key):
+            if (
+                found is None
+                and file_epoch == epoch == want_epoch
+                and log == report.log_id
+                and _public_b64(signer) == want_key
+            ):
                 found = (signer, path)
             else:  # an earlier epoch's key (a crash before it was destroyed), or uncertified
                 destroy_key_file(path)
         if found is None:
-            cert = ("the genesis record" if report.epoch_cert_seq == 0
-                    else f"checkpoint {report.epoch_cert_seq}")
+            cert = (
+                "the genesis record"
+                if report.epoch_cert_seq == 0
+                else f"checkpoint {report.epoch_cert_seq}"
+            )
             raise KeyFileError(
                 f"log {log_dir} is in epoch {want_epoch} (its key certified by {cert}), but "
                 f"{self.key_dir / epoch_key_name(report.log_id, want_epoch)} is missing or "
                 f"holds another key; only that key can sign the log's next checkpoint. "
                 f"Restore the state directory's epochs/ from where it was, or move the log "
-                f"aside and start a new one")
-        self._s = _State(found[0], found[1], want_epoch, report.epoch_t_us,
-                         report.epoch_checkpoints, report.epoch_cert_seq)
+                f"aside and start a new one"
+            )
+        self._s = _State(
+            found[0],
+            found[1],
+            want_epoch,
+            report.epoch_t_us,
+            report.epoch_checkpoints,
+            report.epoch_cert_seq,
+        )
 
     # -- signing -------------------------------------------------------------------------------
 
@@ -324,12 +364,22 @@ class EpochSigning(CheckpointSigning):
             return True
         return p.every_seconds > 0 and t_us - self._s.t_us >= p.every_seconds * 1e6
 
-    def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True,
-                   takeover: Takeover | None = None) -> Checkpoint:
+    def checkpoint(
+        self,
+        log_id: str,
+        seq: int,
+        head: str,
+        t_us: int,
+        prev_cp: str,
+        final: bool,
+        *,
+        may_rotate: bool = True,
+        takeover: Takeover | None = None,
+    ) -> Checkpoint:
         if self._legacy is not None:
-            return self._legacy.checkpoint(log_id, seq, head, t_us, prev_cp, final,
-                                           takeover=takeover)
+            return self._legacy.checkpoint(
+                log_id, seq, head, t_us, prev_cp, final, takeover=takeover
+            )
         signer = self._current()
         if self._before is None:
             self._before = _State(**vars(self._s))
@@ -348,10 +398,21 @@ class EpochSigning(CheckpointSigning):
             self.rotations += 1
         else:
             self._s.checkpoints += 1
-        msg = checkpoint_message_v2(log_id, seq, head, t_us, prev_cp, final, epoch, next_key,
-                                    takeover)
-        return Checkpoint(seq, head, log_id, t_us, prev_cp, final, b64(signer.sign(msg)),
-                          epoch, b64(next_key) if next_key else "", **takeover_fields(takeover))
+        msg = checkpoint_message_v2(
+            log_id, seq, head, t_us, prev_cp, final, epoch, next_key, takeover
+        )
+        return Checkpoint(
+            seq,
+            head,
+            log_id,
+            t_us,
+            prev_cp,
+            final,
+            b64(signer.sign(msg)),
+            epoch,
+            b64(next_key) if next_key else "",
+            **takeover_fields(takeover),
+        )
 
     def durable(self) -> None:
         self._before = None

@@ -1,16 +1,16 @@
 """Errors of the event log.
 
-    EventLogError               base; messages name the path or key id, never key material
-      +-- KeyFileError         a key file is missing, unreadable, malformed or too open
-     +-- UnknownKeyError        a record names a data key id the keyring does not hold
-     +-- DecryptError           a payload failed authentication (wrong key, or tampering)
-     +-- LockedError            another process holds the log's writer lock (names its pid)
-     +-- DamagedLogError        the log fails verification; the writer refuses to append
-     +-- LogIOError             an fsync or write failed; the writer stops and must reopen
-     |    +-- StoreError        the database store failed; nothing of the round was acknowledged
-     |         +-- FencedError  another node holds the lease (a higher epoch): stop, go standby
-     |              +-- DivergedError  the round does not follow the stored head: re-sync
-     +-- SchemaError            no bide schema in the database, or an unknown version
+EventLogError               base; messages name the path or key id, never key material
+  +-- KeyFileError         a key file is missing, unreadable, malformed or too open
+ +-- UnknownKeyError        a record names a data key id the keyring does not hold
+ +-- DecryptError           a payload failed authentication (wrong key, or tampering)
+ +-- LockedError            another process holds the log's writer lock (names its pid)
+ +-- DamagedLogError        the log fails verification; the writer refuses to append
+ +-- LogIOError             an fsync or write failed; the writer stops and must reopen
+ |    +-- StoreError        the database store failed; nothing of the round was acknowledged
+ |         +-- FencedError  another node holds the lease (a higher epoch): stop, go standby
+ |              +-- DivergedError  the round does not follow the stored head: re-sync
+ +-- SchemaError            no bide schema in the database, or an unknown version
 """
 
 from __future__ import annotations

@@ -83,8 +83,9 @@ class FileStore:
     def version(self) -> int | None:
         return FILE_LAYOUT_VERSION if self.log_dir.is_dir() else None
 
-    def init(self, *, reader: str | None = None,
-             writer: str | None = None) -> tuple[int | None, int]:
+    def init(
+        self, *, reader: str | None = None, writer: str | None = None
+    ) -> tuple[int | None, int]:
         """Create the log directory (0700); files have no roles to grant."""
         before = self.version()
         self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,8 +96,10 @@ class FileStore:
 
     def require(self) -> None:
         if not self.log_dir.is_dir():
-            raise SchemaError(f"log directory {self.log_dir} does not exist; create it (bide "
-                              f"run does, as the daemon's user) or name another")
+            raise SchemaError(
+                f"log directory {self.log_dir} does not exist; create it (bide "
+                f"run does, as the daemon's user) or name another"
+            )
 
     # -- records --
     def iter_lines(self, after: int = -1) -> Iterator[StoredLine]:
@@ -129,12 +132,13 @@ class FileStore:
             return LeaseState(self._holder, FILE_EPOCH, float("inf"))
         alive = writer_alive(self.log_dir)
         if alive is None:
-            raise StoreError(f"cannot tell whether a writer holds {self.log_dir}: its lock file "
-                             f"is not readable by this user; ask as the daemon's user")
+            raise StoreError(
+                f"cannot tell whether a writer holds {self.log_dir}: its lock file "
+                f"is not readable by this user; ask as the daemon's user"
+            )
         if alive:
             pid = holder_pid(self.log_dir)
-            return LeaseState(f"pid {pid}" if pid else "another process", FILE_EPOCH,
-                              float("inf"))
+            return LeaseState(f"pid {pid}" if pid else "another process", FILE_EPOCH, float("inf"))
         return LeaseState("", FILE_EPOCH, float("-inf"))
 
     def take_lease(self, holder: str, seconds: float) -> Term | None:
@@ -154,8 +158,11 @@ class FileStore:
 
     def holds(self, term: Term) -> bool:
         """Whether ``term`` is the one this store holds the lock under right now."""
-        return (self._lock is not None and self._term is not None
-                and secrets.compare_digest(self._term.secret, term.secret))
+        return (
+            self._lock is not None
+            and self._term is not None
+            and secrets.compare_digest(self._term.secret, term.secret)
+        )
 
     def renew_lease(self, holder: str, term: Term, seconds: float) -> bool:
         return self.holds(term) and holder == self._holder
@@ -176,8 +183,9 @@ class FileStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"cannot read the state snapshot {self.snapshot_path}: "
-                             f"{exc.strerror}") from None
+            raise StoreError(
+                f"cannot read the state snapshot {self.snapshot_path}: {exc.strerror}"
+            ) from None
 
     # -- export and import --
     def export(self, out_dir: Path) -> int:
@@ -188,8 +196,9 @@ class FileStore:
         writer holds."""
         self.init()
         if self.head() is not None:
-            raise StoreError(f"log {self.log_dir} already holds records; import goes only "
-                             f"into an empty one")
+            raise StoreError(
+                f"log {self.log_dir} already holds records; import goes only into an empty one"
+            )
         if writer_alive(self.log_dir):
             raise StoreError(f"a writer holds log {self.log_dir}; stop it before importing")
         return write_segments(lines, self.log_dir)
@@ -209,8 +218,10 @@ class FileWriter:
         self._read = False
 
     def _fenced(self, what: str) -> FencedError:
-        return FencedError(f"{what} refused: this writer's lock on {self.store.log_dir} was let "
-                           f"go (another writer may hold the log now)")
+        return FencedError(
+            f"{what} refused: this writer's lock on {self.store.log_dir} was let "
+            f"go (another writer may hold the log now)"
+        )
 
     def commit(self, lines: Sequence[StoredLine], prev_hash: str) -> None:
         if not lines:
@@ -223,8 +234,9 @@ class FileWriter:
         for line in lines:
             why = _breaks_chain(line, last)
             if why is not None:
-                raise DivergedError(f"append refused: {why}; this copy of the log is not the "
-                                    f"store's (re-sync it)")
+                raise DivergedError(
+                    f"append refused: {why}; this copy of the log is not the store's (re-sync it)"
+                )
             last = line
         try:
             append_segments(lines, self.store.log_dir)
@@ -234,8 +246,9 @@ class FileWriter:
             with contextlib.suppress(OSError):
                 self._undo()
             self._read = False
-            raise StoreError(f"appending to {self.store.log_dir} failed (nothing of the round "
-                             f"kept): {exc}") from None
+            raise StoreError(
+                f"appending to {self.store.log_dir} failed (nothing of the round kept): {exc}"
+            ) from None
         self._last = last
 
     def _undo(self) -> None:
@@ -268,8 +281,9 @@ class FileWriter:
         try:
             write_atomically(self.store.snapshot_path, data)
         except OSError as exc:
-            raise StoreError(f"cannot write the state snapshot {self.store.snapshot_path}: "
-                             f"{exc.strerror}") from None
+            raise StoreError(
+                f"cannot write the state snapshot {self.store.snapshot_path}: {exc.strerror}"
+            ) from None
         return True
 
     def load_snapshot(self) -> bytes | None:
@@ -291,12 +305,15 @@ def _breaks_chain(line: StoredLine, last: StoredLine | None) -> str | None:
         return f"the round's record {line.seq} is not record {want} (one past the head)"
     if got.prev != (ZERO_HASH if last is None else last.hash):
         return f"record {want} does not link to record {want - 1} (its prev is not that hash)"
-    end_segment, end = (0, 0) if last is None else (last.segment,
-                                                    last.offset + len(last.data) + 1)
-    if not ((line.segment == end_segment and line.offset == end)
-            or (line.segment == end_segment + 1 and line.offset == 0)):
-        return (f"record {want} is at segment {line.segment} offset {line.offset}, not where "
-                f"the record before it ends")
+    end_segment, end = (0, 0) if last is None else (last.segment, last.offset + len(last.data) + 1)
+    if not (
+        (line.segment == end_segment and line.offset == end)
+        or (line.segment == end_segment + 1 and line.offset == 0)
+    ):
+        return (
+            f"record {want} is at segment {line.segment} offset {line.offset}, not where "
+            f"the record before it ends"
+        )
     return None
 
 

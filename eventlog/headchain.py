@@ -69,15 +69,26 @@ class Proof(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def _report(state: KeyState, root: bytes) -> Report:
     report = Report(log_dir=Path())
     report.log_id, report.format, report.root_key = state.log, state.format, root
-    report.epoch, report.epoch_key, report.epoch_cert_seq = (state.epoch, state.epoch_key,
-                                                             state.cert_seq)
+    report.epoch, report.epoch_key, report.epoch_cert_seq = (
+        state.epoch,
+        state.epoch_key,
+        state.cert_seq,
+    )
     report.lease_epoch = state.lease_epoch
     return report
 
 
 def _state(report: Report, seq: int, root: str) -> KeyState:
-    return KeyState(report.log_id, root, report.format, report.epoch, report.epoch_key,
-                    report.epoch_cert_seq, report.lease_epoch, seq)
+    return KeyState(
+        report.log_id,
+        root,
+        report.format,
+        report.epoch,
+        report.epoch_key,
+        report.epoch_cert_seq,
+        report.lease_epoch,
+        seq,
+    )
 
 
 def from_genesis(root: bytes, genesis_line: str) -> KeyState:
@@ -89,11 +100,12 @@ def from_genesis(root: bytes, genesis_line: str) -> KeyState:
     if not isinstance(rec, Genesis) or rec.seq != 0:
         raise ChainError("the first record sent is not a genesis record")
     if rec.signer != fingerprint(root):
-        raise ChainError(f"log {rec.log} is signed by root key {rec.signer[:16]}…, not by the "
-                         f"trusted key {fingerprint(root)[:16]}…")
+        raise ChainError(
+            f"log {rec.log} is signed by root key {rec.signer[:16]}…, not by the "
+            f"trusted key {fingerprint(root)[:16]}…"
+        )
     if not genesis_verifies(root, rec):
-        raise ChainError(f"the genesis record of log {rec.log} does not verify under its root "
-                         f"key")
+        raise ChainError(f"the genesis record of log {rec.log} does not verify under its root key")
     report = Report(log_dir=Path())
     adopt_genesis(report, rec)
     return _state(report, 0, rec.signer)
@@ -181,8 +193,14 @@ def genesis_line(log_dir: Path) -> str | None:
 
 def countersign_message(head: Head) -> bytes:
     """The bytes a witness signs for a head it accepted."""
-    return b"".join((_COUNTERSIGN_DOMAIN, bytes.fromhex(head.log),
-                     head.seq.to_bytes(8, "big"), bytes.fromhex(head.hash)))
+    return b"".join(
+        (
+            _COUNTERSIGN_DOMAIN,
+            bytes.fromhex(head.log),
+            head.seq.to_bytes(8, "big"),
+            bytes.fromhex(head.hash),
+        )
+    )
 
 
 def countersig_ok(head: Head, witness_keys: dict[str, bytes]) -> bool:
@@ -204,22 +222,38 @@ def head_matches(head: Head) -> str | None:
         rec = decode_record(head.cp.encode("utf-8"))
     except (msgspec.DecodeError, ValueError):
         return f"head {head.seq} carries no checkpoint record"
-    if (not isinstance(rec, Checkpoint) or rec.seq != head.seq or rec.log != head.log
-            or rec.epoch != head.epoch or rec.sig != head.sig or rec.t_us != head.t_us
-            or record_hash(head.cp.encode("utf-8")) != head.hash):
+    if (
+        not isinstance(rec, Checkpoint)
+        or rec.seq != head.seq
+        or rec.log != head.log
+        or rec.epoch != head.epoch
+        or rec.sig != head.sig
+        or rec.t_us != head.t_us
+        or record_hash(head.cp.encode("utf-8")) != head.hash
+    ):
         return f"head {head.seq} does not match the checkpoint record it carries"
     return None
 
 
-def head_problem(head: Head, root: bytes, genesis: str, certs: list[str],
-                 witness_keys: dict[str, bytes] | None = None) -> str | None:
+def head_problem(
+    head: Head,
+    root: bytes,
+    genesis: str,
+    certs: list[str],
+    witness_keys: dict[str, bytes] | None = None,
+) -> str | None:
     """Why a head a witness returned is not to be believed; None when it is (see
     :func:`head_problems`)."""
     return head_problems([head], root, genesis, certs, witness_keys)[0]
 
 
-def head_problems(heads: list[Head], root: bytes, genesis: str, certs: list[str],
-                  witness_keys: dict[str, bytes] | None = None) -> list[str | None]:
+def head_problems(
+    heads: list[Head],
+    root: bytes,
+    genesis: str,
+    certs: list[str],
+    witness_keys: dict[str, bytes] | None = None,
+) -> list[str | None]:
     """For each head a witness returned, why it is not to be believed (None: it is).
 
     ``root`` and ``genesis`` come from the verifier's own ``verify.pub`` and log; ``certs``
@@ -245,15 +279,16 @@ def head_problems(heads: list[Head], root: bytes, genesis: str, certs: list[str]
         head = heads[i]
         if witness_keys is not None and not countersig_ok(head, witness_keys):
             shown = head.witness[:16] + "…" if head.witness else "none"
-            out[i] = (f"head {head.seq} is not countersigned by a pinned witness key (it "
-                      f"names witness key {shown})")
+            out[i] = (
+                f"head {head.seq} is not countersigned by a pinned witness key (it "
+                f"names witness key {shown})"
+            )
             continue
         mismatch = head_matches(head)
         if mismatch is not None:
             out[i] = mismatch
             continue
-        while state is not None and next_cert < len(ordered) and \
-                ordered[next_cert][0] < head.seq:
+        while state is not None and next_cert < len(ordered) and ordered[next_cert][0] < head.seq:
             seq, line = ordered[next_cert]
             next_cert += 1
             if seq <= state.seq:

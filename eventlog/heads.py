@@ -76,8 +76,9 @@ def head_of(line: bytes) -> Head:
     rec = decode_record(line)
     if not isinstance(rec, Checkpoint):
         raise ValueError(f"record {rec.seq} is not a checkpoint")
-    return Head(rec.log, rec.seq, record_hash(line), rec.epoch, rec.sig, rec.t_us,
-                line.decode("utf-8"))
+    return Head(
+        rec.log, rec.seq, record_hash(line), rec.epoch, rec.sig, rec.t_us, line.decode("utf-8")
+    )
 
 
 def extends(held: Head | None, chain: Sequence[Head]) -> str | None:
@@ -93,8 +94,12 @@ def extends(held: Head | None, chain: Sequence[Head]) -> str | None:
             rec = decode_record(head.cp.encode("utf-8"))
         except (msgspec.DecodeError, ValueError):
             return f"head {head.seq} carries no checkpoint record"
-        if (not isinstance(rec, Checkpoint) or rec.seq != head.seq or rec.log != head.log
-                or record_hash(head.cp.encode("utf-8")) != head.hash):
+        if (
+            not isinstance(rec, Checkpoint)
+            or rec.seq != head.seq
+            or rec.log != head.log
+            or record_hash(head.cp.encode("utf-8")) != head.hash
+        ):
             return f"head {head.seq} does not match the checkpoint record it carries"
         if prev is not None and head.log != prev.log:
             return f"head {head.seq} is of log {head.log}, not {prev.log}"
@@ -105,8 +110,10 @@ def extends(held: Head | None, chain: Sequence[Head]) -> str | None:
                 continue  # an older head than the one held: skipped, the chain must reach it
             return f"head {head.seq} does not follow head {prev.seq}"
         if prev is not None and rec.prev_cp != prev.hash:
-            return (f"checkpoint {head.seq} links to checkpoint hash {rec.prev_cp[:16]}…, not "
-                    f"to the held head {prev.seq} ({prev.hash[:16]}…)")
+            return (
+                f"checkpoint {head.seq} links to checkpoint hash {rec.prev_cp[:16]}…, not "
+                f"to the held head {prev.seq} ({prev.hash[:16]}…)"
+            )
         prev = head
     return None
 
@@ -211,7 +218,8 @@ class HeadStore:
                     f"different state ({finding.kind}): restore the log that holds that head. "
                     f"If the log was replaced on purpose, move {self.path} aside (witnesses "
                     f"keep the head and `bide verify --witness` will still report it)",
-                    finding.kind)
+                    finding.kind,
+                )
         for where, held in self.witnessed:
             finding = judge(log_dir, report, [held], other_log_is_fork=False)
             if finding is not None:
@@ -220,7 +228,9 @@ class HeadStore:
                     f"{held.seq}:{held.hash} of this log, which it accepted from this daemon. "
                     f"Refusing to continue from an older or different state ({finding.kind}): "
                     f"restore the log that holds that head (`bide verify --witness {where}` "
-                    f"reports the same)", finding.kind)
+                    f"reports the same)",
+                    finding.kind,
+                )
 
     def check_empty(self, log_dir: Path) -> None:
         """Refuse to start a new log where this daemon already published another's heads."""
@@ -230,7 +240,9 @@ class HeadStore:
                 f"log directory {log_dir} holds no log, but this daemon published head "
                 f"{latest.seq}:{latest.hash} of log {latest.log} (recorded in {self.path}): "
                 f"the log was removed. Restore it; to start a new log on purpose, move "
-                f"{self.path} aside first", "truncated")
+                f"{self.path} aside first",
+                "truncated",
+            )
 
 
 class RolledBackError(DamagedLogError):
@@ -294,8 +306,9 @@ def hashes_at(log_dir: Path, seqs: Iterable[int]) -> dict[int, str]:
     return out
 
 
-def judge(log_dir: Path, report: Report, heads: Sequence[Head], *,
-          other_log_is_fork: bool = True) -> Finding | None:
+def judge(
+    log_dir: Path, report: Report, heads: Sequence[Head], *, other_log_is_fork: bool = True
+) -> Finding | None:
     """The first way the intact log at ``log_dir`` (``report``) fails ``heads``; None when it
     holds every one of them at its sequence number with the same hash.
 
@@ -308,26 +321,38 @@ def judge(log_dir: Path, report: Report, heads: Sequence[Head], *,
         if not others or not other_log_is_fork:
             return None
         head = max((h for h in heads), key=lambda h: h.t_us)
-        return Finding("forked", head,
-                       f"is log {report.log_id}, but the heads are of log "
-                       f"{', '.join(others)}: the log was swapped for another")
+        return Finding(
+            "forked",
+            head,
+            f"is log {report.log_id}, but the heads are of log "
+            f"{', '.join(others)}: the log was swapped for another",
+        )
     inside = [h for h in mine if h.seq <= report.head_seq]
     found = hashes_at(log_dir, (h.seq for h in inside))
     for h in inside:
         got = found.get(h.seq)
         if got != h.hash:
-            return Finding("forked", h,
-                           f"holds record {h.seq} with hash {got}, but head {h.seq} was "
-                           f"published with hash {h.hash}: the log forks from what was "
-                           f"published")
+            return Finding(
+                "forked",
+                h,
+                f"holds record {h.seq} with hash {got}, but head {h.seq} was "
+                f"published with hash {h.hash}: the log forks from what was "
+                f"published",
+            )
     last = mine[-1]
     if last.seq > report.head_seq:
         if report.unsigned_tail == 0:
-            return Finding("rolled_back", last,
-                           f"ends at signed checkpoint {report.head_seq}, before published "
-                           f"head {last.seq}: it was rolled back to an earlier state")
-        return Finding("truncated", last,
-                       f"ends at record {report.head_seq} ({report.unsigned_tail} record(s) "
-                       f"after its last checkpoint), before published head {last.seq}: its "
-                       f"signed end was cut")
+            return Finding(
+                "rolled_back",
+                last,
+                f"ends at signed checkpoint {report.head_seq}, before published "
+                f"head {last.seq}: it was rolled back to an earlier state",
+            )
+        return Finding(
+            "truncated",
+            last,
+            f"ends at record {report.head_seq} ({report.unsigned_tail} record(s) "
+            f"after its last checkpoint), before published head {last.seq}: its "
+            f"signed end was cut",
+        )
     return None

@@ -100,8 +100,7 @@ class Signer:
         may sign checkpoints may seal batches, and nobody else (not the data key's holders,
         not the auditors) can. No file of its own to distribute, back up or leak."""
         seed = self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        return HKDF(hashes.SHA256(), KEY_BYTES, salt=None, info=b"bide.seal-mac.v1"
-                    ).derive(seed)
+        return HKDF(hashes.SHA256(), KEY_BYTES, salt=None, info=b"bide.seal-mac.v1").derive(seed)
 
 
 @dataclass(frozen=True)
@@ -242,8 +241,9 @@ def generate(directory: Path, *, rotate: bool = False) -> Generated:
         _write_new(directory / DATA_KEY, _b64line(new), 0o600)
         fsync_dir(directory)
         signer = load_signer(directory)
-        return Generated(directory, [directory / DATA_KEY, retired], key_id(new),
-                         signer.fingerprint)
+        return Generated(
+            directory, [directory / DATA_KEY, retired], key_id(new), signer.fingerprint
+        )
     existing = [p for p in (DATA_KEY, SIGNING_KEY, VERIFY_KEY) if (directory / p).exists()]
     if existing:
         raise KeyFileError(
@@ -263,4 +263,3 @@ def generate(directory: Path, *, rotate: bool = False) -> Generated:
         created.append(directory / name)
     fsync_dir(directory)
     return Generated(directory, created, key_id(data), signer.fingerprint)
-

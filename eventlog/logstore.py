@@ -68,11 +68,9 @@ class TermWriter(LineStore, Protocol):
     """What :meth:`Fencing.writer` hands out: a :class:`~eventlog.store.LineStore` bound to
     one term, with the stored head, and a close for what it holds open."""
 
-    def head(self) -> Head | None:
-        ...
+    def head(self) -> Head | None: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class Records(Protocol):
@@ -95,8 +93,7 @@ class Records(Protocol):
 
 
 class Fencing(Protocol):
-    def lease(self) -> LeaseState:
-        ...
+    def lease(self) -> LeaseState: ...
 
     def take_lease(self, holder: str, seconds: float) -> Term | None:
         """Take the lease when it is free (expired or handed over), starting a new term;
@@ -131,8 +128,9 @@ class Schema(Protocol):
         """The store's format version, None where there is no log store yet."""
         ...
 
-    def init(self, *, reader: str | None = None,
-             writer: str | None = None) -> tuple[int | None, int]:
+    def init(
+        self, *, reader: str | None = None, writer: str | None = None
+    ) -> tuple[int | None, int]:
         """Create or upgrade the store to this version; idempotent. ``reader`` and
         ``writer`` name roles to grant where the store has roles. Returns (before, after)."""
         ...
@@ -161,8 +159,7 @@ class LogStore(Records, Fencing, Snapshots, Schema, Export, Protocol):
     #: ``"files"`` or ``"postgresql"``: for messages and ``bide status --node``.
     kind: str
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
     def following(self) -> Following:
         """This store's asynchronous side, for a standby or a reader on the event loop."""
@@ -178,29 +175,21 @@ class Following(Protocol):
     """The asynchronous side of a store, run on the event loop by a standby node: lease calls
     that a deadline can cancel, the lines a follower copies, and a wait for news."""
 
-    async def open(self) -> None:
-        ...
+    async def open(self) -> None: ...
 
-    async def aclose(self) -> None:
-        ...
+    async def aclose(self) -> None: ...
 
-    async def head(self) -> Head | None:
-        ...
+    async def head(self) -> Head | None: ...
 
-    async def lines_after(self, seq: int, limit: int) -> list[StoredLine]:
-        ...
+    async def lines_after(self, seq: int, limit: int) -> list[StoredLine]: ...
 
-    async def take_lease(self, holder: str, seconds: float) -> Term | None:
-        ...
+    async def take_lease(self, holder: str, seconds: float) -> Term | None: ...
 
-    async def renew_lease(self, holder: str, term: Term, seconds: float) -> bool:
-        ...
+    async def renew_lease(self, holder: str, term: Term, seconds: float) -> bool: ...
 
-    async def release_lease(self, holder: str, term: Term) -> bool:
-        ...
+    async def release_lease(self, holder: str, term: Term) -> bool: ...
 
-    def news(self, on_unavailable: Callable[[str], None]
-             ) -> AbstractAsyncContextManager[NewsWait]:
+    def news(self, on_unavailable: Callable[[str], None]) -> AbstractAsyncContextManager[NewsWait]:
         """A :data:`NewsWait` for as long as the context lasts; while news cannot be had
         the wait is a plain sleep, and ``on_unavailable`` is told why (once per outage)."""
         ...

@@ -54,9 +54,16 @@ class ParallelReader:
     thread (a child of a threaded one could inherit a lock some other thread held); in any
     other it reads serially, as it does a small log."""
 
-    def __init__(self, log_dir: Path, keyring: KeyRing, needle: bytes = b"", *,
-                 jobs: int | None = None, unit_bytes: int = UNIT_BYTES,
-                 min_bytes: int = PARALLEL_MIN_BYTES) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        keyring: KeyRing,
+        needle: bytes = b"",
+        *,
+        jobs: int | None = None,
+        unit_bytes: int = UNIT_BYTES,
+        min_bytes: int = PARALLEL_MIN_BYTES,
+    ) -> None:
         self.log_dir, self.keyring, self.needle = log_dir, keyring, needle
         self.jobs = jobs or os.cpu_count() or 1
         self.unit_bytes, self.min_bytes = unit_bytes, min_bytes
@@ -64,8 +71,11 @@ class ParallelReader:
         self.workers = 0  # how many processes the last read forked (0: it read serially)
 
     def payloads(self, unreadable: list[tuple[int, str]]) -> Iterator[tuple[int, bytes]]:
-        units = ([] if self.jobs < 2 or threading.active_count() > 1
-                 else plan_units(list_segments(self.log_dir), (1, 0), self.unit_bytes))
+        units = (
+            []
+            if self.jobs < 2 or threading.active_count() > 1
+            else plan_units(list_segments(self.log_dir), (1, 0), self.unit_bytes)
+        )
         if len(units) < 2 or sum(u[3] - u[2] for u in units) < self.min_bytes:
             yield from self._serial(LogReader(self.log_dir, self.keyring), unreadable)
             return
@@ -78,8 +88,9 @@ class ParallelReader:
             workers = self.workers = min(self.jobs, len(units))
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
                 try:
-                    yield from self._join(unreadable, units, self._in_order(pool, units,
-                                                                             2 * workers))
+                    yield from self._join(
+                        unreadable, units, self._in_order(pool, units, 2 * workers)
+                    )
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
         finally:
@@ -87,8 +98,9 @@ class ParallelReader:
             if gc_was_enabled:
                 gc.enable()
 
-    def _in_order(self, pool: ProcessPoolExecutor, units: list[_Unit], window: int
-                  ) -> Iterator[_Found | None]:
+    def _in_order(
+        self, pool: ProcessPoolExecutor, units: list[_Unit], window: int
+    ) -> Iterator[_Found | None]:
         """Each unit's result in order, with at most ``window`` units read ahead (what the
         workers found waits in memory only that far)."""
         pending: deque[Future[_Found | None]] = deque()
@@ -104,19 +116,32 @@ class ParallelReader:
                 pending.append(pool.submit(_search_unit, more, self.needle, self.unit_bytes))
             yield found
 
-    def _join(self, unreadable: list[tuple[int, str]], units: list[_Unit],
-              found: Iterator[_Found | None]) -> Iterator[tuple[int, bytes]]:
+    def _join(
+        self, unreadable: list[tuple[int, str]], units: list[_Unit], found: Iterator[_Found | None]
+    ) -> Iterator[tuple[int, bytes]]:
         head, log_id = ZERO_HASH, ""
         for (_, ordinal, start, _), unit in zip(units, found, strict=False):
-            if unit is None or unit[0] != self.next_seq or unit[1] != head or (
-                    unit[4] is None and self.next_seq == 0):
+            if (
+                unit is None
+                or unit[0] != self.next_seq
+                or unit[1] != head
+                or (unit[4] is None and self.next_seq == 0)
+            ):
                 if self.next_seq == 0:
                     reader = LogReader(self.log_dir, self.keyring)
                 else:
-                    at = LogPosition(log_id=log_id, seq=self.next_seq - 1, hash=head,
-                                     segment=ordinal, line_start=start, end=start,
-                                     last_cp_seq=None, last_cp_hash=ZERO_HASH,
-                                     checkpoint_every=0, unsigned_run=0)
+                    at = LogPosition(
+                        log_id=log_id,
+                        seq=self.next_seq - 1,
+                        hash=head,
+                        segment=ordinal,
+                        line_start=start,
+                        end=start,
+                        last_cp_seq=None,
+                        last_cp_hash=ZERO_HASH,
+                        checkpoint_every=0,
+                        unsigned_run=0,
+                    )
                     reader = LogReader(self.log_dir, self.keyring, start=at)
                 yield from self._serial(reader, unreadable)
                 return
@@ -127,8 +152,9 @@ class ParallelReader:
             yield from hits
             self.next_seq, head = last_seq + 1, last_hash
 
-    def _serial(self, reader: LogReader, unreadable: list[tuple[int, str]]
-                ) -> Iterator[tuple[int, bytes]]:
+    def _serial(
+        self, reader: LogReader, unreadable: list[tuple[int, str]]
+    ) -> Iterator[tuple[int, bytes]]:
         for seq, payload in reader.payloads(unreadable):
             if self.needle in payload:
                 yield seq, payload
@@ -149,8 +175,9 @@ def _search_unit(unit: _Unit, needle: bytes, unit_bytes: int) -> _Found | None:
         return None
     hashes = record_hashes(lines)
     first = recs[0].seq
-    if ([r.seq for r in recs] != list(range(first, first + len(recs)))
-            or [r.prev for r in recs[1:]] != hashes[:-1]):
+    if [r.seq for r in recs] != list(range(first, first + len(recs))) or [
+        r.prev for r in recs[1:]
+    ] != hashes[:-1]:
         return None
     genesis = next((r.log for r in recs if isinstance(r, Genesis)), None)
     opener = EventOpener(_keyring)

@@ -41,10 +41,17 @@ class PgLink:
             pgstore.require_synchronous_commit(row[0] if row else None, settings)
 
         self._pool = AsyncConnectionPool(
-            self.settings.dsn, kwargs={**kwargs, "autocommit": True}, min_size=1, max_size=2,
-            open=False, configure=configure, check=AsyncConnectionPool.check_connection,
+            self.settings.dsn,
+            kwargs={**kwargs, "autocommit": True},
+            min_size=1,
+            max_size=2,
+            open=False,
+            configure=configure,
+            check=AsyncConnectionPool.check_connection,
             name="bide-lease",
-            timeout=max(1.0, self.settings.connect_timeout), reconnect_timeout=86_400.0)
+            timeout=max(1.0, self.settings.connect_timeout),
+            reconnect_timeout=86_400.0,
+        )
         await self._pool.open(wait=False)
 
     async def aclose(self) -> None:
@@ -110,7 +117,8 @@ class PgLink:
             got: psycopg.AsyncConnection[Any] | None = None
             try:
                 got = await psycopg.AsyncConnection.connect(
-                    self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings))
+                    self.settings.dsn, autocommit=True, **pgstore.connect_kwargs(self.settings)
+                )
                 await got.execute(f"LISTEN {pgstore.NOTIFY_CHANNEL}")
             except (pgstore.DatabaseError, StoreError) as exc:
                 if not warned:

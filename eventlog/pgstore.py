@@ -66,7 +66,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - the test extra installs it
     raise MissingExtraError(
         "the PostgreSQL store needs psycopg 3, which the core install leaves out: "
-        "pip install 'bide[postgres]'") from _exc
+        "pip install 'bide[postgres]'"
+    ) from _exc
 
 SCHEMA_VERSION = 2
 #: Every error psycopg raises (for callers that must not import psycopg themselves).
@@ -351,9 +352,13 @@ def link_options(seconds: float) -> dict[str, Any]:
     """libpq's TCP options that bound a dead link to about ``seconds`` (ignored on a Unix
     socket, where the kernel reports a dead peer at once)."""
     idle = max(1, round(seconds / 3))
-    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1,
-            "keepalives_count": max(1, round(seconds) - idle),
-            "tcp_user_timeout": max(1000, round(seconds * 1000))}
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": 1,
+        "keepalives_count": max(1, round(seconds) - idle),
+        "tcp_user_timeout": max(1000, round(seconds * 1000)),
+    }
 
 
 def check_dsn(dsn: str) -> None:
@@ -361,12 +366,16 @@ def check_dsn(dsn: str) -> None:
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        raise StoreError("the PostgreSQL DSN is not valid conninfo or a postgresql:// URL "
-                         "(its text is not repeated here: it may hold a secret)") from None
+        raise StoreError(
+            "the PostgreSQL DSN is not valid conninfo or a postgresql:// URL "
+            "(its text is not repeated here: it may hold a secret)"
+        ) from None
     if params.get("password"):
-        raise StoreError("the PostgreSQL DSN holds a password; remove it and put the password "
-                         "in a file (0600) named by password_file / --password-file, or in "
-                         "PGPASSFILE")
+        raise StoreError(
+            "the PostgreSQL DSN holds a password; remove it and put the password "
+            "in a file (0600) named by password_file / --password-file, or in "
+            "PGPASSFILE"
+        )
 
 
 def read_password(path: Path) -> str:
@@ -374,19 +383,23 @@ def read_password(path: Path) -> str:
         st = path.stat()
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise StoreError(f"cannot read the database password file {path}: "
-                         f"{exc.strerror}") from None
+        raise StoreError(f"cannot read the database password file {path}: {exc.strerror}") from None
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise StoreError(f"the database password file {path} is readable by others "
-                         f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}")
+        raise StoreError(
+            f"the database password file {path} is readable by others "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 {path}"
+        )
     return text.strip("\n")
 
 
 def connect_kwargs(settings: PgSettings, *, read_only: bool = False) -> dict[str, Any]:
     """libpq parameters beyond the DSN: timeouts, the password from its file, read-only."""
     check_dsn(settings.dsn)
-    kwargs: dict[str, Any] = {"connect_timeout": max(1, round(settings.connect_timeout)),
-                              "application_name": "bide", **link_options(settings.link_timeout)}
+    kwargs: dict[str, Any] = {
+        "connect_timeout": max(1, round(settings.connect_timeout)),
+        "application_name": "bide",
+        **link_options(settings.link_timeout),
+    }
     if settings.password_file is not None:
         kwargs["password"] = read_password(settings.password_file)
     if read_only:  # added to the DSN's own options (a search_path, say), not replacing them
@@ -407,11 +420,13 @@ def require_synchronous_commit(value: object, settings: PgSettings) -> None:
             "PostgreSQL has synchronous_commit = off for this connection: a commit could be "
             "acknowledged and then lost. Turn it on for the daemon's role (ALTER ROLE ... SET "
             "synchronous_commit = on), or set allow_async_commit = true under [postgres] if "
-            "you accept that")
+            "you accept that"
+        )
 
 
-def connect(settings: PgSettings, *, read_only: bool = False,
-            autocommit: bool = False) -> psycopg.Connection[Any]:
+def connect(
+    settings: PgSettings, *, read_only: bool = False, autocommit: bool = False
+) -> psycopg.Connection[Any]:
     """A connection, checked: ``synchronous_commit`` must not be off unless allowed."""
     kwargs = connect_kwargs(settings, read_only=read_only)
     try:
@@ -458,8 +473,9 @@ def schema_version(conn: psycopg.Connection[Any]) -> int | None:
     return int(got[0]) if got else None
 
 
-def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
-                writer: str | None = None) -> tuple[int | None, int]:
+def init_schema(
+    conn: psycopg.Connection[Any], *, reader: str | None = None, writer: str | None = None
+) -> tuple[int | None, int]:
     """Create or upgrade the schema to :data:`SCHEMA_VERSION` in one transaction; grant
     ``reader`` SELECT and ``writer`` (the daemons' role) SELECT and the node functions.
     Every run also takes back any INSERT, UPDATE, DELETE or TRUNCATE that a role other than
@@ -468,15 +484,19 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
     try:
         before = schema_version(conn)
         if before is not None and before > SCHEMA_VERSION:
-            raise SchemaError(f"the database holds bide schema version {before}, newer than "
-                              f"this bide knows ({SCHEMA_VERSION}); upgrade bide")
+            raise SchemaError(
+                f"the database holds bide schema version {before}, newer than "
+                f"this bide knows ({SCHEMA_VERSION}); upgrade bide"
+            )
         with conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtext('bide_log_init'))")
-            for script in _UPGRADES[(before or 0):]:
+            for script in _UPGRADES[(before or 0) :]:
                 cur.execute(script)
-            cur.execute("INSERT INTO bide_meta (key, value) VALUES ('schema_version', %s) "
-                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                        (str(SCHEMA_VERSION),))
+            cur.execute(
+                "INSERT INTO bide_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
             cur.execute("SELECT current_schema()")
             row = cur.fetchone()
             schema = sql.Identifier(str(row[0]) if row and row[0] else "public")
@@ -484,15 +504,24 @@ def init_schema(conn: psycopg.Connection[Any], *, reader: str | None = None,
             _revoke_writes(cur)
             for role in (reader, writer):
                 if role:
-                    cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                        schema, sql.Identifier(role)))
+                    cur.execute(
+                        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                            schema, sql.Identifier(role)
+                        )
+                    )
                     for t in TABLES:
-                        cur.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
-                            sql.Identifier(t), sql.Identifier(role)))
+                        cur.execute(
+                            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                                sql.Identifier(t), sql.Identifier(role)
+                            )
+                        )
             if writer:
                 for fn in NODE_FUNCTIONS:
-                    cur.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
-                        sql.SQL(fn), sql.Identifier(writer)))
+                    cur.execute(
+                        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                            sql.SQL(fn), sql.Identifier(writer)
+                        )
+                    )
         conn.commit()
     except psycopg.Error as exc:
         conn.rollback()
@@ -505,8 +534,11 @@ def _secure_functions(cur: psycopg.Cursor[Any], schema: sql.Identifier) -> None:
     pg_temp last), so no object a caller creates is ever picked up by them; nobody may call
     them but the roles granted (PostgreSQL grants EXECUTE to PUBLIC by default)."""
     for fn in NODE_FUNCTIONS:
-        cur.execute(sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = {}, "
-                            "pg_temp").format(sql.SQL(fn), schema))
+        cur.execute(
+            sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = {}, pg_temp").format(
+                sql.SQL(fn), schema
+            )
+        )
         cur.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(sql.SQL(fn)))
 
 
@@ -525,19 +557,25 @@ SELECT DISTINCT c.relname::text, CASE WHEN g.grantee = 0 THEN NULL
 def _revoke_writes(cur: psycopg.Cursor[Any]) -> None:
     cur.execute(_GRANTEES, (list(TABLES),))
     for table, role in cur.fetchall():
-        cur.execute(sql.SQL("REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER "
-                            "ON {} FROM {}").format(
-            sql.Identifier(table),
-            sql.SQL("PUBLIC") if role is None else sql.Identifier(role)))
+        cur.execute(
+            sql.SQL(
+                "REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {} FROM {}"
+            ).format(
+                sql.Identifier(table), sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
+            )
+        )
 
 
 def writer_unfenced(conn: psycopg.Connection[Any], writer: str) -> str | None:
     """Why the database cannot fence ``writer`` (it is a superuser, or it owns the tables or
     is a member of their owner), or None."""
     with conn.cursor() as cur:
-        cur.execute("SELECT r.rolsuper, pg_has_role(r.oid, c.relowner, 'USAGE'), "
-                    "pg_get_userbyid(c.relowner) FROM pg_roles r, pg_class c "
-                    "WHERE r.rolname = %s AND c.oid = 'bide_records'::regclass", (writer,))
+        cur.execute(
+            "SELECT r.rolsuper, pg_has_role(r.oid, c.relowner, 'USAGE'), "
+            "pg_get_userbyid(c.relowner) FROM pg_roles r, pg_class c "
+            "WHERE r.rolname = %s AND c.oid = 'bide_records'::regclass",
+            (writer,),
+        )
         row = cur.fetchone()
     conn.rollback()
     if row is None:
@@ -566,16 +604,20 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
     except psycopg.Error as exc:
         raise StoreError(f"PostgreSQL failed: {reason(exc)}") from None
     if version is None:
-        raise SchemaError("the database holds no bide schema (no bide_meta table in the "
-                          "search path); create it with `bide log init --dsn DSN`")
+        raise SchemaError(
+            "the database holds no bide schema (no bide_meta table in the "
+            "search path); create it with `bide log init --dsn DSN`"
+        )
     if version in READABLE_VERSIONS and row is not None and row[0] == "on":
         return
     if version != SCHEMA_VERSION:
-        raise SchemaError(f"the database holds bide schema version {version}; this bide "
-                          f"needs {SCHEMA_VERSION}: run `bide log init --dsn DSN` to upgrade"
-                          if version < SCHEMA_VERSION else
-                          f"the database holds bide schema version {version}, newer than "
-                          f"this bide knows ({SCHEMA_VERSION}); upgrade bide")
+        raise SchemaError(
+            f"the database holds bide schema version {version}; this bide "
+            f"needs {SCHEMA_VERSION}: run `bide log init --dsn DSN` to upgrade"
+            if version < SCHEMA_VERSION
+            else f"the database holds bide schema version {version}, newer than "
+            f"this bide knows ({SCHEMA_VERSION}); upgrade bide"
+        )
 
 
 # -- records -------------------------------------------------------------------------------
@@ -618,18 +660,24 @@ class PgStore:
         conn = self._connection()
         first = lines[0].seq
         try:
-            row = conn.execute(APPEND_ROUND, {
-                "epoch": self.epoch, "term": self._term.secret,
-                "seqs": [ln.seq for ln in lines],
-                "segments": [ln.segment for ln in lines],
-                "offsets": [ln.offset for ln in lines],
-                "lines": [ln.data for ln in lines]}).fetchone()
+            row = conn.execute(
+                APPEND_ROUND,
+                {
+                    "epoch": self.epoch,
+                    "term": self._term.secret,
+                    "seqs": [ln.seq for ln in lines],
+                    "segments": [ln.segment for ln in lines],
+                    "offsets": [ln.offset for ln in lines],
+                    "lines": [ln.data for ln in lines],
+                },
+            ).fetchone()
         except psycopg.errors.UniqueViolation:
             self.close()
             raise DivergedError(
                 f"append refused: the database already holds record {first} (a commit whose "
                 f"outcome was lost?); this node's copy of the log is not the database's "
-                f"(re-sync it)") from None
+                f"(re-sync it)"
+            ) from None
         except psycopg.Error as exc:
             self.close()  # the outcome of a commit cut off is unknown: the caller re-reads
             raise StoreError(f"appending to PostgreSQL failed: {reason(exc)}") from None
@@ -637,15 +685,21 @@ class PgStore:
         epoch, in_term, head_seq, head_hash, refused = row
         if not in_term:
             self.fenced += 1
-            why = (f"the log's lease epoch is {epoch}, not this node's {self.epoch} (another "
-                   f"node took over)" if epoch != self.epoch else
-                   f"the database does not know this node's secret for epoch {epoch}")
-            raise FencedError(f"append refused: {why}; this node stops sending and falls "
-                              f"back to standby")
+            why = (
+                f"the log's lease epoch is {epoch}, not this node's {self.epoch} (another "
+                f"node took over)"
+                if epoch != self.epoch
+                else f"the database does not know this node's secret for epoch {epoch}"
+            )
+            raise FencedError(
+                f"append refused: {why}; this node stops sending and falls back to standby"
+            )
         if refused is not None:
             why = _divergence(first, prev_hash, head_seq, head_hash, refused)
-            raise DivergedError(f"append refused: {why}; this node's copy of the log is not "
-                                f"the database's (re-sync it)")
+            raise DivergedError(
+                f"append refused: {why}; this node's copy of the log is not "
+                f"the database's (re-sync it)"
+            )
         self.commits += 1
 
     def save_snapshot(self, seq: int, record_hash: str, data: bytes) -> bool:
@@ -654,9 +708,16 @@ class PgStore:
         travel), on a connection of its own (the writer's is not thread-safe)."""
         try:
             with connect(self.settings, autocommit=True) as conn:
-                row = conn.execute(KEEP_SNAPSHOT, {"seq": seq, "hash": record_hash,
-                                                   "data": data, "epoch": self.epoch,
-                                                   "term": self._term.secret}).fetchone()
+                row = conn.execute(
+                    KEEP_SNAPSHOT,
+                    {
+                        "seq": seq,
+                        "hash": record_hash,
+                        "data": data,
+                        "epoch": self.epoch,
+                        "term": self._term.secret,
+                    },
+                ).fetchone()
         except psycopg.Error as exc:
             raise StoreError(f"keeping the snapshot in PostgreSQL failed: {reason(exc)}") from None
         except StoreError as exc:
@@ -666,11 +727,13 @@ class PgStore:
     def load_snapshot(self) -> bytes | None:
         try:
             with connect(self.settings, read_only=True) as conn:
-                row = conn.execute("SELECT data FROM bide_snapshots WHERE name = 'state'"
-                                   ).fetchone()
+                row = conn.execute(
+                    "SELECT data FROM bide_snapshots WHERE name = 'state'"
+                ).fetchone()
         except psycopg.Error as exc:
-            raise StoreError(f"reading the snapshot from PostgreSQL failed: "
-                             f"{reason(exc)}") from None
+            raise StoreError(
+                f"reading the snapshot from PostgreSQL failed: {reason(exc)}"
+            ) from None
         return None if row is None else bytes(row[0])
 
     def lines_after(self, seq: int, limit: int = 10_000) -> list[StoredLine]:
@@ -693,20 +756,23 @@ class PgStore:
 #: A write round: ``bide_append`` (see :data:`_SCHEMA_V2`) checks the epoch, the numbering,
 #: the ``prev`` links and the places, inserts, and announces the round. Returns the epoch in
 #: force, the stored head (seq, hash) before the round, and why it was refused (NULL: stored).
-APPEND_ROUND = ("SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append("
-                "%(epoch)s, %(term)s, %(seqs)b::bigint[], %(segments)b::integer[], "
-                "%(offsets)b::bigint[], %(lines)b::bytea[])")
+APPEND_ROUND = (
+    "SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append("
+    "%(epoch)s, %(term)s, %(seqs)b::bigint[], %(segments)b::integer[], "
+    "%(offsets)b::bigint[], %(lines)b::bytea[])"
+)
 
 #: Keep a snapshot (``bide_keep_snapshot``): only under the epoch in force, at a record the
 #: database holds, over an older one only. Returns whether it was kept.
 KEEP_SNAPSHOT = "SELECT bide_keep_snapshot(%(epoch)s, %(term)s, %(seq)s, %(hash)s, %(data)s)"
 
-def _divergence(first: int, prev_hash: str, head_seq: int | None, head_hash: str | None,
-                refused: str) -> str:
+
+def _divergence(
+    first: int, prev_hash: str, head_seq: int | None, head_hash: str | None, refused: str
+) -> str:
     """Why a round was refused, in the node's terms where they apply."""
     if head_seq is not None and first <= head_seq:
-        return (f"the database already holds record {first} (a commit whose outcome was "
-                f"lost?)")
+        return f"the database already holds record {first} (a commit whose outcome was lost?)"
     if first > (-1 if head_seq is None else head_seq) + 1:
         return f"record {first - 1} in the database is missing"
     if first > 0 and head_hash != prev_hash:
@@ -725,8 +791,9 @@ def stored_snapshot(conn: psycopg.Connection[Any]) -> bytes | None:
 
 
 #: Up to a limit of lines after a sequence number, in order. Parameters: seq, limit.
-LINES_AFTER = ("SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s "
-               "ORDER BY seq LIMIT %s")
+LINES_AFTER = (
+    "SELECT seq, segment, byte_offset, line FROM bide_records WHERE seq > %s ORDER BY seq LIMIT %s"
+)
 
 
 def stored_lines(rows: Sequence[tuple[Any, ...]]) -> list[StoredLine]:
@@ -742,8 +809,9 @@ def lines_after(conn: psycopg.Connection[Any], seq: int, limit: int) -> list[Sto
     return stored_lines(rows)
 
 
-def iter_all(conn: psycopg.Connection[Any], *, after: int = -1,
-             batch: int = 10_000) -> Iterator[StoredLine]:
+def iter_all(
+    conn: psycopg.Connection[Any], *, after: int = -1, batch: int = 10_000
+) -> Iterator[StoredLine]:
     """Every line after ``after``, in order, read in batches."""
     while True:
         try:
@@ -760,9 +828,11 @@ def epoch_changes(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
     """(seq, epoch) of every record whose lease epoch differs from the record's before it
     (the first record included): where each term's records begin."""
     with conn.cursor() as cur:
-        cur.execute("SELECT seq, epoch FROM (SELECT seq, epoch, lag(epoch) OVER (ORDER BY seq) "
-                    "AS before FROM bide_records) AS t WHERE before IS DISTINCT FROM epoch "
-                    "ORDER BY seq")
+        cur.execute(
+            "SELECT seq, epoch FROM (SELECT seq, epoch, lag(epoch) OVER (ORDER BY seq) "
+            "AS before FROM bide_records) AS t WHERE before IS DISTINCT FROM epoch "
+            "ORDER BY seq"
+        )
         rows = cur.fetchall()
     if not conn.autocommit:
         conn.rollback()
@@ -782,8 +852,9 @@ def head(conn: psycopg.Connection[Any]) -> tuple[int, str] | None:
     return None if row is None else (int(row[0]), str(row[1]))
 
 
-def import_lines(conn: psycopg.Connection[Any], lines: Iterator[StoredLine],
-                 batch: int = 5_000) -> int:
+def import_lines(
+    conn: psycopg.Connection[Any], lines: Iterator[StoredLine], batch: int = 5_000
+) -> int:
     """Copy a file log's lines into an empty database log, in one transaction (epoch 0)."""
     count = 0
     try:
@@ -793,15 +864,18 @@ def import_lines(conn: psycopg.Connection[Any], lines: Iterator[StoredLine],
             row = cur.fetchone()
             if row is not None and row[0]:
                 conn.rollback()
-                raise StoreError(f"the database log already holds {row[0]} records; import "
-                                 f"goes only into an empty one (`bide log init` on a new "
-                                 f"schema)")
+                raise StoreError(
+                    f"the database log already holds {row[0]} records; import "
+                    f"goes only into an empty one (`bide log init` on a new "
+                    f"schema)"
+                )
             cur.execute("SELECT holder, expires_at > now() FROM bide_lease WHERE id = 1")
             lease = cur.fetchone()
             if lease is not None and lease[1]:
                 conn.rollback()
-                raise StoreError("a daemon holds the database log's lease; stop it before "
-                                 "importing")
+                raise StoreError(
+                    "a daemon holds the database log's lease; stop it before importing"
+                )
             pending: list[tuple[int, int, int, bytes, str, int]] = []
             for ln in lines:
                 pending.append((ln.seq, ln.segment, ln.offset, ln.data, ln.hash, 0))
@@ -820,8 +894,9 @@ def import_lines(conn: psycopg.Connection[Any], lines: Iterator[StoredLine],
 
 
 def _insert(cur: psycopg.Cursor[Any], rows: list[tuple[int, int, int, bytes, str, int]]) -> None:
-    with cur.copy("COPY bide_records (seq, segment, byte_offset, line, hash, epoch) "
-                  "FROM STDIN") as copy:
+    with cur.copy(
+        "COPY bide_records (seq, segment, byte_offset, line, hash, epoch) FROM STDIN"
+    ) as copy:
         for r in rows:
             copy.write_row(r)
 
@@ -836,9 +911,11 @@ LeaseRow = LeaseState
 
 def lease_row(conn: psycopg.Connection[Any]) -> LeaseRow:
     with conn.cursor() as cur:
-        cur.execute("SELECT holder, epoch, CASE WHEN isfinite(expires_at) THEN "
-                    "EXTRACT(EPOCH FROM (expires_at - now()))::float8 END "
-                    "FROM bide_lease WHERE id = 1")
+        cur.execute(
+            "SELECT holder, epoch, CASE WHEN isfinite(expires_at) THEN "
+            "EXTRACT(EPOCH FROM (expires_at - now()))::float8 END "
+            "FROM bide_lease WHERE id = 1"
+        )
         row = cur.fetchone()
     if not conn.autocommit:
         conn.rollback()
@@ -860,8 +937,9 @@ RENEW_LEASE = "SELECT * FROM bide_renew_lease(%s, %s, %s, %s)"
 RELEASE_LEASE = "SELECT * FROM bide_release_lease(%s, %s, %s)"
 
 
-def _returned(conn: psycopg.Connection[Any], statement: str,
-              params: tuple[object, ...]) -> int | None:
+def _returned(
+    conn: psycopg.Connection[Any], statement: str, params: tuple[object, ...]
+) -> int | None:
     with conn.cursor() as cur:
         cur.execute(statement, params)
         row = cur.fetchone()
@@ -879,8 +957,7 @@ def take_lease(conn: psycopg.Connection[Any], holder: str, seconds: float) -> Te
     return None if row is None else Term(int(row[0]), str(row[1]))
 
 
-def renew_lease(conn: psycopg.Connection[Any], holder: str, term: Term,
-                seconds: float) -> bool:
+def renew_lease(conn: psycopg.Connection[Any], holder: str, term: Term, seconds: float) -> bool:
     return _returned(conn, RENEW_LEASE, (seconds, holder, term.epoch, term.secret)) is not None
 
 
@@ -936,8 +1013,9 @@ class PgLogStore:
     def version(self) -> int | None:
         return self._read(schema_version)
 
-    def init(self, *, reader: str | None = None,
-             writer: str | None = None) -> tuple[int | None, int]:
+    def init(
+        self, *, reader: str | None = None, writer: str | None = None
+    ) -> tuple[int | None, int]:
         return init_schema(self._connection(), reader=reader, writer=writer)
 
     def unfenced(self, role: str) -> str | None:

@@ -79,6 +79,8 @@ def mismatch(log_dir: Path, pos: LogPosition) -> str | None:
     except (msgspec.DecodeError, ValueError):
         return f"no record starts at {path.name} offset {pos.line_start}"
     if rec.seq != pos.seq or rec.log != pos.log_id or record_hash(line) != pos.hash:
-        return (f"the record at {path.name} offset {pos.line_start} is not record {pos.seq} "
-                f"with hash {pos.hash[:16]}…")
+        return (
+            f"the record at {path.name} offset {pos.line_start} is not record {pos.seq} "
+            f"with hash {pos.hash[:16]}…"
+        )
     return None

@@ -66,8 +66,10 @@ class EventOpener:
         """
         known = self._keys.get(rec.kid)
         if known is None:
-            known = self._keys[rec.kid] = (Sealer(self._keyring.get(rec.kid)),
-                                           rec.kid.encode("ascii"))
+            known = self._keys[rec.kid] = (
+                Sealer(self._keyring.get(rec.kid)),
+                rec.kid.encode("ascii"),
+            )
         prefix = self._prefixes.get(rec.log)
         if prefix is None:
             prefix = self._prefixes[rec.log] = aad_prefix(rec.log)
@@ -86,8 +88,9 @@ class LogReader:
     chain is checked from its hash on.
     """
 
-    def __init__(self, log_dir: Path, keyring: KeyRing | None = None, *,
-                 start: LogPosition | None = None) -> None:
+    def __init__(
+        self, log_dir: Path, keyring: KeyRing | None = None, *, start: LogPosition | None = None
+    ) -> None:
         if not log_dir.is_dir():
             raise EventLogError(
                 f"log directory {log_dir} does not exist; check [paths] state_dir in the config, "
@@ -149,8 +152,11 @@ class LogReader:
         seqs: list[int] = list(map(_SEQ, recs))
         hashes = record_hashes(lines)
         prevs: list[str] = list(map(_PREV, recs))
-        if (seqs != list(range(self.next_seq, self.next_seq + n))
-                or prevs[0] != self.head_hash or prevs[1:] != hashes[:-1]):
+        if (
+            seqs != list(range(self.next_seq, self.next_seq + n))
+            or prevs[0] != self.head_hash
+            or prevs[1:] != hashes[:-1]
+        ):
             return self._accept_each(lines)
         if isinstance(recs[0], Genesis):
             self.log_id = recs[0].log
@@ -195,8 +201,9 @@ class LogReader:
             raise EventLogError("reading payloads needs the data keys (keys_dir in the config)")
         return self._opener.open(rec)
 
-    def payloads(self, unreadable: list[tuple[int, str]] | None = None
-                 ) -> Iterator[tuple[int, bytes]]:
+    def payloads(
+        self, unreadable: list[tuple[int, str]] | None = None
+    ) -> Iterator[tuple[int, bytes]]:
         """(seq, plaintext) of every event appended since the last poll.
 
         An event whose data key is not in the keyring (retired: crypto-shredded) or whose
@@ -215,8 +222,7 @@ class LogReader:
                         continue
                     yield stored.seq, payload
 
-    async def follow(self, stop: anyio.Event | None = None
-                     ) -> AsyncGenerator[StoredRecord, None]:
+    async def follow(self, stop: anyio.Event | None = None) -> AsyncGenerator[StoredRecord, None]:
         """Yield records as they are appended, forever or until ``stop`` is set.
 
         Woken by watchfiles (inotify); records appended between the first read and the watch
@@ -225,7 +231,11 @@ class LogReader:
         for stored in self.poll():
             yield stored
         async for _ in watchfiles.awatch(
-            self.log_dir, stop_event=stop, debounce=0, step=5, rust_timeout=1000,
+            self.log_dir,
+            stop_event=stop,
+            debounce=0,
+            step=5,
+            rust_timeout=1000,
             yield_on_timeout=True,
             watch_filter=lambda _change, path: Path(path).name.startswith("seg-"),
         ):

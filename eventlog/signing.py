@@ -86,9 +86,18 @@ class CheckpointSigning(ABC):
         """The writer verified its log (``report`` is intact): adopt the epoch it ends in."""
 
     @abstractmethod
-    def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True,
-                   takeover: Takeover | None = None) -> Checkpoint:
+    def checkpoint(
+        self,
+        log_id: str,
+        seq: int,
+        head: str,
+        t_us: int,
+        prev_cp: str,
+        final: bool,
+        *,
+        may_rotate: bool = True,
+        takeover: Takeover | None = None,
+    ) -> Checkpoint:
         """A signed checkpoint; perhaps one that certifies the next epoch's key, or one that
         records a takeover."""
 
@@ -117,8 +126,16 @@ class SingleKey(CheckpointSigning):
     def genesis(self, log_id: str, t_us: int, checkpoint_every: int) -> Genesis:
         fp = self._signer.fingerprint
         signed = genesis_message(log_id, FORMAT_SINGLE_KEY, fp, t_us, checkpoint_every)
-        return Genesis(0, ZERO_HASH, FORMAT_SINGLE_KEY, log_id, fp, t_us, checkpoint_every,
-                       b64(self._signer.sign(signed)))
+        return Genesis(
+            0,
+            ZERO_HASH,
+            FORMAT_SINGLE_KEY,
+            log_id,
+            fp,
+            t_us,
+            checkpoint_every,
+            b64(self._signer.sign(signed)),
+        )
 
     def opened(self, log_dir: Path, report: Report) -> None:
         if report.format != FORMAT_SINGLE_KEY:
@@ -127,12 +144,29 @@ class SingleKey(CheckpointSigning):
             raise KeyFileError(
                 f"log {log_dir} is format {report.format} (forward-secure checkpoints): its "
                 f"checkpoints are signed by epoch keys kept in the state directory, not by "
-                f"signing.key; open it with the epoch keys (`bide run` does)")
+                f"signing.key; open it with the epoch keys (`bide run` does)"
+            )
 
-    def checkpoint(self, log_id: str, seq: int, head: str, t_us: int, prev_cp: str,
-                   final: bool, *, may_rotate: bool = True,
-                   takeover: Takeover | None = None) -> Checkpoint:
+    def checkpoint(
+        self,
+        log_id: str,
+        seq: int,
+        head: str,
+        t_us: int,
+        prev_cp: str,
+        final: bool,
+        *,
+        may_rotate: bool = True,
+        takeover: Takeover | None = None,
+    ) -> Checkpoint:
         msg = checkpoint_message(log_id, seq, head, t_us, prev_cp, final, takeover)
-        return Checkpoint(seq, head, log_id, t_us, prev_cp, final, b64(self._signer.sign(msg)),
-                          **takeover_fields(takeover))
-
+        return Checkpoint(
+            seq,
+            head,
+            log_id,
+            t_us,
+            prev_cp,
+            final,
+            b64(self._signer.sign(msg)),
+            **takeover_fields(takeover),
+        )

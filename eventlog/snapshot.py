@@ -50,8 +50,7 @@ class _Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _header_decoder = msgspec.json.Decoder(_Header)
 
 
-def seal_snapshot(keyring: KeyRing, mac_key: bytes, position: LogPosition,
-                  body: bytes) -> bytes:
+def seal_snapshot(keyring: KeyRing, mac_key: bytes, position: LogPosition, body: bytes) -> bytes:
     """A snapshot's bytes: ``body`` sealed under the active data key, bound to ``position``,
     tagged with ``mac_key`` (:attr:`eventlog.keys.Signer.mac_key`)."""
     kid = keyring.active
@@ -61,8 +60,9 @@ def seal_snapshot(keyring: KeyRing, mac_key: bytes, position: LogPosition,
     return b"".join((header, b"\n", ct, _tag(mac_key, header, ct)))
 
 
-def write_snapshot(path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition,
-                   body: bytes) -> int:
+def write_snapshot(
+    path: Path, keyring: KeyRing, mac_key: bytes, position: LogPosition, body: bytes
+) -> int:
     """:func:`seal_snapshot` written to ``path``; returns bytes written."""
     data = seal_snapshot(keyring, mac_key, position, body)
     write_atomically(path, data)
@@ -110,8 +110,9 @@ def read_snapshot(path: Path, keyring: KeyRing, mac_key: bytes) -> tuple[LogPosi
     return open_snapshot(path.read_bytes(), keyring, mac_key, where=str(path))
 
 
-def open_snapshot(data: bytes, keyring: KeyRing, mac_key: bytes,
-                  where: str) -> tuple[LogPosition, bytes]:
+def open_snapshot(
+    data: bytes, keyring: KeyRing, mac_key: bytes, where: str
+) -> tuple[LogPosition, bytes]:
     """:func:`read_snapshot` of bytes held elsewhere (``where`` names them in errors)."""
     path = where
     end = data.find(b"\n", 0, _MAX_HEADER)
@@ -123,21 +124,24 @@ def open_snapshot(data: bytes, keyring: KeyRing, mac_key: bytes,
     except (msgspec.DecodeError, ValueError) as exc:
         raise SnapshotError(f"snapshot {path} has a malformed header ({exc})") from None
     if header.format != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"snapshot {path} is format {header.format}, this bide writes "
-                            f"{SNAPSHOT_FORMAT}")
-    ct, mac = data[end + 1:-TAG_BYTES], data[-TAG_BYTES:]
+        raise SnapshotError(
+            f"snapshot {path} is format {header.format}, this bide writes {SNAPSHOT_FORMAT}"
+        )
+    ct, mac = data[end + 1 : -TAG_BYTES], data[-TAG_BYTES:]
     if len(data) < end + 1 + TAG_BYTES or not hmac.compare_digest(mac, _tag(mac_key, raw, ct)):
-        raise SnapshotError(f"snapshot {path} failed authentication: it was not tagged with "
-                            f"the key of the epoch it names (written elsewhere, or forged with "
-                            f"an old key), or it was altered; it will be rebuilt")
+        raise SnapshotError(
+            f"snapshot {path} failed authentication: it was not tagged with "
+            f"the key of the epoch it names (written elsewhere, or forged with "
+            f"an old key), or it was altered; it will be rebuilt"
+        )
     try:
         key = keyring.get(header.kid)
     except UnknownKeyError:
-        raise SnapshotError(f"snapshot {path} is sealed with data key {header.kid}, which the "
-                            f"keyring does not hold") from None
+        raise SnapshotError(
+            f"snapshot {path} is sealed with data key {header.kid}, which the keyring does not hold"
+        ) from None
     try:
-        body = Sealer(key).open_raw(header.nonce, ct, _AAD_DOMAIN + raw,
-                                    where=f"snapshot {path}")
+        body = Sealer(key).open_raw(header.nonce, ct, _AAD_DOMAIN + raw, where=f"snapshot {path}")
     except DecryptError as exc:
         raise SnapshotError(str(exc)) from None
     return header.position, body

@@ -98,20 +98,26 @@ def write_segments(lines: Iterable[StoredLine], log_dir: Path) -> int:
                 if line.segment != index + 1 or line.offset != 0:
                     raise DamagedLogError(
                         f"record {line.seq} is at segment {line.segment} offset {line.offset}, "
-                        f"not at the start of segment {index + 1}")
+                        f"not at the start of segment {index + 1}"
+                    )
                 if fd >= 0:
                     os.fsync(fd)
                     os.close(fd)
-                fd = os.open(log_dir / segment_name(line.segment),
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+                fd = os.open(
+                    log_dir / segment_name(line.segment),
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+                    0o600,
+                )
                 index, size = line.segment, 0
             if line.offset != size:
-                raise DamagedLogError(f"record {line.seq} is at offset {line.offset} of segment "
-                                      f"{index}; the records before it end at {size}")
+                raise DamagedLogError(
+                    f"record {line.seq} is at offset {line.offset} of segment "
+                    f"{index}; the records before it end at {size}"
+                )
             data = line.data + b"\n"
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             size += len(data)
             count += 1
     finally:
@@ -122,8 +128,9 @@ def write_segments(lines: Iterable[StoredLine], log_dir: Path) -> int:
     return count
 
 
-def place_lines(first_seq: int, lines: Sequence[bytes], segment: int, size: int,
-                rotate_at: Sequence[int]) -> list[StoredLine]:
+def place_lines(
+    first_seq: int, lines: Sequence[bytes], segment: int, size: int, rotate_at: Sequence[int]
+) -> list[StoredLine]:
     """Places of one write round's ``lines``: the first goes at ``size`` in ``segment``, and a
     new segment starts at each index in ``rotate_at`` (the writer's own layout)."""
     out: list[StoredLine] = []
@@ -192,12 +199,14 @@ def append_segments(lines: Iterable[StoredLine], log_dir: Path) -> int:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 index = line.segment
             if os.fstat(fd).st_size != line.offset:
-                raise DamagedLogError(f"record {line.seq} belongs at offset {line.offset} of "
-                                      f"{segment_name(index)}, which ends elsewhere")
+                raise DamagedLogError(
+                    f"record {line.seq} belongs at offset {line.offset} of "
+                    f"{segment_name(index)}, which ends elsewhere"
+                )
             data = line.data + b"\n"
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             count += 1
     finally:
         if fd >= 0:

@@ -167,14 +167,24 @@ class Report:
         if self.damage is not None or self.last_segment is None or self.head_seq < 0:
             raise ValueError(f"log {self.log_dir} has no intact head to resume from")
         return LogPosition(
-            log_id=self.log_id, seq=self.head_seq, hash=self.head_hash,
-            segment=_index_of(self.last_segment), line_start=self.head_offset,
-            end=self.last_segment_good_size, last_cp_seq=self.last_checkpoint_seq,
-            last_cp_hash=self.last_checkpoint_hash, checkpoint_every=self.checkpoint_every,
-            unsigned_run=self.unsigned_run, format=self.format, epoch=self.epoch,
-            epoch_key=self.epoch_key, epoch_cert_seq=self.epoch_cert_seq,
-            epoch_t_us=self.epoch_t_us, epoch_checkpoints=self.epoch_checkpoints,
-            lease_epoch=self.lease_epoch)
+            log_id=self.log_id,
+            seq=self.head_seq,
+            hash=self.head_hash,
+            segment=_index_of(self.last_segment),
+            line_start=self.head_offset,
+            end=self.last_segment_good_size,
+            last_cp_seq=self.last_checkpoint_seq,
+            last_cp_hash=self.last_checkpoint_hash,
+            checkpoint_every=self.checkpoint_every,
+            unsigned_run=self.unsigned_run,
+            format=self.format,
+            epoch=self.epoch,
+            epoch_key=self.epoch_key,
+            epoch_cert_seq=self.epoch_cert_seq,
+            epoch_t_us=self.epoch_t_us,
+            epoch_checkpoints=self.epoch_checkpoints,
+            lease_epoch=self.lease_epoch,
+        )
 
     @property
     def verdict(self) -> str:
@@ -246,8 +256,9 @@ def verify_log(
     return report
 
 
-def _resume(report: Report, segments: list[tuple[int, Path]], pos: LogPosition
-            ) -> tuple[int, int] | None:
+def _resume(
+    report: Report, segments: list[tuple[int, Path]], pos: LogPosition
+) -> tuple[int, int] | None:
     """Fill ``report`` from ``pos`` and return where to go on, or None (verify it all)."""
     ordinals = {index: ordinal for ordinal, (index, _) in enumerate(segments, start=1)}
     why = mismatch(report.log_dir, pos)
@@ -349,8 +360,9 @@ def _fast(
             gc.enable()
 
 
-def plan_units(segments: list[tuple[int, Path]], begin: tuple[int, int],
-               unit_bytes: int = UNIT_BYTES) -> list[_Unit]:
+def plan_units(
+    segments: list[tuple[int, Path]], begin: tuple[int, int], unit_bytes: int = UNIT_BYTES
+) -> list[_Unit]:
     """Newline-aligned units of about ``unit_bytes`` covering the segment files from ``begin``
     (an ordinal and an offset in that file)."""
     units: list[_Unit] = []
@@ -388,8 +400,9 @@ def _newline_after(f: BinaryIO, pos: int) -> int | None:
         pos += len(block)
 
 
-def _join(report: Report, units: list[_Unit], summaries: Iterator[_Summary | None]
-          ) -> tuple[int, int] | None:
+def _join(
+    report: Report, units: list[_Unit], summaries: Iterator[_Summary | None]
+) -> tuple[int, int] | None:
     for (path, ordinal, start, _), s in zip(units, summaries, strict=True):
         if s is None or s.first_seq != report.head_seq + 1 or s.first_prev != report.head_hash:
             return ordinal, start
@@ -463,12 +476,19 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
     first = recs[0]
     if start == 0:
         if ordinal == 1:
-            if not (isinstance(first, Genesis) and first.format in READABLE_FORMATS
-                    and first.signer == fingerprint(raw_key)
-                    and path.name == segment_name(1) and _genesis_ok(raw_key, first)):
+            if not (
+                isinstance(first, Genesis)
+                and first.format in READABLE_FORMATS
+                and first.signer == fingerprint(raw_key)
+                and path.name == segment_name(1)
+                and _genesis_ok(raw_key, first)
+            ):
                 return None
-        elif not (isinstance(first, Segment) and first.index == ordinal
-                  and path.name == segment_name(ordinal)):
+        elif not (
+            isinstance(first, Segment)
+            and first.index == ordinal
+            and path.name == segment_name(ordinal)
+        ):
             return None
         if kinds.count(Genesis) + kinds.count(Segment) != 1:
             return None
@@ -496,8 +516,11 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         elif cp.prev_cp != cp_hash:
             return None
         cp_hash, cp_index = hashes[i], i
-    if anchor is not None and first_seq <= anchor[0] < first_seq + n \
-            and hashes[anchor[0] - first_seq] != anchor[1]:
+    if (
+        anchor is not None
+        and first_seq <= anchor[0] < first_seq + n
+        and hashes[anchor[0] - first_seq] != anchor[1]
+    ):
         return None
     last = recs[-1]
     cp_last = recs[cp_index] if cp_index >= 0 else None
@@ -510,11 +533,15 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
     else:
         lead, max_gap, trail = counted[-1], 0, None
     signed = [i for i, k in enumerate(kinds) if k is Checkpoint or k is Genesis]
-    signed_end = (start + sum(map(len, lines[:signed[-1] + 1])) + signed[-1] + 1
-                  if signed else None)
+    signed_end = start + sum(map(len, lines[: signed[-1] + 1])) + signed[-1] + 1 if signed else None
     return _Summary(
-        records=n, first_seq=first_seq, first_prev=first.prev, log_id=log_id,
-        last_seq=last.seq, last_hash=hashes[-1], first_prev_cp=first_prev_cp,
+        records=n,
+        first_seq=first_seq,
+        first_prev=first.prev,
+        log_id=log_id,
+        last_seq=last.seq,
+        last_hash=hashes[-1],
+        first_prev_cp=first_prev_cp,
         checkpoints=kinds.count(Checkpoint),
         last_cp_seq=cp_last.seq if cp_last is not None else None,
         last_cp_hash=cp_hash,
@@ -523,7 +550,10 @@ def _check_unit(unit: _Unit, raw_key: bytes, anchor: tuple[int, str] | None) -> 
         last_offset=end - 1 - len(lines[-1]),
         end=end,
         checkpoint_every=first.checkpoint_every if isinstance(first, Genesis) else 0,
-        lead=lead, max_gap=max_gap, trail=trail, signed_end=signed_end,
+        lead=lead,
+        max_gap=max_gap,
+        trail=trail,
+        signed_end=signed_end,
         last_sealed=isinstance(last, _SEALING),
         cps=tuple(r for r in recs if isinstance(r, Checkpoint)),
         genesis=first if isinstance(first, Genesis) else None,
@@ -570,13 +600,25 @@ def _adopt_genesis(report: Report, genesis: Genesis) -> None:
 def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
     """Whether ``cps`` (consecutive checkpoints after the report's head) verify, each under
     its epoch's key; on success the report's epoch state moves past them."""
-    state = (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
-             report.epoch_checkpoints, report.lease_epoch)
+    state = (
+        report.epoch,
+        report.epoch_key,
+        report.epoch_cert_seq,
+        report.epoch_t_us,
+        report.epoch_checkpoints,
+        report.lease_epoch,
+    )
     takeovers = len(report.takeovers)
     for cp in cps:
         if _cp_problem(report, cp) is not None:
-            (report.epoch, report.epoch_key, report.epoch_cert_seq, report.epoch_t_us,
-             report.epoch_checkpoints, report.lease_epoch) = state
+            (
+                report.epoch,
+                report.epoch_key,
+                report.epoch_cert_seq,
+                report.epoch_t_us,
+                report.epoch_checkpoints,
+                report.lease_epoch,
+            ) = state
             del report.takeovers[takeovers:]
             return False
         _advance_epoch(report, cp)
@@ -601,29 +643,42 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
 def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
     """Why checkpoint ``cp`` does not verify at the report's epoch; None when it does."""
     if (cp.lease_epoch or cp.holder) and cp.lease_epoch <= report.lease_epoch:
-        return (f"checkpoint {cp.seq} records a takeover at lease epoch {cp.lease_epoch}, "
-                f"not above the last one the log recorded ({report.lease_epoch}): lease "
-                f"epochs only grow, so one of the two was forged or replayed")
+        return (
+            f"checkpoint {cp.seq} records a takeover at lease epoch {cp.lease_epoch}, "
+            f"not above the last one the log recorded ({report.lease_epoch}): lease "
+            f"epochs only grow, so one of the two was forged or replayed"
+        )
     if report.format == FORMAT_SINGLE_KEY:
         if cp.epoch or cp.next_key:
-            return ("a format-2 (single-key) log holds a checkpoint with epoch fields: it was "
-                    "forged or altered")
-        return (None if _signature_ok(report.root_key, report.log_id, cp) else
-                "checkpoint signature does not verify: records before it were changed, or the "
-                "checkpoint was forged")
-    cert = ("the genesis record" if report.epoch_cert_seq == 0
-            else f"checkpoint {report.epoch_cert_seq}")
+            return (
+                "a format-2 (single-key) log holds a checkpoint with epoch fields: it was "
+                "forged or altered"
+            )
+        return (
+            None
+            if _signature_ok(report.root_key, report.log_id, cp)
+            else "checkpoint signature does not verify: records before it were changed, or the "
+            "checkpoint was forged"
+        )
+    cert = (
+        "the genesis record"
+        if report.epoch_cert_seq == 0
+        else f"checkpoint {report.epoch_cert_seq}"
+    )
     if cp.epoch != report.epoch:
-        return (f"checkpoint {cp.seq} claims epoch {cp.epoch}, but the log is in epoch "
-                f"{report.epoch} (its key certified by {cert}): it was forged or altered")
+        return (
+            f"checkpoint {cp.seq} claims epoch {cp.epoch}, but the log is in epoch "
+            f"{report.epoch} (its key certified by {cert}): it was forged or altered"
+        )
     key = _key_bytes(report.epoch_key)
     next_key = _key_bytes(cp.next_key) if cp.next_key else b""
-    if key is None or next_key is None or not _signature_v2_ok(key, report.log_id, cp,
-                                                                next_key):
-        return (f"checkpoint {cp.seq} does not verify under the epoch-{report.epoch} key "
-                f"certified by {cert}: records before it were changed and re-signed with "
-                f"another key (a key of a later epoch cannot sign an earlier one), or the "
-                f"checkpoint was forged")
+    if key is None or next_key is None or not _signature_v2_ok(key, report.log_id, cp, next_key):
+        return (
+            f"checkpoint {cp.seq} does not verify under the epoch-{report.epoch} key "
+            f"certified by {cert}: records before it were changed and re-signed with "
+            f"another key (a key of a later epoch cannot sign an earlier one), or the "
+            f"checkpoint was forged"
+        )
     return None
 
 
@@ -635,8 +690,17 @@ def _signature_v2_ok(key: bytes, log_id: str, cp: Checkpoint, next_key: bytes) -
         sig = base64.b64decode(cp.sig, validate=True)
         if base64.b64encode(sig).decode("ascii") != cp.sig:
             return False
-        message = checkpoint_message_v2(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp,
-                                        cp.final, cp.epoch, next_key, checkpoint_takeover(cp))
+        message = checkpoint_message_v2(
+            log_id,
+            cp.seq,
+            cp.prev,
+            cp.t_us,
+            cp.prev_cp,
+            cp.final,
+            cp.epoch,
+            next_key,
+            checkpoint_takeover(cp),
+        )
         public.verify(sig, message)
     except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
         return False
@@ -661,11 +725,13 @@ def _genesis_ok(raw_key: bytes, genesis: Genesis) -> bool:
         public = _public_keys[raw_key] = Ed25519PublicKey.from_public_bytes(raw_key)
     try:
         if genesis.format == FORMAT_SINGLE_KEY:
-            message = genesis_message(genesis.log, genesis.format, genesis.signer,
-                                      genesis.t_us, genesis.checkpoint_every)
+            message = genesis_message(
+                genesis.log, genesis.format, genesis.signer, genesis.t_us, genesis.checkpoint_every
+            )
         else:
-            message = genesis_message_v3(genesis.log, genesis.signer, genesis.t_us,
-                                         genesis.checkpoint_every, epoch_key)
+            message = genesis_message_v3(
+                genesis.log, genesis.signer, genesis.t_us, genesis.checkpoint_every, epoch_key
+            )
         sig = base64.b64decode(genesis.sig, validate=True)
         if base64.b64encode(sig).decode("ascii") != genesis.sig:
             return False
@@ -684,8 +750,9 @@ def _signature_ok(raw_key: bytes, log_id: str, cp: Checkpoint) -> bool:
         sig = base64.b64decode(cp.sig, validate=True)
         if base64.b64encode(sig).decode("ascii") != cp.sig:
             return False  # a non-canonical encoding: its unused bits were changed
-        message = checkpoint_message(log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp, cp.final,
-                                     checkpoint_takeover(cp))
+        message = checkpoint_message(
+            log_id, cp.seq, cp.prev, cp.t_us, cp.prev_cp, cp.final, checkpoint_takeover(cp)
+        )
         public.verify(sig, message)
     except (InvalidSignature, binascii.Error, ValueError, struct.error, OverflowError):
         return False
@@ -710,19 +777,38 @@ def _slow(
         offset = start_offset if ordinal == start_ordinal else 0
         if offset == 0 and path.stat().st_size == 0:
             if pending is not None:
-                raise _Found(_at(pending, report.head_seq + 1, "modified",
-                                 "record is cut short before the end of the log"))
+                raise _Found(
+                    _at(
+                        pending,
+                        report.head_seq + 1,
+                        "modified",
+                        "record is cut short before the end of the log",
+                    )
+                )
             if ordinal == last_ordinal:
                 pending = Line(path, ordinal, 0, b"", False, True)
                 continue
-            raise _Found(Damage("segment_link", report.head_seq + 1, path.name, 0,
-                                f"segment file {path.name} is empty (its records were removed)"))
+            raise _Found(
+                Damage(
+                    "segment_link",
+                    report.head_seq + 1,
+                    path.name,
+                    0,
+                    f"segment file {path.name} is empty (its records were removed)",
+                )
+            )
         for line in _read_lines(report, path, ordinal, offset):
             expected = report.head_seq + 1
             if pending is not None:
                 # A fragment followed by more data is not at the very end: damage.
-                raise _Found(_at(pending, expected, "modified",
-                                 "record is cut short (no newline) before the end of the log"))
+                raise _Found(
+                    _at(
+                        pending,
+                        expected,
+                        "modified",
+                        "record is cut short (no newline) before the end of the log",
+                    )
+                )
             if not line.complete or not line.data.strip(b"\x00"):
                 if ordinal == last_ordinal:
                     pending = line
@@ -733,13 +819,15 @@ def _slow(
         if report.writer_live and _completed_meanwhile(segments, pending):
             report.notes.append("a writer is appending: its partial last line was not read")
             return
-        report.torn = TornTail(pending.segment, pending.offset, len(pending.data),
-                               report.head_seq + 1)
+        report.torn = TornTail(
+            pending.segment, pending.offset, len(pending.data), report.head_seq + 1
+        )
         if report.writer_live:
             report.notes.append(
                 f"the writer lock is held (pid {holder_pid(report.log_dir)}), but the partial "
                 f"last line did not change for {_LIVE_WAIT} s: a torn tail, not a write in "
-                f"progress")
+                f"progress"
+            )
 
 
 class _Overlong(Exception):
@@ -753,9 +841,16 @@ def _read_lines(report: Report, path: Path, ordinal: int, offset: int) -> Iterat
     try:
         yield from _chunked_lines(path, ordinal, offset)
     except _Overlong as too_long:
-        raise _Found(Damage("modified", report.head_seq + 1, path.name, too_long.offset,
-                            f"a line of more than {MAX_LINE_BYTES} bytes (the longest record "
-                            f"the writer makes) without a newline: not a record")) from None
+        raise _Found(
+            Damage(
+                "modified",
+                report.head_seq + 1,
+                path.name,
+                too_long.offset,
+                f"a line of more than {MAX_LINE_BYTES} bytes (the longest record "
+                f"the writer makes) without a newline: not a record",
+            )
+        ) from None
 
 
 def _chunked_lines(path: Path, ordinal: int, offset: int) -> Iterator[Line]:
@@ -805,8 +900,9 @@ def _completed_meanwhile(segments: list[tuple[int, Path]], pending: Line) -> boo
         time.sleep(0.02)
 
 
-def _check_line(report: Report, verify_key: VerifyKey, line: Line,
-                anchor: tuple[int, str] | None) -> None:
+def _check_line(
+    report: Report, verify_key: VerifyKey, line: Line, anchor: tuple[int, str] | None
+) -> None:
     expected = report.head_seq + 1
     prev = report.head_hash
     try:
@@ -818,68 +914,135 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
         if rec.seq != 0 or rec.prev != ZERO_HASH:
             raise _Found(_at(line, 0, "modified", "genesis record with a sequence or link"))
         if name != segment_name(1):
-            raise _Found(_at(line, 0, "segment_link",
-                             f"the first segment file is named {name}, not {segment_name(1)}"))
+            raise _Found(
+                _at(
+                    line,
+                    0,
+                    "segment_link",
+                    f"the first segment file is named {name}, not {segment_name(1)}",
+                )
+            )
         if rec.format not in READABLE_FORMATS:
-            raise _Found(_at(line, 0, "modified",
-                             f"format version {rec.format}, this bide reads "
-                             f"{FORMAT_SINGLE_KEY} to {FORMAT_VERSION}"))
+            raise _Found(
+                _at(
+                    line,
+                    0,
+                    "modified",
+                    f"format version {rec.format}, this bide reads "
+                    f"{FORMAT_SINGLE_KEY} to {FORMAT_VERSION}",
+                )
+            )
         if rec.signer != verify_key.fingerprint:
-            raise _Found(_at(line, 0, "bad_signature",
-                             f"log is signed by key {rec.signer[:16]}…, the verify key is "
-                             f"{verify_key.fingerprint[:16]}… (wrong verify.pub, or the log "
-                             f"was rewritten and re-signed)"))
+            raise _Found(
+                _at(
+                    line,
+                    0,
+                    "bad_signature",
+                    f"log is signed by key {rec.signer[:16]}…, the verify key is "
+                    f"{verify_key.fingerprint[:16]}… (wrong verify.pub, or the log "
+                    f"was rewritten and re-signed)",
+                )
+            )
         if not _genesis_ok(verify_key.raw, rec):
-            raise _Found(_at(line, 0, "bad_signature",
-                             "the genesis record's signature does not verify (its fields, "
-                             "such as the checkpoint spacing it promises, were changed)"))
+            raise _Found(
+                _at(
+                    line,
+                    0,
+                    "bad_signature",
+                    "the genesis record's signature does not verify (its fields, "
+                    "such as the checkpoint spacing it promises, were changed)",
+                )
+            )
         _adopt_genesis(report, rec)
         report.trusted_end = (line.ordinal, line.offset + len(line.data) + 1)
     elif expected == 0:
         raise _Found(_at(line, 0, "modified", "the log does not open with a genesis record"))
     else:
         if rec.log != report.log_id:
-            raise _Found(_at(line, expected, "spliced",
-                             f"record (numbered {rec.seq}) belongs to log {rec.log}, not "
-                             f"{report.log_id}"))
+            raise _Found(
+                _at(
+                    line,
+                    expected,
+                    "spliced",
+                    f"record (numbered {rec.seq}) belongs to log {rec.log}, not {report.log_id}",
+                )
+            )
         if line.first_in_segment and not isinstance(rec, Segment):
-            raise _Found(_at(line, expected, "segment_link",
-                             f"segment {name} does not open with a segment record (a segment "
-                             f"before it is missing or out of order)"))
-        if isinstance(rec, Segment) and line.first_in_segment and (
-            rec.index != line.ordinal or name != segment_name(rec.index)
+            raise _Found(
+                _at(
+                    line,
+                    expected,
+                    "segment_link",
+                    f"segment {name} does not open with a segment record (a segment "
+                    f"before it is missing or out of order)",
+                )
+            )
+        if (
+            isinstance(rec, Segment)
+            and line.first_in_segment
+            and (rec.index != line.ordinal or name != segment_name(rec.index))
         ):
-            raise _Found(_at(line, expected, "segment_link",
-                             f"file {name} holds segment {rec.index}, expected "
-                             f"{segment_name(line.ordinal)} (a segment is missing, renamed "
-                             f"or out of order)"))
+            raise _Found(
+                _at(
+                    line,
+                    expected,
+                    "segment_link",
+                    f"file {name} holds segment {rec.index}, expected "
+                    f"{segment_name(line.ordinal)} (a segment is missing, renamed "
+                    f"or out of order)",
+                )
+            )
         if rec.seq != expected:
             if rec.prev == prev:
-                raise _Found(_at(line, expected, "modified",
-                                 f"record {expected} links to record {expected - 1} but is "
-                                 f"numbered {rec.seq} (its sequence number was altered)"))
+                raise _Found(
+                    _at(
+                        line,
+                        expected,
+                        "modified",
+                        f"record {expected} links to record {expected - 1} but is "
+                        f"numbered {rec.seq} (its sequence number was altered)",
+                    )
+                )
             raise _Found(_classify_seq(report.log_dir, line, rec.seq, expected))
         if isinstance(rec, Genesis):
             raise _Found(_at(line, expected, "modified", "a genesis record after the start"))
         if isinstance(rec, Segment) and not line.first_in_segment:
-            raise _Found(_at(line, expected, "segment_link",
-                             f"segment record for segment {rec.index} inside file {name} "
-                             f"(segment files were joined)"))
+            raise _Found(
+                _at(
+                    line,
+                    expected,
+                    "segment_link",
+                    f"segment record for segment {rec.index} inside file {name} "
+                    f"(segment files were joined)",
+                )
+            )
         if rec.prev != prev:
             assert report.last_segment is not None
-            raise _Found(Damage("modified", expected - 1, report.last_segment.name,
-                                report.head_offset,
-                                f"record {expected - 1} does not hash to the link stored in "
-                                f"record {expected} (at {name} offset {line.offset}): one of "
-                                f"the two was altered"))
+            raise _Found(
+                Damage(
+                    "modified",
+                    expected - 1,
+                    report.last_segment.name,
+                    report.head_offset,
+                    f"record {expected - 1} does not hash to the link stored in "
+                    f"record {expected} (at {name} offset {line.offset}): one of "
+                    f"the two was altered",
+                )
+            )
     if isinstance(rec, Checkpoint):
         problem = _cp_problem(report, rec)
         if problem is not None:
             raise _Found(_at(line, rec.seq, "bad_signature", problem))
         if rec.prev_cp != report.last_checkpoint_hash:
-            raise _Found(_at(line, rec.seq, "missing",
-                             "a correctly signed checkpoint links to a previous checkpoint "
-                             "that is not in the log"))
+            raise _Found(
+                _at(
+                    line,
+                    rec.seq,
+                    "missing",
+                    "a correctly signed checkpoint links to a previous checkpoint "
+                    "that is not in the log",
+                )
+            )
         _advance_epoch(report, rec)
         report.checkpoints += 1
         report.last_checkpoint_seq = rec.seq
@@ -889,19 +1052,31 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
     elif isinstance(rec, EventRecord | Recovery):
         report.unsigned_run += 1
         if _over(report, report.unsigned_run):
-            raise _Found(_at(line, rec.seq, "missing",
-                             f"{report.unsigned_run} records without a signed checkpoint; the "
-                             f"signed genesis promises one at least every "
-                             f"{report.checkpoint_every} (checkpoints were removed)"))
+            raise _Found(
+                _at(
+                    line,
+                    rec.seq,
+                    "missing",
+                    f"{report.unsigned_run} records without a signed checkpoint; the "
+                    f"signed genesis promises one at least every "
+                    f"{report.checkpoint_every} (checkpoints were removed)",
+                )
+            )
     elif not isinstance(rec, Segment | Genesis | Seal):  # pragma: no cover
         raise AssertionError(rec)
     h = record_hash(line.data)
     if isinstance(rec, Checkpoint):
         report.last_checkpoint_hash = h
     if anchor is not None and rec.seq == anchor[0] and h != anchor[1]:
-        raise _Found(_at(line, rec.seq, "modified",
-                         f"record {rec.seq} hashes to {h}, the anchor says {anchor[1]} "
-                         f"(the log was rewritten or rolled back)"))
+        raise _Found(
+            _at(
+                line,
+                rec.seq,
+                "modified",
+                f"record {rec.seq} hashes to {h}, the anchor says {anchor[1]} "
+                f"(the log was rewritten or rolled back)",
+            )
+        )
     report.clean_close = isinstance(rec, Checkpoint) and rec.final
     report.head_sealed = isinstance(rec, _SEALING)
     report.records += 1
@@ -913,18 +1088,25 @@ def _check_line(report: Report, verify_key: VerifyKey, line: Line,
     report.head_offset = line.offset
 
 
-def _finish(report: Report, segments: list[tuple[int, Path]],
-            anchor: tuple[int, str] | None) -> None:
+def _finish(
+    report: Report, segments: list[tuple[int, Path]], anchor: tuple[int, str] | None
+) -> None:
     last_cp_seq = report.last_checkpoint_seq
     report.unsigned_tail = report.head_seq - (last_cp_seq if last_cp_seq is not None else -1)
     if report.last_segment is None:
         report.last_segment = segments[-1][1]
         report.last_segment_index = len(segments)
     if anchor is not None and anchor[0] > report.head_seq:
-        raise _Found(Damage("truncated", report.head_seq + 1, report.last_segment.name,
-                            report.last_segment_good_size,
-                            f"the log ends at record {report.head_seq}, before the anchor "
-                            f"{anchor[0]}: records were cut from the end"))
+        raise _Found(
+            Damage(
+                "truncated",
+                report.head_seq + 1,
+                report.last_segment.name,
+                report.last_segment_good_size,
+                f"the log ends at record {report.head_seq}, before the anchor "
+                f"{anchor[0]}: records were cut from the end",
+            )
+        )
     if not report.clean_close and not report.writer_live and report.unsigned_tail:
         report.notes.append(
             f"{report.unsigned_tail} record(s) after the last signed checkpoint and no clean "
@@ -941,7 +1123,8 @@ def _finish(report: Report, segments: list[tuple[int, Path]],
             f"the last record ({report.head_seq}) is not followed by a seal or checkpoint: "
             f"records the writer did not finish writing (a crash between two writes), or "
             f"appended by someone else; the daemon quarantines records no valid seal covers "
-            f"on its next open")
+            f"on its next open"
+        )
 
 
 def _at(line_: Line, seq: int | None, kind: str, detail: str) -> Damage:
@@ -985,23 +1168,37 @@ def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int) -> Damage:
         if before and seq < expected and _seq_of(line.data) == seq:
             if line.data == at.data:
                 return _at(at, seq, "duplicated", f"record {seq} appears a second time")
-            return _at(at, expected, "modified",
-                       f"a record numbered {seq} (not the one already read) where record "
-                       f"{expected} belongs")
+            return _at(
+                at,
+                expected,
+                "modified",
+                f"a record numbered {seq} (not the one already read) where record "
+                f"{expected} belongs",
+            )
         if not before and line.data == at.data:
-            return _at(at, seq, "duplicated",
-                       f"record {seq} appears here, where record {expected} belongs, and again "
-                       f"later")
+            return _at(
+                at,
+                seq,
+                "duplicated",
+                f"record {seq} appears here, where record {expected} belongs, and again later",
+            )
     if seq < expected:  # pragma: no cover - the earlier record was read to get here
         return _at(at, expected, "modified", f"record numbered {seq} where {expected} belongs")
     for line in _all_lines(log_dir):
-        if (line.ordinal, line.offset) > (at.ordinal, at.offset) and line.complete \
-                and _seq_of(line.data) == expected:
-            return _at(at, expected, "reordered",
-                       f"record {expected} found after record {seq}")
-    return _at(at, expected, "missing",
-               f"records {expected}..{seq - 1} are missing" if seq - 1 > expected
-               else f"record {expected} is missing")
+        if (
+            (line.ordinal, line.offset) > (at.ordinal, at.offset)
+            and line.complete
+            and _seq_of(line.data) == expected
+        ):
+            return _at(at, expected, "reordered", f"record {expected} found after record {seq}")
+    return _at(
+        at,
+        expected,
+        "missing",
+        f"records {expected}..{seq - 1} are missing"
+        if seq - 1 > expected
+        else f"record {expected} is missing",
+    )
 
 
 # -- for checking one checkpoint at a time (signed heads: ``eventlog.headchain``) --------------

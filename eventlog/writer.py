@@ -164,7 +164,6 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-
 class LogWriter:
     """Use as ``async with LogWriter(dir, keyring, signer) as log: await log.append(b"...")``.
 
@@ -279,8 +278,9 @@ class LogWriter:
         self._loop = asyncio.get_running_loop()
         if self._ring is not None:
             self._loop.add_reader(self._ring.fileno(), self._ring_done)
-        self._thread = threading.Thread(target=self._writer_thread, name="bide-log-writer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._writer_thread, name="bide-log-writer", daemon=True
+        )
         self._thread.start()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -362,8 +362,9 @@ class LogWriter:
         """Encrypt and append one payload; returns once it is durable."""
         return (await self.append_many([payload]))[0]
 
-    async def append_many(self, payloads: Sequence[bytes], *,
-                          on_durable: Callable[[], None] | None = None) -> list[Appended]:
+    async def append_many(
+        self, payloads: Sequence[bytes], *, on_durable: Callable[[], None] | None = None
+    ) -> list[Appended]:
         """Append payloads in order, in one batch; returns once all are durable.
 
         A caller cancelled while waiting still waits (shielded) until its records are written
@@ -402,8 +403,9 @@ class LogWriter:
         log (its first record as the lease's holder)."""
         return await self._enqueue_checkpoint(final=False, takeover=takeover)
 
-    async def _enqueue_checkpoint(self, *, final: bool,
-                                  takeover: Takeover | None = None) -> Appended:
+    async def _enqueue_checkpoint(
+        self, *, final: bool, takeover: Takeover | None = None
+    ) -> Appended:
         batch = self._enqueue((), "final" if final else "periodic", takeover)
         with anyio.CancelScope(shield=True):
             await batch.done.wait()
@@ -427,8 +429,9 @@ class LogWriter:
         with contextlib.suppress(LogIOError):
             await self._enqueue_checkpoint(final=False)
 
-    def _enqueue(self, payloads: Sequence[bytes], checkpoint: str | None,
-                 takeover: Takeover | None = None) -> _Batch:
+    def _enqueue(
+        self, payloads: Sequence[bytes], checkpoint: str | None, takeover: Takeover | None = None
+    ) -> _Batch:
         """Queue a batch (event loop side). Every batch queued in one pass of the event loop,
         and every one queued while a round is being written, goes into the next round."""
         with self._state_lock:
@@ -457,9 +460,11 @@ class LogWriter:
         """A round the event loop writes itself: a ring, no checkpoint asked for, and small.
         A large round (many appenders at once) goes to the thread, whose framing then runs
         beside the event loop's work instead of in front of it."""
-        return (self._ring is not None
-                and sum(len(b.payloads) for b in batches) <= LOOP_ROUND_RECORDS
-                and all(b.checkpoint is None for b in batches))
+        return (
+            self._ring is not None
+            and sum(len(b.payloads) for b in batches) <= LOOP_ROUND_RECORDS
+            and all(b.checkpoint is None for b in batches)
+        )
 
     def _dispatch(self) -> None:
         """Start the next round (event loop): written here when it can be, else by the
@@ -474,8 +479,9 @@ class LogWriter:
         self._to_thread(self._thread_round(batches), done)
 
     def _thread_round(self, batches: list[_Batch]) -> Callable[[], None]:
-        return functools.partial(self._guarded, batches,
-                                 functools.partial(self._write_batches, batches))
+        return functools.partial(
+            self._guarded, batches, functools.partial(self._write_batches, batches)
+        )
 
     def _to_thread(self, job: Callable[[], None], done: _RoundDone) -> None:
         with self._cv:
@@ -547,9 +553,12 @@ class LogWriter:
                     # Written, but the kernel refused the fdatasync: the thread makes it
                     # durable, and later rounds stay on the thread.
                     self._abandon_ring()
-                    self._to_thread(functools.partial(
-                        self._guarded, batches, functools.partial(self._sync_written, framed)),
-                        done)
+                    self._to_thread(
+                        functools.partial(
+                            self._guarded, batches, functools.partial(self._sync_written, framed)
+                        ),
+                        done,
+                    )
                     return True
                 self._guarded(batches, functools.partial(self._raise_after_undo, framed, exc))
                 self._round_ended(done)
@@ -600,8 +609,10 @@ class LogWriter:
             assert self._loop is not None
             self._loop.remove_reader(ring.fileno())
             ring.close()
-            self._on_problem(f"log {self.log_dir}: the kernel refused an asynchronous "
-                             f"fdatasync; the writer thread makes every round durable from now")
+            self._on_problem(
+                f"log {self.log_dir}: the kernel refused an asynchronous "
+                f"fdatasync; the writer thread makes every round durable from now"
+            )
 
     # -- framing and writing -----------------------------------------------------------------
 
@@ -625,9 +636,11 @@ class LogWriter:
         except Exception as exc:  # a bug: fail the round loudly rather than leave it waiting
             failure = LogIOError(
                 f"writing log {self.log_dir} failed: internal error ({type(exc).__name__}); "
-                f"the writer stopped and will re-check the tail before appending again")
-            self._on_problem(f"log {self.log_dir}: the writer failed a write: "
-                             f"{type(exc).__name__}: {exc}")
+                f"the writer stopped and will re-check the tail before appending again"
+            )
+            self._on_problem(
+                f"log {self.log_dir}: the writer failed a write: {type(exc).__name__}: {exc}"
+            )
             self._failed = failure
             for b in batches:
                 b.error = failure
@@ -639,9 +652,16 @@ class LogWriter:
         try:
             self._write_lines(framed.lines, framed.rotate_at, framed.index)
             if self.store is not None:
-                self.store.commit(place_lines(self.head_seq + 1, framed.lines,
-                                              framed.start_index, framed.start_size,
-                                              framed.rotate_at), self.head_hash)
+                self.store.commit(
+                    place_lines(
+                        self.head_seq + 1,
+                        framed.lines,
+                        framed.start_index,
+                        framed.start_size,
+                        framed.rotate_at,
+                    ),
+                    self.head_hash,
+                )
         except (OSError, StoreError):
             self._undo(framed)
             raise
@@ -650,8 +670,10 @@ class LogWriter:
     def _undo(self, framed: _Framed) -> None:
         """A round failed: forget its rotation, cut what it wrote (or leave that to reopen)."""
         self._signing.abandoned()
-        if (not self._roll_back(framed.start_index, framed.start_size)
-                and self._unacked_from is None):
+        if (
+            not self._roll_back(framed.start_index, framed.start_size)
+            and self._unacked_from is None
+        ):
             self._unacked_from = (framed.start_index, framed.start_size, self.head_seq)
 
     def _adopt(self, framed: _Framed) -> None:
@@ -701,8 +723,9 @@ class LogWriter:
             nonlocal last_cp, since_cp, last_cp_seq, sealed
             t_us = _now_us()
             cp_seq = seq + 1
-            rec = self._signing.checkpoint(self.log_id, cp_seq, prev, t_us, last_cp, final,
-                                           takeover=takeover)
+            rec = self._signing.checkpoint(
+                self.log_id, cp_seq, prev, t_us, last_cp, final, takeover=takeover
+            )
             if takeover is not None:
                 taken.append(takeover.lease_epoch)
             signed.append(encode_record(rec))
@@ -716,13 +739,15 @@ class LogWriter:
             if batch.checkpoint is not None:
                 if plain_only:
                     return None
-                batch.results = [emit_checkpoint(final=batch.checkpoint == "final",
-                                                 takeover=batch.takeover)]
+                batch.results = [
+                    emit_checkpoint(final=batch.checkpoint == "final", takeover=batch.takeover)
+                ]
                 continue
             results = []
             for payload in batch.payloads:
-                if plain_only and (since_cp + 1 >= self._checkpoint_every
-                                   or size >= self._segment_bytes):
+                if plain_only and (
+                    since_cp + 1 >= self._checkpoint_every or size >= self._segment_bytes
+                ):
                     return None
                 if since_cp >= self._checkpoint_every:
                     emit_checkpoint(final=False)  # recovery records on open left a full run
@@ -732,7 +757,7 @@ class LogWriter:
                     size = 0
                     emit(encode_record(Segment(seq + 1, prev, self.log_id, index)))
                 aad = associated_data_from(prefix, seq + 1, prev_raw, kid_raw)
-                nonce = nonces[drawn:drawn + NONCE_BYTES]
+                nonce = nonces[drawn : drawn + NONCE_BYTES]
                 drawn += NONCE_BYTES
                 ct = self._sealer.seal_with(nonce, payload, aad)
                 h = emit(encode_record(SealedEvent(seq + 1, prev, self.log_id, kid, nonce, ct)))
@@ -744,10 +769,25 @@ class LogWriter:
         if not sealed:
             # One HMAC per write: the records since the last checkpoint stay the writer's own.
             log_id = self.log_id
-            emit(encode_record(Seal(seq + 1, prev, log_id,
-                                    seal_tag(self._mac_key, log_id, seq + 1, prev))))
-        return _Framed(lines, rotate_at, index, seq, prev, last_cp, since_cp, last_cp_seq,
-                       signed, taken, self._segment_index, self._segment_size)
+            emit(
+                encode_record(
+                    Seal(seq + 1, prev, log_id, seal_tag(self._mac_key, log_id, seq + 1, prev))
+                )
+            )
+        return _Framed(
+            lines,
+            rotate_at,
+            index,
+            seq,
+            prev,
+            last_cp,
+            since_cp,
+            last_cp_seq,
+            signed,
+            taken,
+            self._segment_index,
+            self._segment_size,
+        )
 
     def _nonces(self, n: int) -> tuple[bytes, int]:
         """(buffer, offset): ``n`` fresh random bytes at ``offset`` of ``buffer``, for this
@@ -775,7 +815,8 @@ class LogWriter:
             self._on_problem(
                 f"log {self.log_dir}: a retired epoch key could not be destroyed "
                 f"({exc.strerror or exc}); it stays on disk until the next open retries, or "
-                f"remove it by hand from the epochs directory")
+                f"remove it by hand from the epochs directory"
+            )
         if signed and self._heads is not None:
             try:
                 self._heads.record(signed)
@@ -783,15 +824,25 @@ class LogWriter:
                 self._on_problem(
                     f"log {self.log_dir}: {len(signed)} signed head(s) could not be recorded "
                     f"in {self._heads.path} ({exc.strerror or exc}): they are not published "
-                    f"to witnesses; the next checkpoint recorded covers them")
+                    f"to witnesses; the next checkpoint recorded covers them"
+                )
 
     def _set_position(self) -> None:
-        self.position = self._signing.stamp(LogPosition(
-            log_id=self.log_id, seq=self.head_seq, hash=self.head_hash,
-            segment=self._segment_index, line_start=self._segment_size - self._head_len,
-            end=self._segment_size, last_cp_seq=self._last_cp_seq,
-            last_cp_hash=self._last_cp_hash, checkpoint_every=self._promised_every,
-            unsigned_run=self._since_cp, lease_epoch=self._lease_epoch))
+        self.position = self._signing.stamp(
+            LogPosition(
+                log_id=self.log_id,
+                seq=self.head_seq,
+                hash=self.head_hash,
+                segment=self._segment_index,
+                line_start=self._segment_size - self._head_len,
+                end=self._segment_size,
+                last_cp_seq=self._last_cp_seq,
+                last_cp_hash=self._last_cp_hash,
+                checkpoint_every=self._promised_every,
+                unsigned_run=self._since_cp,
+                lease_epoch=self._lease_epoch,
+            )
+        )
 
     def _roll_back(self, index: int, size: int) -> bool:
         """Cut what a failed batch wrote: none of it was acknowledged, and a retry after
@@ -837,13 +888,14 @@ class LogWriter:
             self._cuts.append((base, size, torn, qname, reason))
         fsync_dir(self.log_dir)
 
-    def _write_lines(self, lines: list[bytes], rotate_at: list[int], last_index: int,
-                     sync: bool = True) -> None:
+    def _write_lines(
+        self, lines: list[bytes], rotate_at: list[int], last_index: int, sync: bool = True
+    ) -> None:
         cuts = [0, *rotate_at, len(lines)]
         index = last_index - len(rotate_at)
         size = self._segment_size
         for i in range(len(cuts) - 1):
-            chunk = lines[cuts[i]:cuts[i + 1]]
+            chunk = lines[cuts[i] : cuts[i + 1]]
             if i > 0:
                 self._start_segment(index + i)
                 size = 0
@@ -898,7 +950,8 @@ class LogWriter:
                 if report.torn is not None or self._unsealed_from(report) is not None:
                     raise DamagedLogError(  # pragma: no cover - the cut removed them
                         f"log {self.log_dir}: records no seal covers remain after cutting "
-                        f"them; refusing to append. Inspect it with `bide verify`")
+                        f"them; refusing to append. Inspect it with `bide verify`"
+                    )
         torn = report.torn
         if report.head_seq < 0:
             # Not even the genesis record was written: keep the bytes, start the log afresh.
@@ -941,7 +994,8 @@ class LogWriter:
                 raise DamagedLogError(
                     f"log {self.log_dir}: after cutting a failed batch the head is record "
                     f"{report.head_seq}, not the last acknowledged record {self._acked_seq}; "
-                    f"refusing to append. Inspect it with `bide verify {self.log_dir}`")
+                    f"refusing to append. Inspect it with `bide verify {self.log_dir}`"
+                )
             while self._cuts:
                 self._append_recovery(*self._cuts[0])
                 del self._cuts[0]
@@ -951,9 +1005,12 @@ class LogWriter:
     def _verify(self) -> Report:
         """Verify the log (from the resume position, when it still matches) with the signer's
         own public key; any damage refuses the open."""
-        report = verify_log(self.log_dir, self._signing.verify_key,
-                            writer_live=False,  # the lock is ours
-                            resume=self.position or self._resume)
+        report = verify_log(
+            self.log_dir,
+            self._signing.verify_key,
+            writer_live=False,  # the lock is ours
+            resume=self.position or self._resume,
+        )
         self.resumed_at = report.resumed_at
         if report.damage is not None:
             d = report.damage
@@ -996,7 +1053,8 @@ class LogWriter:
                 except (msgspec.DecodeError, ValueError):  # pragma: no cover - verified
                     continue
                 if isinstance(rec, Checkpoint) or (
-                        isinstance(rec, Seal) and seal_ok(self._mac_key, rec)):
+                    isinstance(rec, Seal) and seal_ok(self._mac_key, rec)
+                ):
                     covered = (o, pos)
         return None if covered == (last, good_end) else covered
 
@@ -1021,8 +1079,9 @@ class LogWriter:
         """A signed checkpoint written and synced at once (open and recovery only)."""
         t_us = _now_us()
         seq = self.head_seq + 1
-        rec = self._signing.checkpoint(self.log_id, seq, self.head_hash, t_us,
-                                       self._last_cp_hash, False, may_rotate=False)
+        rec = self._signing.checkpoint(
+            self.log_id, seq, self.head_hash, t_us, self._last_cp_hash, False, may_rotate=False
+        )
         line = encode_record(rec)
         self._write_all(line + b"\n")
         os.fdatasync(self._fd)
@@ -1031,8 +1090,7 @@ class LogWriter:
         self._head_len = len(line) + 1
         self._last_cp_hash, self._last_cp_seq, self._since_cp = self.head_hash, seq, 0
 
-    def _quarantine(self, segment: Path, offset: int, reason: str = "torn"
-                    ) -> tuple[bytes, str]:
+    def _quarantine(self, segment: Path, offset: int, reason: str = "torn") -> tuple[bytes, str]:
         """Copy the bytes from ``offset`` to the end of ``segment`` aside, durably."""
         with segment.open("rb") as f:
             f.seek(offset)
@@ -1050,8 +1108,9 @@ class LogWriter:
         fsync_dir(self.log_dir)
         return torn, qname
 
-    def _append_recovery(self, segment: Path, offset: int, torn: bytes, qname: str,
-                         reason: str) -> None:
+    def _append_recovery(
+        self, segment: Path, offset: int, torn: bytes, qname: str, reason: str
+    ) -> None:
         """Record the cut in the chain: the cut bytes' length and hash, where they went, why;
         sealed at once, so the next open adopts it.
 
@@ -1060,13 +1119,23 @@ class LogWriter:
         """
         if self._since_cp >= self._checkpoint_every:
             self._append_checkpoint_now()
-        rec = Recovery(self.head_seq + 1, self.head_hash, self.log_id, _now_us(),
-                       segment.name, offset, len(torn), hashlib.sha256(torn).hexdigest(),
-                       f"{QUARANTINE_DIR}/{qname}", reason)
+        rec = Recovery(
+            self.head_seq + 1,
+            self.head_hash,
+            self.log_id,
+            _now_us(),
+            segment.name,
+            offset,
+            len(torn),
+            hashlib.sha256(torn).hexdigest(),
+            f"{QUARANTINE_DIR}/{qname}",
+            reason,
+        )
         line = encode_record(rec)
         seq, h = self.head_seq + 2, record_hash(line)
-        seal = encode_record(Seal(seq, h, self.log_id, seal_tag(self._mac_key, self.log_id,
-                                                                seq, h)))
+        seal = encode_record(
+            Seal(seq, h, self.log_id, seal_tag(self._mac_key, self.log_id, seq, h))
+        )
         self._write_all(line + b"\n" + seal + b"\n")
         os.fdatasync(self._fd)
         self.head_seq, self.head_hash = seq, record_hash(seal)

@@ -160,36 +160,57 @@ def origin(url: str) -> str:
 # --- fetch ----------------------------------------------------------------------------------
 
 
-def fetch_target(phase: str, results: Mapping[str, str], wanted: str | None
-                 ) -> tuple[str, str] | str:
+def fetch_target(
+    phase: str, results: Mapping[str, str], wanted: str | None
+) -> tuple[str, str] | str:
     """``(result name, URL)`` a fetch may download, or the reason it may not (S1, S34).
 
     Only a succeeded operation has validated results; only a result that is an ``http(s)``
     URL can be downloaded; with several such results the caller must name one.
     """
     if phase != "succeeded":
-        return (f"the operation has not succeeded (it is {phase}); only a validated result "
-                f"can be fetched (S1)")
-    urls = {name: value for name, value in results.items()
-            if value.startswith(("https://", "http://"))}
+        return (
+            f"the operation has not succeeded (it is {phase}); only a validated result "
+            f"can be fetched (S1)"
+        )
+    urls = {
+        name: value for name, value in results.items() if value.startswith(("https://", "http://"))
+    }
     name = wanted or (next(iter(urls)) if len(urls) == 1 else None)
     if name is None or name not in urls:
-        return (f"name the result to fetch with --result (URL results: "
-                f"{', '.join(sorted(urls)) or 'none'})")
+        return (
+            f"name the result to fetch with --result (URL results: "
+            f"{', '.join(sorted(urls)) or 'none'})"
+        )
     return name, urls[name]
 
 
-def judge_download(intent: ActionIntended, status: int, size: int, truncated: bool,
-                   sha256: str, stored_as: str, now: float) -> list[ActionEvent]:
+def judge_download(
+    intent: ActionIntended,
+    status: int,
+    size: int,
+    truncated: bool,
+    sha256: str,
+    stored_as: str,
+    now: float,
+) -> list[ActionEvent]:
     """A fetch that was answered: a success only for a 2xx whose whole body fit the cap."""
     if not 200 <= status < 300:
         problem = f"HTTP {status}"
     elif truncated:
         problem = f"larger than the cap of {intent.max_bytes} bytes"
     else:
-        return [ActionSucceeded(operation_id=intent.operation_id, at=now,
-                                action_id=intent.action_id, http_status=status, size=size,
-                                sha256=sha256, stored_as=stored_as)]
+        return [
+            ActionSucceeded(
+                operation_id=intent.operation_id,
+                at=now,
+                action_id=intent.action_id,
+                http_status=status,
+                size=size,
+                sha256=sha256,
+                stored_as=stored_as,
+            )
+        ]
     return [_failed(intent, now, "fetch_failed", http_status=status, detail=problem)]
 
 
@@ -200,27 +221,37 @@ def evolve_action(state: Action | None, event: ActionEvent) -> Action:
     """Apply one action event. Raises :class:`ReplayOrderError` on an impossible order."""
     if isinstance(event, ActionIntended):
         if state is None:
-            return Action(action_id=event.action_id, kind=event.kind,
-                          operation_id=event.operation_id, provider=event.provider,
-                          intent=event, phase="in_flight", attempts=event.attempt)
-        return msgspec.structs.replace(state, intent=event, phase="in_flight",
-                                       attempts=event.attempt, outcome=None)
+            return Action(
+                action_id=event.action_id,
+                kind=event.kind,
+                operation_id=event.operation_id,
+                provider=event.provider,
+                intent=event,
+                phase="in_flight",
+                attempts=event.attempt,
+            )
+        return msgspec.structs.replace(
+            state, intent=event, phase="in_flight", attempts=event.attempt, outcome=None
+        )
     if state is None:
-        raise ReplayOrderError(f"{event.__struct_config__.tag} for action {event.action_id!r} "
-                               "precedes its intent")
+        raise ReplayOrderError(
+            f"{event.__struct_config__.tag} for action {event.action_id!r} precedes its intent"
+        )
     match event:
         case ActionSucceeded():
             return msgspec.structs.replace(state, phase="succeeded", outcome=event)
         case ActionFailed():
-            phase: ActionPhase = ("escalated" if event.options
-                                  else "in_flight" if event.retry_scheduled else "failed")
+            phase: ActionPhase = (
+                "escalated" if event.options else "in_flight" if event.retry_scheduled else "failed"
+            )
             return msgspec.structs.replace(state, phase=phase, outcome=event)
         case ActionDecided():
             if not event.accepted:
                 return state
             return msgspec.structs.replace(state, phase="closed", decision=event)
     raise ReplayOrderError(  # pragma: no cover
-        f"unhandled action event {event.__struct_config__.tag}")
+        f"unhandled action event {event.__struct_config__.tag}"
+    )
 
 
 def fold_actions(events: Iterable[LogEvent]) -> dict[str, Action]:
@@ -235,8 +266,9 @@ def fold_actions(events: Iterable[LogEvent]) -> dict[str, Action]:
 # --- judging what came back -----------------------------------------------------------------
 
 
-_CONSOLE = Option(id="inspect_provider_console",
-                  label="inspect the provider's console; bide does nothing more")
+_CONSOLE = Option(
+    id="inspect_provider_console", label="inspect the provider's console; bide does nothing more"
+)
 _ABANDON = Option(id="abandon", label="abandon: record that no result is expected")
 
 
@@ -244,104 +276,238 @@ def _option(kind: OptionKind, label: str) -> Option:
     return Option(id=kind, label=label)
 
 
-def _escalation_options(intent: ActionIntended, spec: SubmitSpec | None,
-                        *, ambiguous: bool) -> tuple[Option, ...]:
+def _escalation_options(
+    intent: ActionIntended, spec: SubmitSpec | None, *, ambiguous: bool
+) -> tuple[Option, ...]:
     if intent.kind == "submit":
         if not ambiguous:
-            return (_option("retry_submit", "retry the submit (it never reached the provider)"),
-                    _ABANDON)
+            return (
+                _option("retry_submit", "retry the submit (it never reached the provider)"),
+                _ABANDON,
+            )
         if spec is not None and spec.idempotent and intent.idempotency_key:
-            return (_option("retry_same_idempotency_key",
-                            "retry with the same idempotency key (the provider deduplicates)"),
-                    _CONSOLE, _ABANDON)
+            return (
+                _option(
+                    "retry_same_idempotency_key",
+                    "retry with the same idempotency key (the provider deduplicates)",
+                ),
+                _CONSOLE,
+                _ABANDON,
+            )
         return (_CONSOLE, _ABANDON)  # S29: no resubmit without idempotency
     if intent.kind == "cancel":
         return (_option("retry_cancel", "call cancel again"), _CONSOLE, _ABANDON)
     return ()
 
 
-def _failed(intent: ActionIntended, now: float, reason: ActionReason, *,
-            http_status: int | None = None, transport: TransportKind | None = None,
-            ambiguous: bool = False, detail: str = "", options: tuple[Option, ...] = (),
-            retry_scheduled: bool = False) -> ActionFailed:
-    return ActionFailed(operation_id=intent.operation_id, at=now, action_id=intent.action_id,
-                        reason=reason, http_status=http_status, transport=transport,
-                        ambiguous=ambiguous, detail=detail[:_DETAIL_CAP], options=options,
-                        retry_scheduled=retry_scheduled)
+def _failed(
+    intent: ActionIntended,
+    now: float,
+    reason: ActionReason,
+    *,
+    http_status: int | None = None,
+    transport: TransportKind | None = None,
+    ambiguous: bool = False,
+    detail: str = "",
+    options: tuple[Option, ...] = (),
+    retry_scheduled: bool = False,
+) -> ActionFailed:
+    return ActionFailed(
+        operation_id=intent.operation_id,
+        at=now,
+        action_id=intent.action_id,
+        reason=reason,
+        http_status=http_status,
+        transport=transport,
+        ambiguous=ambiguous,
+        detail=detail[:_DETAIL_CAP],
+        options=options,
+        retry_scheduled=retry_scheduled,
+    )
 
 
-def judge_unanswered(intent: ActionIntended, kind: TransportKind | None, detail: str,
-                     spec: SubmitSpec | None, now: float) -> list[ActionEvent]:
+def judge_unanswered(
+    intent: ActionIntended,
+    kind: TransportKind | None,
+    detail: str,
+    spec: SubmitSpec | None,
+    now: float,
+) -> list[ActionEvent]:
     """No HTTP answer: ``kind`` is how delivery failed, or None when the daemon died between
     the intent and the outcome (ambiguous: the request may have been sent)."""
     never = kind in NEVER_DELIVERED
-    detail = detail or ("the daemon stopped before the outcome was recorded"
-                        if kind is None else kind)
+    detail = detail or (
+        "the daemon stopped before the outcome was recorded" if kind is None else kind
+    )
     if intent.kind == "fetch":
-        return [_failed(intent, now, "fetch_failed", transport=kind, ambiguous=not never,
-                        detail=detail)]
+        return [
+            _failed(intent, now, "fetch_failed", transport=kind, ambiguous=not never, detail=detail)
+        ]
     options = _escalation_options(intent, spec, ambiguous=not never)
     if intent.kind == "cancel":
-        return [_failed(intent, now, "cancel_outcome_unknown", transport=kind,
-                        ambiguous=not never, detail=detail, options=options)]
+        return [
+            _failed(
+                intent,
+                now,
+                "cancel_outcome_unknown",
+                transport=kind,
+                ambiguous=not never,
+                detail=detail,
+                options=options,
+            )
+        ]
     if never:
-        return [_failed(intent, now, "submit_not_delivered", transport=kind, detail=detail,
-                        options=options)]
+        return [
+            _failed(
+                intent, now, "submit_not_delivered", transport=kind, detail=detail, options=options
+            )
+        ]
     return _ambiguous_submit(intent, spec, now, transport=kind, http_status=None, detail=detail)
 
 
-def _ambiguous_submit(intent: ActionIntended, spec: SubmitSpec | None, now: float, *,
-                      transport: TransportKind | None, http_status: int | None,
-                      detail: str) -> list[ActionEvent]:
-    if (spec is not None and spec.idempotent and intent.idempotency_key is not None
-            and intent.attempt < spec.max_attempts):
+def _ambiguous_submit(
+    intent: ActionIntended,
+    spec: SubmitSpec | None,
+    now: float,
+    *,
+    transport: TransportKind | None,
+    http_status: int | None,
+    detail: str,
+) -> list[ActionEvent]:
+    if (
+        spec is not None
+        and spec.idempotent
+        and intent.idempotency_key is not None
+        and intent.attempt < spec.max_attempts
+    ):
         # S29: idempotent and the key was recorded before sending: the same request again.
-        return [_failed(intent, now, "submit_outcome_unknown", http_status=http_status,
-                        transport=transport, ambiguous=True, detail=detail,
-                        retry_scheduled=True),
-                msgspec.structs.replace(intent, at=now, attempt=intent.attempt + 1)]
-    return [_failed(intent, now, "submit_outcome_unknown", http_status=http_status,
-                    transport=transport, ambiguous=True, detail=detail,
-                    options=_escalation_options(intent, spec, ambiguous=True))]
+        return [
+            _failed(
+                intent,
+                now,
+                "submit_outcome_unknown",
+                http_status=http_status,
+                transport=transport,
+                ambiguous=True,
+                detail=detail,
+                retry_scheduled=True,
+            ),
+            msgspec.structs.replace(intent, at=now, attempt=intent.attempt + 1),
+        ]
+    return [
+        _failed(
+            intent,
+            now,
+            "submit_outcome_unknown",
+            http_status=http_status,
+            transport=transport,
+            ambiguous=True,
+            detail=detail,
+            options=_escalation_options(intent, spec, ambiguous=True),
+        )
+    ]
 
 
-def judge_answer(intent: ActionIntended, status: int, headers: ResponseHeaders,
-                 operation_location: str | None, body: bytes, spec: SubmitSpec | None,
-                 status_url_origin: str, now: float) -> list[ActionEvent]:
+def judge_answer(
+    intent: ActionIntended,
+    status: int,
+    headers: ResponseHeaders,
+    operation_location: str | None,
+    body: bytes,
+    spec: SubmitSpec | None,
+    status_url_origin: str,
+    now: float,
+) -> list[ActionEvent]:
     """An HTTP answer to a submit or a cancel (fetch answers are judged by the daemon, which
     streams the body to disk)."""
     if intent.kind == "cancel":
         if 200 <= status < 300:
-            return [ActionSucceeded(operation_id=intent.operation_id, at=now,
-                                    action_id=intent.action_id, http_status=status)]
+            return [
+                ActionSucceeded(
+                    operation_id=intent.operation_id,
+                    at=now,
+                    action_id=intent.action_id,
+                    http_status=status,
+                )
+            ]
         if status >= 500:
-            return [_failed(intent, now, "cancel_outcome_unknown", http_status=status,
-                            ambiguous=True, detail=f"HTTP {status}",
-                            options=_escalation_options(intent, spec, ambiguous=True))]
-        return [_failed(intent, now, "cancel_rejected", http_status=status,
-                        detail=f"HTTP {status}", options=(_CONSOLE, _ABANDON))]
+            return [
+                _failed(
+                    intent,
+                    now,
+                    "cancel_outcome_unknown",
+                    http_status=status,
+                    ambiguous=True,
+                    detail=f"HTTP {status}",
+                    options=_escalation_options(intent, spec, ambiguous=True),
+                )
+            ]
+        return [
+            _failed(
+                intent,
+                now,
+                "cancel_rejected",
+                http_status=status,
+                detail=f"HTTP {status}",
+                options=(_CONSOLE, _ABANDON),
+            )
+        ]
     if spec is None:
         raise ValueError("judging a submit needs the profile's SubmitSpec")
     if status >= 500:
-        return _ambiguous_submit(intent, spec, now, transport=None, http_status=status,
-                                 detail=f"HTTP {status}: the job may have been created")
+        return _ambiguous_submit(
+            intent,
+            spec,
+            now,
+            transport=None,
+            http_status=status,
+            detail=f"HTTP {status}: the job may have been created",
+        )
     if status not in (200, 201, 202):
-        return [_failed(intent, now, "submit_rejected", http_status=status,
-                        detail=f"HTTP {status}", options=(_CONSOLE, _ABANDON))]
+        return [
+            _failed(
+                intent,
+                now,
+                "submit_rejected",
+                http_status=status,
+                detail=f"HTTP {status}",
+                options=(_CONSOLE, _ABANDON),
+            )
+        ]
     found = _job_and_status(intent, headers, operation_location, body, spec, status_url_origin)
     if isinstance(found, str):
-        return [_failed(intent, now, "submit_contradiction", http_status=status, detail=found,
-                        options=(_CONSOLE, _ABANDON))]
+        return [
+            _failed(
+                intent,
+                now,
+                "submit_contradiction",
+                http_status=status,
+                detail=found,
+                options=(_CONSOLE, _ABANDON),
+            )
+        ]
     job_id, status_location = found
-    return [ActionSucceeded(operation_id=intent.operation_id, at=now,
-                            action_id=intent.action_id, http_status=status,
-                            provider_job_id=job_id, status_location=status_location,
-                            final_result=status in (200, 201))]
+    return [
+        ActionSucceeded(
+            operation_id=intent.operation_id,
+            at=now,
+            action_id=intent.action_id,
+            http_status=status,
+            provider_job_id=job_id,
+            status_location=status_location,
+            final_result=status in (200, 201),
+        )
+    ]
 
 
-def _job_and_status(intent: ActionIntended, headers: ResponseHeaders,
-                    operation_location: str | None, body: bytes, spec: SubmitSpec,
-                    status_url_origin: str) -> tuple[str, str | None] | str:
+def _job_and_status(
+    intent: ActionIntended,
+    headers: ResponseHeaders,
+    operation_location: str | None,
+    body: bytes,
+    spec: SubmitSpec,
+    status_url_origin: str,
+) -> tuple[str, str | None] | str:
     """(job id, status resource) as the profile says the provider returns them, or why not."""
     named = {"location": headers.location, "operation-location": operation_location}
     job_id: str | None = None
@@ -365,8 +531,10 @@ def _job_and_status(intent: ActionIntended, headers: ResponseHeaders,
     if not job_id:
         return f"accepted, but no job id in the {spec.job_id_from} the profile names (S22)"
     if len(job_id) > MAX_ID_LENGTH or not re.fullmatch(ID_PATTERN, job_id):
-        return (f"the job id in the {spec.job_id_from} is not a printable id of at most "
-                f"{MAX_ID_LENGTH} characters")
+        return (
+            f"the job id in the {spec.job_id_from} is not a printable id of at most "
+            f"{MAX_ID_LENGTH} characters"
+        )
     status_location: str | None = None
     if spec.status_from != "template":
         header = named[spec.status_from]
@@ -378,8 +546,10 @@ def _job_and_status(intent: ActionIntended, headers: ResponseHeaders,
             return f"the {spec.status_from} header is not a URL"
         refused = check_provider_url(status_location, status_url_origin, spec.status_path_prefix)
         if refused is not None:
-            return (f"the status resource it names is refused: {refused}; bide sends its "
-                    f"credential only to the profile's own status resources (S22)")
+            return (
+                f"the status resource it names is refused: {refused}; bide sends its "
+                f"credential only to the profile's own status resources (S22)"
+            )
     return job_id, status_location
 
 
@@ -390,21 +560,32 @@ def decide_action(action: Action, decision: DecisionSubmitted, now: float) -> li
     """A human's answer to an escalated action (S36): an offered option, or nothing changes."""
 
     def decided(accepted: bool, reason: str = "") -> ActionDecided:
-        return ActionDecided(operation_id=action.operation_id, at=now,
-                             action_id=action.action_id, option_id=decision.option[:64],
-                             approver=decision.approver, note=decision.note,
-                             accepted=accepted, reason=reason)
+        return ActionDecided(
+            operation_id=action.operation_id,
+            at=now,
+            action_id=action.action_id,
+            option_id=decision.option[:64],
+            approver=decision.approver,
+            note=decision.note,
+            accepted=accepted,
+            reason=reason,
+        )
 
     offered = [o.id for o in action.options]
     if action.phase != "escalated":
         return [decided(False, f"action is {action.phase}, not awaiting a decision")]
     if decision.option not in offered:
-        return [decided(False, f"option {decision.option!r} was not offered; offered: "
-                               f"{', '.join(offered)}")]
+        return [
+            decided(
+                False, f"option {decision.option!r} was not offered; offered: {', '.join(offered)}"
+            )
+        ]
     if decision.option in ("retry_submit", "retry_same_idempotency_key", "retry_cancel"):
         # The same request, the same key: a new attempt recorded before it is made.
-        return [decided(True), msgspec.structs.replace(action.intent, at=now,
-                                                       attempt=action.attempts + 1)]
+        return [
+            decided(True),
+            msgspec.structs.replace(action.intent, at=now, attempt=action.attempts + 1),
+        ]
     return [decided(True)]
 
 
@@ -423,8 +604,10 @@ def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
             case ActionIntended():
                 key = ", idempotency key recorded" if ev.idempotency_key else ""
                 size = f", at most {ev.max_bytes} bytes" if ev.max_bytes else ""
-                text = (f"{ev.kind} intended (attempt {ev.attempt}): {ev.method} {ev.url}"
-                        f"{key}{size}, within {ev.timeout_seconds:g}s")
+                text = (
+                    f"{ev.kind} intended (attempt {ev.attempt}): {ev.method} {ev.url}"
+                    f"{key}{size}, within {ev.timeout_seconds:g}s"
+                )
                 if ev.requested_by:
                     text += f", requested by {ev.requested_by}"
             case ActionSucceeded():
@@ -434,27 +617,38 @@ def action_story(events: Iterable[ActionEvent]) -> list[dict[str, object]]:
                     if ev.status_location:
                         said.append(bounded(ev.status_location, PROVIDER_LONG_TEXT_LIMIT))
                         where = ", status at ⟨provider_text[1]⟩"
-                    text = (f"submit accepted: HTTP {ev.http_status}, job "
-                            f"⟨provider_text[0]⟩{where}")
+                    text = f"submit accepted: HTTP {ev.http_status}, job ⟨provider_text[0]⟩{where}"
                 elif ev.sha256 is not None:
-                    text = (f"fetched: HTTP {ev.http_status}, {ev.size} bytes, sha256 "
-                            f"{ev.sha256}")
+                    text = f"fetched: HTTP {ev.http_status}, {ev.size} bytes, sha256 {ev.sha256}"
                 else:
                     text = f"{ev.action_id.split('.')[-2]} done: HTTP {ev.http_status}"
             case ActionFailed():
-                how = (f"HTTP {ev.http_status}" if ev.http_status is not None
-                       else ev.transport or "no answer")
+                how = (
+                    f"HTTP {ev.http_status}"
+                    if ev.http_status is not None
+                    else ev.transport or "no answer"
+                )
                 text = f"{ev.reason} ({how}: {ev.detail})"
                 if ev.retry_scheduled:
                     text += "; retried with the same idempotency key"
                 if ev.options:
                     text += ", escalated, options: " + " | ".join(
-                        f"{o.label} [{o.id}]" for o in ev.options)
+                        f"{o.label} [{o.id}]" for o in ev.options
+                    )
             case ActionDecided():
-                text = (f"decision on {ev.action_id} by {ev.approver}: {ev.option_id}"
-                        + ("" if ev.accepted else f" rejected ({ev.reason})")
-                        + (f" ({ev.note})" if ev.note else ""))
-        out.append({"at": ev.at, "time": format_time(ev.at), "operation_id": ev.operation_id,
-                    "text": text, "events": [ev.__struct_config__.tag],
-                    "provider_text": said})
+                text = (
+                    f"decision on {ev.action_id} by {ev.approver}: {ev.option_id}"
+                    + ("" if ev.accepted else f" rejected ({ev.reason})")
+                    + (f" ({ev.note})" if ev.note else "")
+                )
+        out.append(
+            {
+                "at": ev.at,
+                "time": format_time(ev.at),
+                "operation_id": ev.operation_id,
+                "text": text,
+                "events": [ev.__struct_config__.tag],
+                "provider_text": said,
+            }
+        )
     return out

@@ -127,7 +127,7 @@ def _check_operation(operation_id: str, indexed: list[tuple[int, Event]]) -> lis
                 state = evolve(state, event)
                 observation = event
                 i += 1
-                run = [e for _, e in indexed[i:_group_end(indexed, i)]]
+                run = [e for _, e in indexed[i : _group_end(indexed, i)]]
                 now = run[0].at if run else event.at
                 draws = [e.draw for e in run if isinstance(e, PollScheduled) and e.draw is not None]
                 draw = draws[0] if draws else 0.0

@@ -179,10 +179,12 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("rate_limited_delay_seconds must be at least 2 * backoff_cap_seconds")
         if self.min_hint_seconds >= self.max_hint_horizon_seconds:
             raise ValueError("min_hint_seconds must be below max_hint_horizon_seconds")
-        for default, limit in (("default_deadline_seconds", "limit_deadline_seconds"),
-                               ("default_max_status_requests", "limit_status_requests"),
-                               ("default_max_transport_failures", "limit_transport_failures"),
-                               ("default_max_rate_limited", "limit_rate_limited")):
+        for default, limit in (
+            ("default_deadline_seconds", "limit_deadline_seconds"),
+            ("default_max_status_requests", "limit_status_requests"),
+            ("default_max_transport_failures", "limit_transport_failures"),
+            ("default_max_rate_limited", "limit_rate_limited"),
+        ):
             if getattr(self, default) > getattr(self, limit):
                 raise ValueError(f"{default} must not exceed {limit}")
         names = [field.name for field in self.results]

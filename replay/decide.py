@@ -189,8 +189,14 @@ def _printable(text: str) -> bool:
     return all(0x20 <= ord(c) != 0x7F for c in text) and text == text.strip()
 
 
-def register(request: Registration, contract: Contract, now: float, *,
-             registered_by: str = "", registered_by_uid: int | None = None) -> list[Event]:
+def register(
+    request: Registration,
+    contract: Contract,
+    now: float,
+    *,
+    registered_by: str = "",
+    registered_by_uid: int | None = None,
+) -> list[Event]:
     """Validate a registration and return the operation record (S5, S10, S12, S28).
 
     The daemon checks that the operation id is new in the log; this checks everything else.
@@ -223,9 +229,7 @@ def register(request: Registration, contract: Contract, now: float, *,
 
     if request.provider != contract.provider:
         return reject("provider_mismatch", "the registration names another provider")
-    if not (0 < len(request.operation_id) <= MAX_ID_LENGTH) or not _printable(
-        request.operation_id
-    ):
+    if not (0 < len(request.operation_id) <= MAX_ID_LENGTH) or not _printable(request.operation_id):
         return reject("invalid_operation_id", f"operation id must be 1-{MAX_ID_LENGTH} printable")
     job_id = request.provider_job_id
     if not job_id:
@@ -261,13 +265,21 @@ def register(request: Registration, contract: Contract, now: float, *,
     # S10: every operation ends; the profile bounds what a registration may ask for.
     for latest, name in ((deadline_at, "deadline"), (business, "business deadline")):
         if latest is not None and latest - now > contract.limit_deadline_seconds:
-            return reject("over_limit", f"the {name} {latest - now:.6g} s from now exceeds the "
-                          f"profile's limit_deadline_seconds {contract.limit_deadline_seconds:g}")
-    for asked, limit in zip(budgets, ("limit_status_requests", "limit_transport_failures",
-                                      "limit_rate_limited"), strict=True):
+            return reject(
+                "over_limit",
+                f"the {name} {latest - now:.6g} s from now exceeds the "
+                f"profile's limit_deadline_seconds {contract.limit_deadline_seconds:g}",
+            )
+    for asked, limit in zip(
+        budgets,
+        ("limit_status_requests", "limit_transport_failures", "limit_rate_limited"),
+        strict=True,
+    ):
         if asked is not None and asked > getattr(contract, limit):
-            return reject("over_limit", f"a budget of {asked} exceeds the profile's {limit} "
-                          f"{getattr(contract, limit)}")
+            return reject(
+                "over_limit",
+                f"a budget of {asked} exceeds the profile's {limit} {getattr(contract, limit)}",
+            )
     expected = request.expected_terminal_state
     if expected is not None and expected not in contract.states.success:
         return reject("unknown_expected_state", "the expected state is not a success state")
@@ -352,9 +364,15 @@ def decide(op: Operation, observation: Observation, now: float, draw: float) -> 
         case Withdrawal():
             if op.phase not in ("live", "escalated"):
                 return []  # already ended: nothing left to stop
-            return [OperationWithdrawn(operation_id=op.operation_id, at=now, by=observation.by,
-                                       by_uid=observation.by_uid,
-                                       note=cap(observation.note, 1000))]
+            return [
+                OperationWithdrawn(
+                    operation_id=op.operation_id,
+                    at=now,
+                    by=observation.by,
+                    by_uid=observation.by_uid,
+                    note=cap(observation.note, 1000),
+                )
+            ]
         case StatusResponseReceived() | TransportFailed() | RequestOutcomeUnknown():
             if observation.operation_id != op.operation_id:
                 raise InvalidInputError("the observation belongs to another operation")
@@ -553,9 +571,7 @@ def _on_reading(
     )
 
 
-def _refused(
-    op: Operation, refusals: tuple[Refusal, ...], now: float, number: int
-) -> list[Event]:
+def _refused(op: Operation, refusals: tuple[Refusal, ...], now: float, number: int) -> list[Event]:
     """A ``HintRejected`` for each value the reading did not take (S8)."""
     return [
         HintRejected(
@@ -596,9 +612,7 @@ def _on_transport(
     return _wait(op, now, draw, number, None)
 
 
-def _success(
-    op: Operation, reading: Reading, state: str, now: float, number: int
-) -> list[Event]:
+def _success(op: Operation, reading: Reading, state: str, now: float, number: int) -> list[Event]:
     expected = op.expected_terminal_state
     if expected is not None and state != expected:
         return _stop(

@@ -546,7 +546,6 @@ class DecisionRejected(_Event, tag="decision_rejected", frozen=True, kw_only=Tru
     reason: str
 
 
-
 class OperationWithdrawn(_Event, tag="operation_withdrawn", frozen=True, kw_only=True):
     """The operation's owner stopped the wait: no provider call is made, none follows.
 
@@ -567,7 +566,6 @@ MAX_ID_LENGTH: Final = 256
 ID_PATTERN: Final = r"^[^\x00-\x20\x7f](?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
 
 Identifier = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
-
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
@@ -856,7 +854,8 @@ def encode_checked(event: LogEvent) -> bytes:
         again = _log_event_decoder.decode(_raw_decoder.decode(data).event)
     except msgspec.DecodeError as exc:
         raise InvalidEventError(
-            f"{type(event).__name__} would not read back from the log: {exc}") from None
+            f"{type(event).__name__} would not read back from the log: {exc}"
+        ) from None
     if again != event:
         raise InvalidEventError(f"{type(event).__name__} would read back changed")
     return data
@@ -906,7 +905,5 @@ def _decode(data: bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
         except msgspec.DecodeError:
             tag = None
         if tag is not None and tag not in _TAGS:
-            raise NewerSchemaError(
-                envelope.schema, f"unknown event type {tag[:64]!r}"
-            ) from None
+            raise NewerSchemaError(envelope.schema, f"unknown event type {tag[:64]!r}") from None
         raise EventDecodeError(f"payload is not a valid bide event: {exc}") from None

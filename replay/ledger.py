@@ -107,8 +107,9 @@ class Ledger:
             self.undecided.pop(ev.operation_id, None)
         return op
 
-    def fold(self, payloads: Iterable[tuple[int, bytes]],
-             skipped: list[tuple[int, str]] | None = None) -> None:
+    def fold(
+        self, payloads: Iterable[tuple[int, bytes]], skipped: list[tuple[int, str]] | None = None
+    ) -> None:
         """Decode and apply stored events (seq, payload) in order: how a start-up replays the
         log. (The daemon pauses the garbage collector around it, ``daemon.gc_tuning``: a
         process-wide switch is not the pure model's to touch.)
@@ -126,8 +127,7 @@ class Ledger:
                 op = apply(ev)
                 if isinstance(ev, OperationRegistered) and op is not None:
                     # Where the registration landed: a receipt names it.
-                    self.ops[ev.operation_id] = msgspec.structs.replace(
-                        op, registered_seq=seq)
+                    self.ops[ev.operation_id] = msgspec.structs.replace(op, registered_seq=seq)
             except NewerSchemaError:
                 raise
             except ReplayError as exc:
@@ -157,12 +157,18 @@ class Ledger:
         rows = []
         for op in self.ops.values():
             values = msgspec.structs.astuple(op)
-            rows.append((*values[:_CONTRACT_AT], op.contract_digest,
-                         *values[_CONTRACT_AT + 1:]))
+            rows.append((*values[:_CONTRACT_AT], op.contract_digest, *values[_CONTRACT_AT + 1 :]))
         contracts = {op.contract_digest: op.contract for op in self.ops.values()}
         undecided = [encode_event(fact) for fact in self.undecided.values()]
-        body = (_FORMAT, model, self.events, contracts, rows, list(self.actions.values()),
-                undecided)
+        body = (
+            _FORMAT,
+            model,
+            self.events,
+            contracts,
+            rows,
+            list(self.actions.values()),
+            undecided,
+        )
         return _encoder.encode(body)
 
     @classmethod
@@ -173,10 +179,14 @@ class Ledger:
             return cls._load(data, model)
         except SnapshotFormatError:
             raise
-        except (msgspec.DecodeError, msgspec.ValidationError, ReplayError, ValueError,
-                TypeError) as exc:
-            raise SnapshotFormatError(f"not a ledger snapshot this version reads ({exc})"
-                                      ) from None
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            ReplayError,
+            ValueError,
+            TypeError,
+        ) as exc:
+            raise SnapshotFormatError(f"not a ledger snapshot this version reads ({exc})") from None
 
     @classmethod
     def _load(cls, data: bytes, model: str) -> Ledger:
@@ -184,10 +194,12 @@ class Ledger:
         if body.model != model:
             raise SnapshotFormatError(
                 "the snapshot was made by another version of the model (what it holds "
-                "could differ from a replay by this one)")
+                "could differ from a replay by this one)"
+            )
         if body.format != _FORMAT:
-            raise SnapshotFormatError(f"ledger snapshot format {body.format}, this "
-                                      f"version reads {_FORMAT}")
+            raise SnapshotFormatError(
+                f"ledger snapshot format {body.format}, this version reads {_FORMAT}"
+            )
         ledger = cls()
         ledger.events = body.events
         ledger.contracts = contracts = body.contracts
@@ -197,8 +209,9 @@ class Ledger:
             try:
                 row.contract = contracts[row.contract]  # type: ignore[attr-defined]
             except (KeyError, TypeError):
-                raise SnapshotFormatError("an operation names a contract the snapshot "
-                                          "does not hold") from None
+                raise SnapshotFormatError(
+                    "an operation names a contract the snapshot does not hold"
+                ) from None
             op = compact(msgspec.convert(row, Operation, from_attributes=True))
             ops[op.operation_id] = op
         ledger.actions = {a.action_id: a for a in body.actions}

@@ -38,6 +38,7 @@ __all__ = [
     "Withdrawal",
 ]
 
+
 class WakeUp(msgspec.Struct, frozen=True, kw_only=True, tag="wake_up"):
     """A timer fired for the operation (or the daemon started): run the S32 checks.
 

@@ -128,9 +128,7 @@ def parse_http_date(text: str, now: float) -> float | None:
     if month not in _MONTHS:
         return None
     try:
-        when = datetime(
-            full_year, _MONTHS[month], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
-        )
+        when = datetime(full_year, _MONTHS[month], int(day), int(hh), int(mm), int(ss), tzinfo=UTC)
     except ValueError:
         return None
     return when.timestamp()
@@ -232,7 +230,7 @@ def check_provider_url(url: str, origin: str, path_prefix: str) -> str | None:
     segment, raw or percent-encoded, that URL normalisation would remove (RFC 3986 §5.2.4),
     nor whitespace, control characters or a backslash.
     """
-    if any(ord(ch) < 0x21 or ch in '\\\x7f' for ch in url):
+    if any(ord(ch) < 0x21 or ch in "\\\x7f" for ch in url):
         return "the URL holds whitespace, a control character or a backslash"
     try:
         parts = urlsplit(url)
@@ -387,12 +385,15 @@ def parse_ratelimit(value: str) -> float | Rejected | None:
     """
     try:
         members = _members(value)
-        dictionary = all(m.item.partition("=")[0].strip() in ("limit", "remaining", "reset")
-                         and "=" in m.item for m in members)
+        dictionary = all(
+            m.item.partition("=")[0].strip() in ("limit", "remaining", "reset") and "=" in m.item
+            for m in members
+        )
         pacing: float | None = None
         if dictionary:  # older drafts: limit=L, remaining=R, reset=T
-            fields = {m.item.partition("=")[0].strip(): m.item.partition("=")[2].strip()
-                      for m in members}
+            fields = {
+                m.item.partition("=")[0].strip(): m.item.partition("=")[2].strip() for m in members
+            }
             pairs = [(fields.get("remaining"), fields.get("reset"))]
         else:  # "name";r=R;t=T
             pairs = [(m.params.get("r"), m.params.get("t")) for m in members]

@@ -243,10 +243,7 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
         match event:
             case OperationRegistered():
                 who = f" for {event.registered_by}" if event.registered_by else ""
-                text = (
-                    f" at {event.provider}{who}, "
-                    f"deadline {format_time(event.deadline_at)}"
-                )
+                text = f" at {event.provider}{who}, deadline {format_time(event.deadline_at)}"
                 if event.business_deadline_at is not None:
                     text += f", business deadline {format_time(event.business_deadline_at)}"
                 text += (
@@ -302,8 +299,9 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     states[op] = event.job_state
                     extend(event, "state ", _Said(event.job_state))
             case HintRejected():
-                extend(event, f"{event.hint} ", _Said(event.value[:60]),
-                       f" rejected ({event.reason})")
+                extend(
+                    event, f"{event.hint} ", _Said(event.value[:60]), f" rejected ({event.reason})"
+                )
             case PollScheduled():
                 text = (
                     f"next poll {format_time(event.next_poll_at)} from "
@@ -315,19 +313,27 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
             case OperationSucceeded():
                 shown: list[_Part] = []
                 for k, v in event.results.items():
-                    shown += [", " if shown else ", results ", f"{k}=",
-                              _Said(_redact_url(v), PROVIDER_LONG_TEXT_LIMIT)]
+                    shown += [
+                        ", " if shown else ", results ",
+                        f"{k}=",
+                        _Said(_redact_url(v), PROVIDER_LONG_TEXT_LIMIT),
+                    ]
                 extend(event, "succeeded", *shown)
             case OperationStopped():
-                stopped: list[_Part] = [f"stopped: {event.reason} (",
-                                        *_said_in(event.detail, states.get(op),
-                                                  job_ids.get(op)), ")"]
+                stopped: list[_Part] = [
+                    f"stopped: {event.reason} (",
+                    *_said_in(event.detail, states.get(op), job_ids.get(op)),
+                    ")",
+                ]
                 if event.provider_error is not None:
                     # Whole, as recorded (bounded by the contract's error_cap_bytes), quoted.
                     cut = " (cut at the contract's error_cap_bytes)" * (
-                        event.provider_error_truncated)
-                    stopped += [f", provider error{cut} ",
-                                _Said(event.provider_error, PROVIDER_LONG_TEXT_LIMIT)]
+                        event.provider_error_truncated
+                    )
+                    stopped += [
+                        f", provider error{cut} ",
+                        _Said(event.provider_error, PROVIDER_LONG_TEXT_LIMIT),
+                    ]
                 extend(event, *stopped)
             case EscalationRaised():
                 options = " | ".join(f"{o.label} [{o.id}]" for o in event.options)
@@ -344,8 +350,7 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     )
                 else:
                     text = (
-                        f"decision by {event.approver}: {event.option_id}{note}; "
-                        "bide stops waiting"
+                        f"decision by {event.approver}: {event.option_id}{note}; bide stops waiting"
                     )
                 start(event, text)
                 open_line[op].group_at = event.at
@@ -357,8 +362,11 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                 open_line[op].group_at = event.at
             case OperationWithdrawn():
                 note = f" ({event.note[:200]})" if event.note else ""
-                start(event, f"withdrawn by its owner {event.by}{note}: bide stops waiting, "
-                             "no provider call")
+                start(
+                    event,
+                    f"withdrawn by its owner {event.by}{note}: bide stops waiting, "
+                    "no provider call",
+                )
                 open_line[op].group_at = event.at
     return lines
 
@@ -400,8 +408,10 @@ def story_json(events: Iterable[Event]) -> list[dict[str, object]]:
             "operation_id": line.operation_id,
             "text": line.text,
             "events": list(line.events),
-            "provider_text": [bounded(said, limit) for said, limit
-                              in zip(line.provider_text, line.provider_limits, strict=True)],
+            "provider_text": [
+                bounded(said, limit)
+                for said, limit in zip(line.provider_text, line.provider_limits, strict=True)
+            ],
         }
         for line in _lines(events)
     ]

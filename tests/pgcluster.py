@@ -36,8 +36,13 @@ class Cluster:
         subprocess.run(cmd, check=True, capture_output=True, timeout=90)
 
     def start(self) -> None:
-        self.ctl("-l", str(self.data / "server.log"), "-o",
-                 f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1", "start")
+        self.ctl(
+            "-l",
+            str(self.data / "server.log"),
+            "-o",
+            f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1",
+            "start",
+        )
 
     def restart_immediate(self) -> None:
         """As after a crash: an immediate shutdown (no checkpoint), then WAL recovery."""
@@ -72,8 +77,16 @@ def private_cluster() -> Iterator[Cluster]:
     try:
         if user is not None:
             os.chown(root, pw.pw_uid, pw.pw_gid)
-        cmd = [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-               "--no-sync"]
+        cmd = [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]
         if user is not None:
             cmd = ["runuser", "-u", user, "--", *cmd]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)

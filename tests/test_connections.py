@@ -34,13 +34,13 @@ async def answer_each_request(stream: anyio.abc.SocketStream, delay: float = 0.0
 def test_installs_on_the_pinned_httpx() -> None:
     assert connections.install(httpx.AsyncHTTPTransport()), (
         "httpx/httpcore no longer keep the pool where daemon/connections.py looks; update it "
-        "or drop it (the daemon falls back to httpcore's own backend)")
+        "or drop it (the daemon falls back to httpcore's own backend)"
+    )
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("hangs_up", [False, True], ids=["kept-open", "closed-by-provider"])
-async def test_idle_connections_are_reused_until_the_provider_closes_them(
-        hangs_up: bool) -> None:
+async def test_idle_connections_are_reused_until_the_provider_closes_them(hangs_up: bool) -> None:
     opened = 0
     hang_up, hung_up = anyio.Event(), anyio.Event()
 

@@ -22,7 +22,7 @@ def entries() -> dict[int, str]:
     out: dict[int, str] = {}
     for here, after in zip(found, [*found[1:], None], strict=True):
         end = after.start() if after else text.find("\n## ", here.end())
-        out[int(here[1])] = text[here.start():end if end != -1 else len(text)]
+        out[int(here[1])] = text[here.start() : end if end != -1 else len(text)]
     return out
 
 
@@ -37,7 +37,8 @@ def test_every_rule_cited_in_code_or_tests_has_an_entry() -> None:
         for path in (ROOT / package).rglob("*.py"):
             for number in CITED.findall(path.read_text(encoding="utf-8")):
                 assert int(number) in documented, (
-                    f"{path.relative_to(ROOT)} cites S{number}, which replay/CONTRACT.md lacks")
+                    f"{path.relative_to(ROOT)} cites S{number}, which replay/CONTRACT.md lacks"
+                )
 
 
 def _function(path: Path, name: str, method: str | None) -> str:
@@ -54,7 +55,7 @@ def _function(path: Path, name: str, method: str | None) -> str:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
             end = node.end_lineno or node.lineno
-            return "\n".join(source.splitlines()[first - 1:end])
+            return "\n".join(source.splitlines()[first - 1 : end])
     return ""
 
 
@@ -65,6 +66,7 @@ def test_every_rule_names_tests_that_exist_and_mention_it() -> None:
         for file, name, method in nodes:
             source = _function(ROOT / file, name, method or None)
             assert source, f"S{number}: {file}::{name} does not exist"
-            named = (re.search(rf"(^|_)s{number}(_|$)", (method or name))
-                     or re.search(rf"\bS{number}\b", source))
+            named = re.search(rf"(^|_)s{number}(_|$)", (method or name)) or re.search(
+                rf"\bS{number}\b", source
+            )
             assert named, f"S{number}: {file}::{name} does not mention S{number}"

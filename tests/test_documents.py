@@ -46,8 +46,11 @@ def test_readme_is_a_front_page() -> None:
 @pytest.mark.parametrize("guide", sorted(GUIDES))
 def test_readme_links_each_guide_with_its_reader(guide: str) -> None:
     assert (ROOT / guide).is_file()
-    rows = [line for line in README.read_text(encoding="utf-8").splitlines()
-            if line.startswith(f"| [{guide}]({guide})")]
+    rows = [
+        line
+        for line in README.read_text(encoding="utf-8").splitlines()
+        if line.startswith(f"| [{guide}]({guide})")
+    ]
     assert rows, f"README.md's 'Where to go next' lacks {guide}"
     assert GUIDES[guide] in rows[0]
 

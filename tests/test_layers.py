@@ -79,13 +79,16 @@ def test_the_engine_depends_one_way_and_knows_nothing_of_its_edges() -> None:
     graph = {m: deps for m, deps in imports("daemon").items() if m.startswith("daemon.engine")}
     assert {m.rsplit(".", 1)[1] for m in graph} - {"engine"} == set(ENGINE_ORDER)
     for module, deps in graph.items():
-        edges = sorted(d for d in deps if d.startswith(("daemon.api", "daemon.commands",
-                                                        "daemon.cli", "daemon.mcp"))
-                       or d == "daemon.supervisor")
+        edges = sorted(
+            d
+            for d in deps
+            if d.startswith(("daemon.api", "daemon.commands", "daemon.cli", "daemon.mcp"))
+            or d == "daemon.supervisor"
+        )
         assert not edges, f"{module} imports {edges}: the engine is composed, not composing"
         name = module.rsplit(".", 1)[1]
         if name == "engine":
             continue
-        allowed = {f"daemon.engine.{m}" for m in ENGINE_ORDER[:ENGINE_ORDER.index(name)]}
+        allowed = {f"daemon.engine.{m}" for m in ENGINE_ORDER[: ENGINE_ORDER.index(name)]}
         inner = {".".join(d.split(".")[:3]) for d in deps if d.startswith("daemon.engine.")}
         assert inner <= allowed, f"{module} imports {sorted(inner - allowed)}: see ENGINE_ORDER"

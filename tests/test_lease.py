@@ -27,8 +27,7 @@ def _bytes(log_dir: Path) -> bytes:
     return b"".join(p.read_bytes() for _, p in list_segments(log_dir))
 
 
-def test_cut_after_keeps_the_prefix_and_quarantines_the_rest(ks: KeySet,
-                                                              tmp_path: Path) -> None:
+def test_cut_after_keeps_the_prefix_and_quarantines_the_rest(ks: KeySet, tmp_path: Path) -> None:
     log_dir = tmp_path / "log"
     build_log(log_dir, ks, 40)  # several 2 KB segments
     lines = list(file_lines(log_dir))
@@ -58,11 +57,13 @@ def _follow(dsn: str, log_dir: Path) -> None:
             await lease.follow()
         finally:
             await lease.aclose()
+
     anyio.run(run)
 
 
 def test_a_standby_cuts_only_the_tail_the_database_never_committed(
-        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     log_dir = tmp_path / "log"
     build_log(log_dir, ks, 40)
     lines = list(file_lines(log_dir))
@@ -75,7 +76,8 @@ def test_a_standby_cuts_only_the_tail_the_database_never_committed(
 
 
 def test_a_copy_that_is_not_the_databases_is_moved_aside_and_rebuilt(
-        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     build_log(tmp_path / "theirs", ks, 30)
     _import(pg_dsn, tmp_path / "theirs", 10**9)
     build_log(tmp_path / "log", ks, 12)  # another log altogether
@@ -85,8 +87,9 @@ def test_a_copy_that_is_not_the_databases_is_moved_aside_and_rebuilt(
 
 
 def _active(dsn: str, log_dir: Path, renew: float) -> Lease:
-    return Lease(pgstore.PgSettings(dsn), log_dir, lease_seconds=60, renew_seconds=renew,
-                 margin=0.2)
+    return Lease(
+        pgstore.PgSettings(dsn), log_dir, lease_seconds=60, renew_seconds=renew, margin=0.2
+    )
 
 
 def test_a_fenced_append_ends_the_term_at_once(pg_dsn: str, tmp_path: Path) -> None:

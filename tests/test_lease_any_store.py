@@ -24,9 +24,15 @@ def test_a_standby_follows_and_takes_a_file_log(tmp_path: Path) -> None:
     build_log(source, make_keys(tmp_path / "keys"), 30)
     store = FileStore(source, snapshot_path=tmp_path / "state.snapshot")
     onlooker = FileStore(source, snapshot_path=tmp_path / "state.snapshot")
-    lease = Lease(PgSettings("postgresql://nowhere.invalid/none"), tmp_path / "copy",
-                  lease_seconds=60, renew_seconds=0.05, margin=0.2, poll=0.05,
-                  following=store.following())
+    lease = Lease(
+        PgSettings("postgresql://nowhere.invalid/none"),
+        tmp_path / "copy",
+        lease_seconds=60,
+        renew_seconds=0.05,
+        margin=0.2,
+        poll=0.05,
+        following=store.following(),
+    )
 
     async def run() -> None:
         await lease.open()

@@ -35,9 +35,15 @@ def _serving(state: WitnessState) -> Iterator[WitnessServer]:
 
 def _publish(root: Path, url: str, token: bytes | None) -> HeadPublisher:
     config = WitnessConfig(urls=[url], retries=0, timeout_seconds=5)
-    publisher = HeadPublisher(config, root / "state", HeadStore(root / "heads.jsonl"), None,
-                              token=token, certs_per_post=3,
-                              proof_for=lambda upto: chain_proof(log_lines(root / "log"), upto))
+    publisher = HeadPublisher(
+        config,
+        root / "state",
+        HeadStore(root / "heads.jsonl"),
+        None,
+        token=token,
+        certs_per_post=3,
+        proof_for=lambda upto: chain_proof(log_lines(root / "log"), upto),
+    )
 
     async def once() -> None:
         async with httpx.AsyncClient(timeout=5) as client:

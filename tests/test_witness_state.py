@@ -24,12 +24,19 @@ TOKEN = b"state-test-token-0123456789"
 async def _write(root: Path, checkpoints: int, rotate_every: int | None) -> None:
     signer: keys.Signer | EpochSigning = keys.load_signer(root / "keys")
     if rotate_every is not None:
-        signer = EpochSigning(keys.load_verify_key(root / "keys" / "verify.pub"),
-                              root / "epochs",
-                              policy=EpochPolicy(every_checkpoints=rotate_every, every_seconds=0),
-                              root=keys.load_signer(root / "keys"))
-    async with LogWriter(root / "log", keys.load_keyring(root / "keys"), signer,
-                         heads=HeadStore(root / "heads.jsonl"), checkpoint_interval=3600) as w:
+        signer = EpochSigning(
+            keys.load_verify_key(root / "keys" / "verify.pub"),
+            root / "epochs",
+            policy=EpochPolicy(every_checkpoints=rotate_every, every_seconds=0),
+            root=keys.load_signer(root / "keys"),
+        )
+    async with LogWriter(
+        root / "log",
+        keys.load_keyring(root / "keys"),
+        signer,
+        heads=HeadStore(root / "heads.jsonl"),
+        checkpoint_interval=3600,
+    ) as w:
         for _ in range(checkpoints):
             await w.append(b"x" * 64)
             await w.checkpoint()
@@ -44,31 +51,33 @@ def _log(root: Path, checkpoints: int, rotate_every: int | None) -> tuple[list[H
 
 
 def _state(root: Path, log: str, verify_pub: Path) -> WitnessState:
-    trust = {log: Trusted(keys.load_verify_key(verify_pub).raw,
-                          hashlib.sha256(TOKEN).digest())}
+    trust = {log: Trusted(keys.load_verify_key(verify_pub).raw, hashlib.sha256(TOKEN).digest())}
     return WitnessState(root / "state.jsonl", load_or_create_key(root / "w.key"), trust)
 
 
 def test_heads_of_a_rotating_log_are_followed_one_by_one_and_across_a_restart(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     heads, genesis = _log(tmp_path / "a", 90, rotate_every=3)
     assert heads[-1].epoch > 25
     verify_pub = tmp_path / "a" / "keys" / "verify.pub"
     state = _state(tmp_path / "w", heads[0].log, verify_pub)
     assert state.offer(heads[:1], Proof(genesis))[0] == 200
     for i in range(1, 20):
-        status, verdict = state.offer(heads[i - 1:i + 1])
+        status, verdict = state.offer(heads[i - 1 : i + 1])
         assert status == 200, verdict.reason
     # A restart: what it held, and the key in force, come back from the file.
     state = _state(tmp_path / "w", heads[0].log, verify_pub)
     for i in range(20, len(heads)):
-        status, verdict = state.offer(heads[i - 1:i + 1])
+        status, verdict = state.offer(heads[i - 1 : i + 1])
         assert status == 200, verdict.reason
     held = state.latest[heads[0].log]
     assert (held.seq, held.hash) == (heads[-1].seq, heads[-1].hash)
     # Its certificates prove the held head to a verifier that has the genesis record only.
-    assert head_problem(held, keys.load_verify_key(verify_pub).raw, genesis,
-                        state.certs(held.log)) is None
+    assert (
+        head_problem(held, keys.load_verify_key(verify_pub).raw, genesis, state.certs(held.log))
+        is None
+    )
     # A head of a log it does not trust is refused.
     other, _ = _log(tmp_path / "b", 2, rotate_every=None)
     assert state.offer([other[-1]])[0] == 403
@@ -105,8 +114,15 @@ def test_every_head_of_a_heads_file_is_checked_in_one_pass(tmp_path: Path) -> No
     assert (len(good), lies) == (len(heads), [])
     assert '"final":false' in heads[30].cp
     forged_cp = heads[30].cp.replace('"final":false', '"final":true')
-    source.heads[30] = Head(heads[30].log, heads[30].seq, record_hash(forged_cp.encode()),
-                            heads[30].epoch, heads[30].sig, heads[30].t_us, forged_cp)
+    source.heads[30] = Head(
+        heads[30].log,
+        heads[30].seq,
+        record_hash(forged_cp.encode()),
+        heads[30].epoch,
+        heads[30].sig,
+        heads[30].t_us,
+        forged_cp,
+    )
     good, lies = believed(source, root, genesis, None)
     assert len(good) == len(heads) - 1
     assert [lie.head.seq for lie in lies] == [heads[30].seq]

@@ -67,29 +67,37 @@ class PeerCheck:
             try:
                 return pwd.getpwnam(self.daemon_user).pw_uid
             except KeyError:
-                raise DaemonError(f"[api] daemon_user {self.daemon_user!r} is not a user on this "
-                                  f"machine; set it to the user the daemon runs as") from None
+                raise DaemonError(
+                    f"[api] daemon_user {self.daemon_user!r} is not a user on this "
+                    f"machine; set it to the user the daemon runs as"
+                ) from None
         try:
             return os.stat(self.socket_path).st_uid
         except OSError as exc:
-            raise DaemonError(f"cannot stat the API socket {self.socket_path}: "
-                              f"{exc.strerror}") from None
+            raise DaemonError(
+                f"cannot stat the API socket {self.socket_path}: {exc.strerror}"
+            ) from None
 
     def check(self, sock: socket.socket) -> None:
         """Raise :class:`ImpostorSocket` unless the connected peer is the daemon's user."""
-        pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                   _CRED.size))
+        pid, uid, _ = _CRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+        )
         expected = self.expected_uid()
         if uid in (expected, 0):
             return
-        whose = (f"[api] daemon_user = {self.daemon_user!r}" if self.daemon_user
-                 else "the socket file's owner")
+        whose = (
+            f"[api] daemon_user = {self.daemon_user!r}"
+            if self.daemon_user
+            else "the socket file's owner"
+        )
         raise ImpostorSocket(
             f"the process answering on {self.socket_path} (pid {pid}) runs as "
             f"{_name(uid)}, not as the daemon's user {_name(expected)} ({whose}); nothing was "
             f"sent. Another local user may have bound that path: stop that process, remove the "
             f"socket, put [api] socket in a directory only the daemon's user can write, and "
-            f"set [api] daemon_user to the daemon's user")
+            f"set [api] daemon_user to the daemon's user"
+        )
 
 
 def _name(uid: int) -> str:
@@ -103,8 +111,9 @@ class _CheckedBackend(httpcore.SyncBackend):
     def __init__(self, peer: PeerCheck) -> None:
         self.peer = peer
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
         stream = super().connect_unix_socket(path, timeout, socket_options)
         try:
             self.peer.check(stream.get_extra_info("socket"))
@@ -118,8 +127,12 @@ class _AsyncCheckedBackend(httpcore.AnyIOBackend):
     def __init__(self, peer: PeerCheck) -> None:
         self.peer = peer
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
         stream = await super().connect_unix_socket(path, timeout, socket_options)
         try:
             self.peer.check(stream.get_extra_info("socket"))
@@ -132,27 +145,34 @@ class _AsyncCheckedBackend(httpcore.AnyIOBackend):
 def _transport(socket_path: Path, peer: PeerCheck) -> httpx.HTTPTransport:
     transport = httpx.HTTPTransport(uds=str(socket_path), retries=0)
     # httpx takes no network backend; its pool does, and every new connection passes here.
-    transport._pool = httpcore.ConnectionPool(uds=str(socket_path), retries=0,
-                                              network_backend=_CheckedBackend(peer))
+    transport._pool = httpcore.ConnectionPool(
+        uds=str(socket_path), retries=0, network_backend=_CheckedBackend(peer)
+    )
     return transport
 
 
 def _async_transport(socket_path: Path, peer: PeerCheck) -> httpx.AsyncHTTPTransport:
     transport = httpx.AsyncHTTPTransport(uds=str(socket_path), retries=0)
     transport._pool = httpcore.AsyncConnectionPool(
-        uds=str(socket_path), retries=0, network_backend=_AsyncCheckedBackend(peer))
+        uds=str(socket_path), retries=0, network_backend=_AsyncCheckedBackend(peer)
+    )
     return transport
 
 
 class ApiClient:
-    def __init__(self, socket_path: Path, *, timeout: float = CALL_TIMEOUT,
-                 daemon_user: str = "") -> None:
+    def __init__(
+        self, socket_path: Path, *, timeout: float = CALL_TIMEOUT, daemon_user: str = ""
+    ) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self.peer = PeerCheck(socket_path, daemon_user)
         self._client = httpx.Client(
             transport=_transport(socket_path, self.peer),
-            base_url="http://bide", timeout=timeout, follow_redirects=False, trust_env=False)
+            base_url="http://bide",
+            timeout=timeout,
+            follow_redirects=False,
+            trust_env=False,
+        )
 
     def __enter__(self) -> ApiClient:
         return self
@@ -176,44 +196,57 @@ class ApiClient:
                 raise DaemonError(
                     f"cannot connect to the daemon's API socket {self.socket_path}: permission "
                     f"denied; ask an administrator to add you to the socket's group ([api] "
-                    f"socket_group, bide-agents by default)") from None
+                    f"socket_group, bide-agents by default)"
+                ) from None
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK):
                     return False
-                raise DaemonError(f"cannot connect to {self.socket_path}: "
-                                  f"{exc.strerror}") from None
+                raise DaemonError(f"cannot connect to {self.socket_path}: {exc.strerror}") from None
             self.peer.check(probe)
         return True
 
-    def call(self, method: str, path: str, *, body: Any = None,
-             params: dict[str, str] | None = None, timeout: float | None = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """One call; the decoded JSON answer (or text, for text/plain)."""
         content = msgspec.json.encode(body) if body is not None else None
         try:
             response = self._client.request(
-                method, path, content=content, params=params,
+                method,
+                path,
+                content=content,
+                params=params,
                 headers={"Content-Type": "application/json"} if content is not None else None,
-                timeout=timeout if timeout is not None else self.timeout)
+                timeout=timeout if timeout is not None else self.timeout,
+            )
         except (httpx.ConnectError, FileNotFoundError) as exc:
             raise DaemonUnavailable(
                 f"the daemon does not answer on {self.socket_path} ({exc}); start it "
                 f"(systemctl start bide, or bide run), or read the log offline with --offline"
             ) from None
         except httpx.TimeoutException:
-            raise DaemonError(f"the daemon did not answer within "
-                              f"{timeout or self.timeout:g}s on {self.socket_path}") from None
+            raise DaemonError(
+                f"the daemon did not answer within "
+                f"{timeout or self.timeout:g}s on {self.socket_path}"
+            ) from None
         except httpx.TransportError as exc:
-            raise DaemonUnavailable(f"the connection to the daemon broke ({exc}); it may have "
-                                    f"stopped") from None
+            raise DaemonUnavailable(
+                f"the connection to the daemon broke ({exc}); it may have stopped"
+            ) from None
         return answer_of(response)
 
-
-    def download(self, path: str, write: Callable[[bytes], None], *,
-                 timeout: float | None = None) -> httpx.Headers:
+    def download(
+        self, path: str, write: Callable[[bytes], None], *, timeout: float | None = None
+    ) -> httpx.Headers:
         """Stream a binary answer (a fetched result) into ``write``; its headers."""
         try:
-            with self._client.stream("GET", path, timeout=timeout or self.timeout
-                                     ) as response:
+            with self._client.stream("GET", path, timeout=timeout or self.timeout) as response:
                 if response.status_code >= 400:
                     response.read()
                     answer_of(response)
@@ -221,14 +254,18 @@ class ApiClient:
                     write(chunk)
                 return response.headers
         except (httpx.ConnectError, FileNotFoundError) as exc:
-            raise DaemonUnavailable(f"the daemon does not answer on {self.socket_path} "
-                                    f"({exc})") from None
+            raise DaemonUnavailable(
+                f"the daemon does not answer on {self.socket_path} ({exc})"
+            ) from None
         except httpx.TimeoutException:
-            raise DaemonError(f"the daemon stopped sending within {timeout or self.timeout:g}s "
-                              f"on {self.socket_path}") from None
+            raise DaemonError(
+                f"the daemon stopped sending within {timeout or self.timeout:g}s "
+                f"on {self.socket_path}"
+            ) from None
         except httpx.TransportError as exc:
-            raise DaemonUnavailable(f"the connection to the daemon broke ({exc}); it may have "
-                                    f"stopped") from None
+            raise DaemonUnavailable(
+                f"the connection to the daemon broke ({exc}); it may have stopped"
+            ) from None
 
 
 def answer_of(response: httpx.Response) -> Any:
@@ -239,12 +276,17 @@ def answer_of(response: httpx.Response) -> Any:
         try:
             data = msgspec.json.decode(response.content) if response.content else None
         except msgspec.DecodeError:
-            raise DaemonError(f"the daemon answered {response.status_code} with a body "
-                              f"that is not JSON") from None
+            raise DaemonError(
+                f"the daemon answered {response.status_code} with a body that is not JSON"
+            ) from None
     if response.status_code >= 400:
         if isinstance(data, dict):
-            raise ApiCallError(response.status_code, str(data.get("error", "error")),
-                               str(data.get("detail", "")), data.get("field"))
+            raise ApiCallError(
+                response.status_code,
+                str(data.get("error", "error")),
+                str(data.get("detail", "")),
+                data.get("field"),
+            )
         raise ApiCallError(response.status_code, "error", str(data))
     return data
 
@@ -252,31 +294,46 @@ def answer_of(response: httpx.Response) -> Any:
 class AsyncApiClient:
     """The same calls from async code (``bide mcp``): one connection pool on the socket."""
 
-    def __init__(self, socket_path: Path, *, timeout: float = CALL_TIMEOUT,
-                 daemon_user: str = "") -> None:
+    def __init__(
+        self, socket_path: Path, *, timeout: float = CALL_TIMEOUT, daemon_user: str = ""
+    ) -> None:
         self.socket_path = socket_path
         self._client = httpx.AsyncClient(
             transport=_async_transport(socket_path, PeerCheck(socket_path, daemon_user)),
-            base_url="http://bide", timeout=timeout, follow_redirects=False, trust_env=False)
+            base_url="http://bide",
+            timeout=timeout,
+            follow_redirects=False,
+            trust_env=False,
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def call(self, method: str, path: str, *, body: Any = None,
-                   params: dict[str, str] | None = None,
-                   answer_within: float | None = None) -> Any:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        answer_within: float | None = None,
+    ) -> Any:
         """One call; ``answer_within`` overrides the client's timeout (for a long wait)."""
         content = msgspec.json.encode(body) if body is not None else None
         try:
             response = await self._client.request(
-                method, path, content=content, params=params,
+                method,
+                path,
+                content=content,
+                params=params,
                 headers={"Content-Type": "application/json"} if content is not None else None,
-                timeout=answer_within if answer_within is not None
-                else httpx.USE_CLIENT_DEFAULT)
+                timeout=answer_within if answer_within is not None else httpx.USE_CLIENT_DEFAULT,
+            )
         except (httpx.ConnectError, FileNotFoundError):
             raise DaemonUnavailable(
                 f"the bide daemon is not running: nothing answers on {self.socket_path}; a "
-                f"person must start it (systemctl start bide)") from None
+                f"person must start it (systemctl start bide)"
+            ) from None
         except httpx.TimeoutException:
             raise DaemonError("the bide daemon did not answer in time") from None
         except httpx.TransportError as exc:

@@ -94,10 +94,18 @@ def _writable_by_others(directory: Path) -> str | None:
             continue
         if n > 0 and st.st_mode & stat.S_ISVTX and owner_ok:
             continue
-        who = ("owned by another user" if not owner_ok else
-               "writable by others" if st.st_mode & 0o002 else "writable by its group")
-        sticky = " (sticky, as /tmp is, still lets anyone create a name in it)" if (
-            st.st_mode & stat.S_ISVTX and n == 0) else ""
+        who = (
+            "owned by another user"
+            if not owner_ok
+            else "writable by others"
+            if st.st_mode & 0o002
+            else "writable by its group"
+        )
+        sticky = (
+            " (sticky, as /tmp is, still lets anyone create a name in it)"
+            if (st.st_mode & stat.S_ISVTX and n == 0)
+            else ""
+        )
         where = "its directory" if n == 0 else "a directory above it,"
         return f"{where} {parent} is {who}{sticky}"
     return None
@@ -105,8 +113,10 @@ def _writable_by_others(directory: Path) -> str | None:
 
 def _bind(path: Path, mode: int, group: str) -> socket.socket:
     if len(os.fsencode(path)) > 107:  # sun_path holds 108 bytes with the terminating NUL
-        raise ConfigError(f"[api] socket {path} is longer than a Unix socket path may be (107 "
-                          f"bytes); set [api] socket to a shorter path")
+        raise ConfigError(
+            f"[api] socket {path} is longer than a Unix socket path may be (107 "
+            f"bytes); set [api] socket to a shorter path"
+        )
     _make_private_parents(path.parent)
     unsafe = _writable_by_others(path.parent)
     if unsafe is not None:
@@ -116,18 +126,22 @@ def _bind(path: Path, mode: int, group: str) -> socket.socket:
             f"in a directory only the daemon's user (or root) can write, such as "
             f"/run/bide/api.sock (systemd's RuntimeDirectory=bide) or the state directory, or "
             f"to a path under a directory that does not exist yet (the daemon creates it "
-            f"0755, its own)")
+            f"0755, its own)"
+        )
     try:
         st = path.lstat()
     except FileNotFoundError:
         pass
     else:
         if not stat.S_ISSOCK(st.st_mode):
-            raise ConfigError(f"[api] socket {path} exists and is not a socket; remove it or "
-                              f"choose another path")
+            raise ConfigError(
+                f"[api] socket {path} exists and is not a socket; remove it or choose another path"
+            )
         if _in_use(path):
-            raise ConfigError(f"[api] socket {path} is answered by another process (a daemon "
-                              f"already running?); stop it first")
+            raise ConfigError(
+                f"[api] socket {path} is answered by another process (a daemon "
+                f"already running?); stop it first"
+            )
         path.unlink()
         logfmt.info("replaced a stale API socket left by a daemon that died", socket=path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -140,8 +154,12 @@ def _bind(path: Path, mode: int, group: str) -> socket.socket:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
-            logfmt.warn("the API socket's group does not exist; only the daemon's user and "
-                        "root can connect", group=group, socket=path)
+            logfmt.warn(
+                "the API socket's group does not exist; only the daemon's user and "
+                "root can connect",
+                group=group,
+                socket=path,
+            )
         else:
             with contextlib.suppress(PermissionError):
                 os.chown(path, -1, gid)
@@ -150,8 +168,9 @@ def _bind(path: Path, mode: int, group: str) -> socket.socket:
     return sock
 
 
-async def open_listener(path: Path, *, mode: int, group: str
-                        ) -> tuple[anyio.abc.SocketListener, str, bool]:
+async def open_listener(
+    path: Path, *, mode: int, group: str
+) -> tuple[anyio.abc.SocketListener, str, bool]:
     """The listener, the path it serves, and whether this process bound it (and so removes
     it when it stops)."""
     sock = _inherited()

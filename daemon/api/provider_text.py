@@ -63,15 +63,21 @@ def escalation_parts(raised: EscalationRaised, op: Operation) -> tuple[str, str]
     (last state, request id, job id, error) as placeholders of the view's ``provider_*``
     fields."""
     c = raised.context
-    detail = _unquoted(_unquoted(c.detail, c.last_state, "provider_state"),
-                       c.provider_job_id, "provider_job_id")
+    detail = _unquoted(
+        _unquoted(c.detail, c.last_state, "provider_state"), c.provider_job_id, "provider_job_id"
+    )
     context = msgspec.structs.replace(
-        c, detail=detail, provider_job_id=placeholder("provider_job_id"),
+        c,
+        detail=detail,
+        provider_job_id=placeholder("provider_job_id"),
         last_state=None if c.last_state is None else placeholder("provider_state"),
-        last_provider_request_id=(None if c.last_provider_request_id is None
-                                  else placeholder("provider_request_id")))
+        last_provider_request_id=(
+            None if c.last_provider_request_id is None else placeholder("provider_request_id")
+        ),
+    )
     shown = msgspec.structs.replace(
-        op, provider_error=None if op.provider_error is None else placeholder("provider_error"))
+        op, provider_error=None if op.provider_error is None else placeholder("provider_error")
+    )
     text = escalation_text(msgspec.structs.replace(raised, context=context), shown)
     return detail, text
 

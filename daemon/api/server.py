@@ -73,8 +73,13 @@ Handler = Callable[[Request], Awaitable[Response]]
 Count = Callable[[str], None]  # a refusal's reason, for the metrics
 
 
-def error(status: int, code: str, detail: str, field_name: str | None = None,
-          headers: list[tuple[str, str]] | None = None) -> Response:
+def error(
+    status: int,
+    code: str,
+    detail: str,
+    field_name: str | None = None,
+    headers: list[tuple[str, str]] | None = None,
+) -> Response:
     body = msgspec.json.encode(ApiError(error=code, detail=detail, field=field_name))
     return Response(status, body, headers or [])
 
@@ -86,8 +91,9 @@ class _Refused(Exception):
 
 
 class ApiServer:
-    def __init__(self, handler: Handler, *, limits: Limits | None = None,
-                 count: Count = lambda reason: None) -> None:
+    def __init__(
+        self, handler: Handler, *, limits: Limits | None = None, count: Count = lambda reason: None
+    ) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.count = count
@@ -97,8 +103,7 @@ class ApiServer:
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
         """Accept until cancelled."""
         async with anyio.create_task_group() as tg:
-            async for stream in accepted(listener, "api",
-                                         lambda: self.count("out_of_descriptors")):
+            async for stream in accepted(listener, "api", lambda: self.count("out_of_descriptors")):
                 tg.start_soon(self._connection, stream)
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
@@ -106,16 +111,26 @@ class ApiServer:
             async with stream:
                 peer = peer_of(stream.extra(SocketAttribute.raw_socket))
                 mine = self._per_user.get(peer.uid, 0)
-                if (self.connections >= self.limits.max_connections
-                        or mine >= self.limits.max_connections_per_user):
-                    whose = ("its" if self.connections >= self.limits.max_connections
-                             else "this user's")
+                if (
+                    self.connections >= self.limits.max_connections
+                    or mine >= self.limits.max_connections_per_user
+                ):
+                    whose = (
+                        "its" if self.connections >= self.limits.max_connections else "this user's"
+                    )
                     self.count("too_many_connections")
                     conn = h11.Connection(h11.SERVER)
-                    await self._write_refusal(conn, stream, error(
-                        503, "too_many_connections",
-                        f"the daemon has {whose} limit of API connections open; try again "
-                        "shortly", headers=[("Retry-After", "1")]))
+                    await self._write_refusal(
+                        conn,
+                        stream,
+                        error(
+                            503,
+                            "too_many_connections",
+                            f"the daemon has {whose} limit of API connections open; try again "
+                            "shortly",
+                            headers=[("Retry-After", "1")],
+                        ),
+                    )
                     return
                 self.connections += 1
                 self._per_user[peer.uid] = mine + 1
@@ -128,8 +143,13 @@ class ApiServer:
                         self._per_user[peer.uid] = left
                     else:
                         del self._per_user[peer.uid]
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                ConnectionError, TimeoutError):
+        except (
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+            anyio.EndOfStream,
+            ConnectionError,
+            TimeoutError,
+        ):
             pass  # the client went away or was too slow to read: nothing to answer
         except h11.ProtocolError as exc:  # the barrier: one connection, never the listener
             logfmt.error("api: HTTP protocol error; connection closed", error=str(exc)[:200])
@@ -157,8 +177,9 @@ class ApiServer:
                 return
             conn.start_next_cycle()
 
-    async def _answer(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                      request: Request) -> Response | None:
+    async def _answer(
+        self, conn: h11.Connection, stream: anyio.abc.SocketStream, request: Request
+    ) -> Response | None:
         """Run the handler while watching the connection: if the client closes it, the
         handler is cancelled (a waiter leaves with its caller)."""
         result: list[Response] = []
@@ -168,12 +189,16 @@ class ApiServer:
                 try:
                     result.append(await self.handler(request))
                 except Exception as exc:  # the barrier: a bug answers 500, the daemon goes on
-                    logfmt.error("api: internal error", path=request.path,
-                                 error=type(exc).__name__)
+                    logfmt.error("api: internal error", path=request.path, error=type(exc).__name__)
                     self.count("internal_error")
-                    result.append(error(500, "internal_error",
-                                        f"bide failed answering ({type(exc).__name__}); "
-                                        "the daemon goes on; see its journal"))
+                    result.append(
+                        error(
+                            500,
+                            "internal_error",
+                            f"bide failed answering ({type(exc).__name__}); "
+                            "the daemon goes on; see its journal",
+                        )
+                    )
                 tg.cancel_scope.cancel()
 
             async def watch() -> None:
@@ -197,8 +222,9 @@ class ApiServer:
             tg.start_soon(watch)
         return result[0] if result else None
 
-    async def _read(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                    peer: Peer) -> Request | None:
+    async def _read(
+        self, conn: h11.Connection, stream: anyio.abc.SocketStream, peer: Peer
+    ) -> Request | None:
         head: h11.Request | None = None
         body = bytearray()
         started = False
@@ -210,8 +236,9 @@ class ApiServer:
                 except h11.RemoteProtocolError as exc:
                     status = exc.error_status_hint
                     reason = "header_too_large" if status == 431 else "malformed_http"
-                    raise _Refused(error(status, reason, f"not a valid HTTP/1.1 request: {exc}"),
-                                   reason) from None
+                    raise _Refused(
+                        error(status, reason, f"not a valid HTTP/1.1 request: {exc}"), reason
+                    ) from None
                 if event is h11.NEED_DATA:
                     try:
                         data = await stream.receive(_RECEIVE_BYTES)
@@ -223,13 +250,19 @@ class ApiServer:
                     conn.receive_data(data)
                 elif isinstance(event, h11.Request):
                     head = event
-                    size = len(event.target) + sum(len(k) + len(v) + 4
-                                                   for k, v in event.headers.raw_items())
+                    size = len(event.target) + sum(
+                        len(k) + len(v) + 4 for k, v in event.headers.raw_items()
+                    )
                     if size > self.limits.max_header_bytes:
-                        raise _Refused(error(431, "header_too_large",
-                                             f"the request head is {size} bytes; the limit is "
-                                             f"{self.limits.max_header_bytes}"),
-                                       "header_too_large")
+                        raise _Refused(
+                            error(
+                                431,
+                                "header_too_large",
+                                f"the request head is {size} bytes; the limit is "
+                                f"{self.limits.max_header_bytes}",
+                            ),
+                            "header_too_large",
+                        )
                     length = _content_length(event)
                     if length is not None and length > self.limits.max_body_bytes:
                         raise _Refused(self._too_large(length), "body_too_large")
@@ -243,17 +276,26 @@ class ApiServer:
                     return None  # the client closed the connection
         if started:
             self.count("request_timeout")
-            raise _Refused(error(408, "request_timeout",
-                                 f"the request did not arrive whole within "
-                                 f"{self.limits.request_timeout:g}s"), "request_timeout")
+            raise _Refused(
+                error(
+                    408,
+                    "request_timeout",
+                    f"the request did not arrive whole within {self.limits.request_timeout:g}s",
+                ),
+                "request_timeout",
+            )
         return None  # idle keep-alive connection: close it quietly
 
     def _too_large(self, size: int) -> Response:
-        return error(413, "body_too_large",
-                     f"the body is {size} bytes; the limit is {self.limits.max_body_bytes}")
+        return error(
+            413,
+            "body_too_large",
+            f"the body is {size} bytes; the limit is {self.limits.max_body_bytes}",
+        )
 
-    async def _write_refusal(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                             response: Response) -> None:
+    async def _write_refusal(
+        self, conn: h11.Connection, stream: anyio.abc.SocketStream, response: Response
+    ) -> None:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         response.headers.append(("Connection", "close"))
@@ -262,40 +304,79 @@ class ApiServer:
         except h11.LocalProtocolError:
             return
 
-    async def _write(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                     response: Response, *, head: bool = False) -> bool:
+    async def _write(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        response: Response,
+        *,
+        head: bool = False,
+    ) -> bool:
         if response.file is not None:
             return await self._write_file(conn, stream, response, response.file, head=head)
-        headers = [("Content-Type", response.content_type),
-                   ("Content-Length", str(len(response.body))),
-                   ("Cache-Control", "no-store"), *response.headers]
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+            ("Cache-Control", "no-store"),
+            *response.headers,
+        ]
         with anyio.fail_after(self.limits.write_timeout):
-            await stream.send(conn.send(h11.Response(status_code=response.status,
-                                                     headers=headers,
-                                                     reason=_reason(response.status))) or b"")
+            await stream.send(
+                conn.send(
+                    h11.Response(
+                        status_code=response.status,
+                        headers=headers,
+                        reason=_reason(response.status),
+                    )
+                )
+                or b""
+            )
             if response.body and not head:  # a HEAD answer has the headers only
                 await stream.send(conn.send(h11.Data(data=response.body)) or b"")
             await stream.send(conn.send(h11.EndOfMessage()) or b"")
         return True
 
-
-    async def _write_file(self, conn: h11.Connection, stream: anyio.abc.SocketStream,
-                          response: Response, path: Path, *, head: bool) -> bool:
+    async def _write_file(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        response: Response,
+        path: Path,
+        *,
+        head: bool,
+    ) -> bool:
         try:
             file = path.open("rb")
         except OSError:
-            return await self._write(conn, stream, error(
-                410, "result_gone", "the fetched result is no longer kept ([fetch] "
-                                    "results_max_age_seconds, results_max_bytes); fetch it again"))
+            return await self._write(
+                conn,
+                stream,
+                error(
+                    410,
+                    "result_gone",
+                    "the fetched result is no longer kept ([fetch] "
+                    "results_max_age_seconds, results_max_bytes); fetch it again",
+                ),
+            )
         with file:
             size = os.fstat(file.fileno()).st_size
-            headers = [("Content-Type", response.content_type),
-                       ("Content-Length", str(size)), ("Cache-Control", "no-store"),
-                       *response.headers]
+            headers = [
+                ("Content-Type", response.content_type),
+                ("Content-Length", str(size)),
+                ("Cache-Control", "no-store"),
+                *response.headers,
+            ]
             with anyio.fail_after(self.limits.write_timeout):
-                await stream.send(conn.send(h11.Response(
-                    status_code=response.status, headers=headers,
-                    reason=_reason(response.status))) or b"")
+                await stream.send(
+                    conn.send(
+                        h11.Response(
+                            status_code=response.status,
+                            headers=headers,
+                            reason=_reason(response.status),
+                        )
+                    )
+                    or b""
+                )
             left = 0 if head else size
             while left > 0:
                 chunk = await anyio.to_thread.run_sync(file.read, min(left, _FILE_CHUNK))
@@ -325,19 +406,39 @@ def _request(head: h11.Request, body: bytes, peer: Peer) -> Request:
     try:
         path = raw_path.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Refused(error(400, "bad_path", "the path is not UTF-8 once percent-decoded",
-                             "path"), "bad_path") from None
+        raise _Refused(
+            error(400, "bad_path", "the path is not UTF-8 once percent-decoded", "path"), "bad_path"
+        ) from None
     query: dict[str, str] = {}
     try:
-        for key, value in parse_qsl(target.query, keep_blank_values=True, strict_parsing=False,
-                                    errors="strict", max_num_fields=32):
+        for key, value in parse_qsl(
+            target.query,
+            keep_blank_values=True,
+            strict_parsing=False,
+            errors="strict",
+            max_num_fields=32,
+        ):
             query[key] = value
     except (ValueError, UnicodeDecodeError):
-        raise _Refused(error(400, "bad_query", "the query string does not parse (UTF-8, at "
-                                               "most 32 fields)", "query"), "bad_query") from None
+        raise _Refused(
+            error(
+                400,
+                "bad_query",
+                "the query string does not parse (UTF-8, at most 32 fields)",
+                "query",
+            ),
+            "bad_query",
+        ) from None
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
-    return Request(method=head.method.decode("ascii", "replace"), path=path,
-                   raw_path=target.path, query=query, headers=headers, body=body, peer=peer)
+    return Request(
+        method=head.method.decode("ascii", "replace"),
+        path=path,
+        raw_path=target.path,
+        query=query,
+        headers=headers,
+        body=body,
+        peer=peer,
+    )
 
 
 def _reason(status: int) -> bytes:

@@ -140,8 +140,13 @@ class Caller:
     roles: list[Role]
 
     def principal(self) -> Principal:
-        return Principal(name=self.name, uid=self.peer.uid, gid=self.peer.gid,
-                         pid=self.peer.pid, roles=list(self.roles))
+        return Principal(
+            name=self.name,
+            uid=self.peer.uid,
+            gid=self.peer.gid,
+            pid=self.peer.pid,
+            roles=list(self.roles),
+        )
 
 
 class Api:
@@ -163,21 +168,28 @@ class Api:
             return Response(200, openapi_document())
         if not caller.roles:
             self.sup.metrics.api_rejections["no_role"] += 1
-            wanted = "; ".join(f"{role}: {self.groups.describe(role)}"
-                               for role in ("agent", "approver", "operator"))
-            return error(403, "no_role", f"user {caller.name} has no role here; the groups "
-                                         f"that admit one: {wanted}")
+            wanted = "; ".join(
+                f"{role}: {self.groups.describe(role)}"
+                for role in ("agent", "approver", "operator")
+            )
+            return error(
+                403,
+                "no_role",
+                f"user {caller.name} has no role here; the groups that admit one: {wanted}",
+            )
         try:
             response = await self._route(caller, request, method, path)
         except Refused as exc:
             self.sup.metrics.api_rejections[exc.code] += 1
-            headers = ([("Retry-After", str(max(1, math.ceil(exc.retry_after))))]
-                       if exc.retry_after is not None else [])
+            headers = (
+                [("Retry-After", str(max(1, math.ceil(exc.retry_after))))]
+                if exc.retry_after is not None
+                else []
+            )
             response = error(STATUS_OF[exc.kind], exc.code, exc.detail, exc.field, headers)
         return _shown_to(caller, response)
 
-    async def _route(self, caller: Caller, request: Request, method: str, path: str
-                     ) -> Response:
+    async def _route(self, caller: Caller, request: Request, method: str, path: str) -> Response:
         if path == "/v1/health":
             return self._only(method, "GET") or _json(200, self._health(caller))
         if path == "/v1/operations":
@@ -193,18 +205,24 @@ class Api:
             action_id = self.sup.runner.resolve(unquote(fetch.group(1)), caller.peer.uid)
             if fetch.group(2):
                 return self._only(method, "GET") or self._fetched_content(caller, action_id)
-            return self._only(method, "GET") or await self._fetch_status(caller, action_id,
-                                                                          request.query)
+            return self._only(method, "GET") or await self._fetch_status(
+                caller, action_id, request.query
+            )
         # Matched before percent-decoding, so an id holding "/" (sent as %2F) stays one.
         m = _OP_PATH.match(request.raw_path)
         if m is None:
-            raise Refused(f"no endpoint {path!r}; see GET /v1/openapi.json", code="not_found",
-                          kind=RefusalKind.NOT_FOUND, field="path")
+            raise Refused(
+                f"no endpoint {path!r}; see GET /v1/openapi.json",
+                code="not_found",
+                kind=RefusalKind.NOT_FOUND,
+                field="path",
+            )
         # What the caller calls op_id: its own operation under that id (daemon.scoping).
         op_id, sub = self.sup.runner.resolve(unquote(m.group(1)), caller.peer.uid), m.group(2)
         if sub is None:
-            return self._only(method, "GET") or _json(200, await self._get(caller, op_id,
-                                                                            request.query))
+            return self._only(method, "GET") or _json(
+                200, await self._get(caller, op_id, request.query)
+            )
         if sub == "/story":
             return self._only(method, "GET") or await self._story(caller, op_id, request.query)
         if sub == "/withdrawal":
@@ -217,12 +235,12 @@ class Api:
     def _only(method: str, allowed: str) -> Response | None:
         if method == allowed:
             return None
-        return error(405, "method_not_allowed", f"use {allowed} here", headers=[
-            ("Allow", allowed)])
+        return error(405, "method_not_allowed", f"use {allowed} here", headers=[("Allow", allowed)])
 
     def _caller(self, peer: Peer) -> Caller:
-        return Caller(peer=peer, name=user_name(peer.uid),
-                      roles=self.authority.roles(peer.uid, peer.gid))
+        return Caller(
+            peer=peer, name=user_name(peer.uid), roles=self.authority.roles(peer.uid, peer.gid)
+        )
 
     # -- who sees what -----------------------------------------------------------------------
 
@@ -246,8 +264,11 @@ class Api:
             if action is not None:
                 parent = self.sup.ops.get(action.operation_id)
                 found = action
-                owner = (action.intent.registered_by_uid if action.kind == "submit" or
-                         parent is None else parent.registered_by_uid)
+                owner = (
+                    action.intent.registered_by_uid
+                    if action.kind == "submit" or parent is None
+                    else parent.registered_by_uid
+                )
         if found is None or not (self._reads_all(caller) or owner == caller.peer.uid):
             raise Refused(f"no operation {op_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
         return found
@@ -258,19 +279,28 @@ class Api:
         quota = self._registrations.get(caller.peer.uid)
         if quota is None:
             quota = self._registrations[caller.peer.uid] = RateQuota(
-                self.cfg.registrations_per_second, self.cfg.registrations_burst)
+                self.cfg.registrations_per_second, self.cfg.registrations_burst
+            )
         wait = quota.reserve()
         if wait > 0:
             quota.release()
-            raise Refused(f"user {caller.name} registers faster than [api] "
-                          f"registrations_per_second = {self.cfg.registrations_per_second:g};"
-                          f" try again in {wait:.2f}s", kind=RefusalKind.RATE_LIMITED,
-                          code="rate_limited", retry_after=math.ceil(wait))
+            raise Refused(
+                f"user {caller.name} registers faster than [api] "
+                f"registrations_per_second = {self.cfg.registrations_per_second:g};"
+                f" try again in {wait:.2f}s",
+                kind=RefusalKind.RATE_LIMITED,
+                code="rate_limited",
+                retry_after=math.ceil(wait),
+            )
         live = self.sup.live_by_owner[caller.peer.uid]
         if live >= self.cfg.max_live_per_principal:
-            raise Refused(f"user {caller.name} has {live} live operations, the limit "
-                          f"([api] max_live_per_principal); wait for some to end",
-                          kind=RefusalKind.RATE_LIMITED, code="rate_limited", retry_after=30)
+            raise Refused(
+                f"user {caller.name} has {live} live operations, the limit "
+                f"([api] max_live_per_principal); wait for some to end",
+                kind=RefusalKind.RATE_LIMITED,
+                code="rate_limited",
+                retry_after=30,
+            )
 
     async def _watch(self, caller: Caller, request: Request) -> Response:
         self._need(caller, "agent", "register operations")
@@ -280,11 +310,21 @@ class Api:
         digest = _digest(body, op_id)
         if self.sup.runner.resolve(op_id, caller.peer.uid) not in self.sup.ops:
             self._throttle(caller)
-        reg = _registration(body, op_id, body.job_id, now, request_fingerprint=body.fingerprint,
-                            started_at=body.started_at)
+        reg = _registration(
+            body,
+            op_id,
+            body.job_id,
+            now,
+            request_fingerprint=body.fingerprint,
+            started_at=body.started_at,
+        )
         op, created = await self.intake.register(Register(reg, caller.peer.uid, digest))
-        receipt = Receipt(operation_id=op.operation_id, status="registered",
-                          sequence=op.registered_seq, created=created)
+        receipt = Receipt(
+            operation_id=op.operation_id,
+            status="registered",
+            sequence=op.registered_seq,
+            created=created,
+        )
         return _json(201 if created else 200, receipt)
 
     async def _submit(self, caller: Caller, request: Request) -> Response:
@@ -299,51 +339,91 @@ class Api:
             self._throttle(caller)
         now = self.sup.clock()
         reg = _registration(body, op_id, "(submitting)", now)
-        sf = SubmitFile(version=1, request_id=new_request_id(), kind="submit", registration=reg,
-                        body=body.body, idempotency_key=body.idempotency_key, force=body.force)
-        sequence = await self.intake.submit(Submit(sf, caller.peer.uid,
-                                                   digest=_digest(body, op_id)))
+        sf = SubmitFile(
+            version=1,
+            request_id=new_request_id(),
+            kind="submit",
+            registration=reg,
+            body=body.body,
+            idempotency_key=body.idempotency_key,
+            force=body.force,
+        )
+        sequence = await self.intake.submit(
+            Submit(sf, caller.peer.uid, digest=_digest(body, op_id))
+        )
         action = self.sup.runner.actions.get(action_id)
         op = self.sup.ops.get(recorded)
-        return _json(202 if existing is None else 200, Receipt(
-            operation_id=op_id, status="registered" if op is not None else "submitting",
-            sequence=sequence if sequence is not None else (
-                op.registered_seq if op is not None else None),
-            created=existing is None and action is not None))
+        return _json(
+            202 if existing is None else 200,
+            Receipt(
+                operation_id=op_id,
+                status="registered" if op is not None else "submitting",
+                sequence=sequence
+                if sequence is not None
+                else (op.registered_seq if op is not None else None),
+                created=existing is None and action is not None,
+            ),
+        )
 
     async def _withdraw(self, caller: Caller, op_id: str, request: Request) -> Response:
         body = _decode(request.body, WithdrawRequest)
         found = self._visible_op(caller, op_id)
-        owner = (found.registered_by_uid if isinstance(found, Operation)
-                 else found.intent.registered_by_uid)
+        owner = (
+            found.registered_by_uid
+            if isinstance(found, Operation)
+            else found.intent.registered_by_uid
+        )
         self.authority.may_withdraw(op_id, owner, _owner_name(found), caller.peer.uid)
         if not isinstance(found, Operation):
-            raise Refused(f"operation {op_id} is still being submitted; withdraw it once the "
-                          f"provider has answered", code="submitting", kind=RefusalKind.CONFLICT)
-        withdrawn = await self.intake.withdraw(Withdraw(op_id, Withdrawal(
-            by=caller.name, by_uid=caller.peer.uid, note=body.note)))
-        return _json(200, WithdrawAnswer(operation_id=op_id, phase=self.sup.ops[op_id].phase,
-                                         withdrawn=withdrawn))
+            raise Refused(
+                f"operation {op_id} is still being submitted; withdraw it once the "
+                f"provider has answered",
+                code="submitting",
+                kind=RefusalKind.CONFLICT,
+            )
+        withdrawn = await self.intake.withdraw(
+            Withdraw(op_id, Withdrawal(by=caller.name, by_uid=caller.peer.uid, note=body.note))
+        )
+        return _json(
+            200,
+            WithdrawAnswer(
+                operation_id=op_id, phase=self.sup.ops[op_id].phase, withdrawn=withdrawn
+            ),
+        )
 
     async def _decide(self, caller: Caller, op_id: str, request: Request) -> Response:
         # Before the lookup: the same for every id.
         self.authority.need_approver(caller.peer.uid, caller.name, caller.roles)
         body = _decode(request.body, DecisionRequest)
         found = self._visible_op(caller, op_id)
-        owner = (found.registered_by_uid if isinstance(found, Operation)
-                 else found.intent.registered_by_uid if found.kind == "submit"
-                 else self._owner_of(found.operation_id))
+        owner = (
+            found.registered_by_uid
+            if isinstance(found, Operation)
+            else found.intent.registered_by_uid
+            if found.kind == "submit"
+            else self._owner_of(found.operation_id)
+        )
         target = op_id if isinstance(found, Operation) else found.action_id
-        observation = DecisionSubmitted(option=body.option, approver=caller.name,
-                                        note=body.note, escalation_id=body.escalation_id)
+        observation = DecisionSubmitted(
+            option=body.option,
+            approver=caller.name,
+            note=body.note,
+            escalation_id=body.escalation_id,
+        )
         escalation = found.escalation if isinstance(found, Operation) else None
         resumes = await self.intake.decide(Decide(target, observation, caller.peer.uid))
         self_approved = owner == caller.peer.uid
-        return _json(200, DecisionAnswer(
-            operation_id=op_id,
-            escalation_id=escalation.escalation_id if escalation is not None else 1,
-            option=body.option, approver=caller.name, resumes=resumes,
-            self_approved=self_approved))
+        return _json(
+            200,
+            DecisionAnswer(
+                operation_id=op_id,
+                escalation_id=escalation.escalation_id if escalation is not None else 1,
+                option=body.option,
+                approver=caller.name,
+                resumes=resumes,
+                self_approved=self_approved,
+            ),
+        )
 
     # -- fetches -----------------------------------------------------------------------------
 
@@ -353,16 +433,23 @@ class Api:
         self._need(caller, "agent", "fetch results")
         body = _decode(request.body, FetchRequest)
         seconds = self._wait_seconds(request.query, default="0s")
-        ask = FetchFile(version=1, request_id=new_request_id(), kind="fetch",
-                        operation_id=op_id, result=body.result)
-        intent = await self.intake.fetch(Fetch(ask, caller.peer.uid,
-                                               operator="operator" in caller.roles))
+        ask = FetchFile(
+            version=1,
+            request_id=new_request_id(),
+            kind="fetch",
+            operation_id=op_id,
+            result=body.result,
+        )
+        intent = await self.intake.fetch(
+            Fetch(ask, caller.peer.uid, operator="operator" in caller.roles)
+        )
         action = await self._fetch_waited(intent.action_id, op_id, seconds)
         answer = self._fetch_answer(action)
         return _json(200 if answer.done else 202, answer)
 
-    async def _fetch_status(self, caller: Caller, action_id: str, query: dict[str, str]
-                            ) -> Response:
+    async def _fetch_status(
+        self, caller: Caller, action_id: str, query: dict[str, str]
+    ) -> Response:
         action = self._own_fetch(caller, action_id)
         seconds = self._wait_seconds(query, default="0s")
         action = await self._fetch_waited(action_id, action.operation_id, seconds)
@@ -372,14 +459,23 @@ class Api:
         action = self._own_fetch(caller, action_id)
         outcome = action.outcome
         if not isinstance(outcome, ActionSucceeded) or not outcome.stored_as:
-            raise Refused(f"fetch {action_id} has not succeeded (it is {action.phase}); no "
-                          f"content", code="not_fetched", kind=RefusalKind.CONFLICT)
+            raise Refused(
+                f"fetch {action_id} has not succeeded (it is {action.phase}); no content",
+                code="not_fetched",
+                kind=RefusalKind.CONFLICT,
+            )
         if "/" in outcome.stored_as or outcome.stored_as in (".", ".."):
-            raise Refused(f"fetch {action_id} names no stored result", code="not_fetched",
-                          kind=RefusalKind.CONFLICT)
-        return Response(200, file=self.sup.runner.results_dir / outcome.stored_as,
-                        content_type="application/octet-stream",
-                        headers=[("X-Bide-SHA256", outcome.sha256 or "")])
+            raise Refused(
+                f"fetch {action_id} names no stored result",
+                code="not_fetched",
+                kind=RefusalKind.CONFLICT,
+            )
+        return Response(
+            200,
+            file=self.sup.runner.results_dir / outcome.stored_as,
+            content_type="application/octet-stream",
+            headers=[("X-Bide-SHA256", outcome.sha256 or "")],
+        )
 
     def _own_fetch(self, caller: Caller, action_id: str) -> Action:
         """A fetch of the caller's own operation (an operator: any); else 404, as a missing
@@ -394,11 +490,13 @@ class Api:
 
     def _wait_seconds(self, query: dict[str, str], *, default: str) -> float:
         try:
-            seconds = parse_duration(query.get("wait", default), "wait", allow_zero=True,
-                                     maximum=86400.0)
+            seconds = parse_duration(
+                query.get("wait", default), "wait", allow_zero=True, maximum=86400.0
+            )
         except UsageError as exc:
-            raise Refused(str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED,
-                          field="wait") from None
+            raise Refused(
+                str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED, field="wait"
+            ) from None
         return min(seconds, self.cfg.max_wait_seconds)
 
     async def _fetch_waited(self, action_id: str, op_id: str, seconds: float) -> Action:
@@ -412,16 +510,29 @@ class Api:
     def _fetch_answer(action: Action) -> FetchAnswer:
         outcome = action.outcome
         intent = action.intent
-        common = dict(operation_id=action.operation_id, action_id=action.action_id,
-                      result_name=intent.result_name, requested_by=intent.requested_by)
+        common = dict(
+            operation_id=action.operation_id,
+            action_id=action.action_id,
+            result_name=intent.result_name,
+            requested_by=intent.requested_by,
+        )
         if isinstance(outcome, ActionSucceeded):
-            return FetchAnswer(status="fetched", done=True, size=outcome.size,
-                               sha256=outcome.sha256, content_path=(
-                                   f"/v1/fetches/{quote(action.action_id, safe='')}/content"),
-                               **common)  # type: ignore[arg-type]
+            return FetchAnswer(
+                status="fetched",
+                done=True,
+                size=outcome.size,
+                sha256=outcome.sha256,
+                content_path=(f"/v1/fetches/{quote(action.action_id, safe='')}/content"),
+                **common,  # type: ignore[arg-type]
+            )
         if isinstance(outcome, ActionFailed):
-            return FetchAnswer(status="failed", done=True, reason=outcome.reason,
-                               detail=outcome.detail, **common)  # type: ignore[arg-type]
+            return FetchAnswer(
+                status="failed",
+                done=True,
+                reason=outcome.reason,
+                detail=outcome.detail,
+                **common,  # type: ignore[arg-type]
+            )
         return FetchAnswer(status="in_flight", done=False, **common)  # type: ignore[arg-type]
 
     # -- reads -------------------------------------------------------------------------------
@@ -430,36 +541,45 @@ class Api:
         position = self.sup.position
         live = sum(1 for op in self.sup.ops.values() if op.phase == "live")
         escalated = sum(1 for op in self.sup.ops.values() if op.phase == "escalated")
-        return Health(status="log_failing" if self.sup.metrics.log_alarm else "ok",
-                      version=__version__,
-                      log_head_sequence=position.seq if position is not None else -1,
-                      log_head_hash=position.hash if position is not None else "",
-                      live=live, escalated=escalated, you=caller.principal(),
-                      **self._lease_health())
+        return Health(
+            status="log_failing" if self.sup.metrics.log_alarm else "ok",
+            version=__version__,
+            log_head_sequence=position.seq if position is not None else -1,
+            log_head_hash=position.hash if position is not None else "",
+            live=live,
+            escalated=escalated,
+            you=caller.principal(),
+            **self._lease_health(),
+        )
 
     def _lease_health(self) -> dict[str, Any]:
         if self.sup.lease is None:
             return {}
         node, epoch, remaining = self.sup.lease.health()
-        return {"log_store": "postgresql",
-                "lease": LeaseHealth(node=node, epoch=epoch,
-                                     remaining_seconds=round(remaining, 3))}
+        return {
+            "log_store": "postgresql",
+            "lease": LeaseHealth(node=node, epoch=epoch, remaining_seconds=round(remaining, 3)),
+        }
 
     async def _get(self, caller: Caller, op_id: str, query: dict[str, str]) -> OperationView:
         found = self._visible_op(caller, op_id)
         if "wait" not in query:
             return self._view(found)
         try:
-            seconds = parse_duration(query["wait"], "wait", allow_zero=True,
-                                     maximum=86400.0)
+            seconds = parse_duration(query["wait"], "wait", allow_zero=True, maximum=86400.0)
         except UsageError as exc:
-            raise Refused(str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED,
-                          field="wait") from None
+            raise Refused(
+                str(exc), code="invalid_wait", kind=RefusalKind.MALFORMED, field="wait"
+            ) from None
         seconds = min(seconds, self.cfg.max_wait_seconds)
         until = query.get("until", "done")
         if until not in ("done", "registered"):
-            raise Refused("until must be done (the default) or registered", code="invalid_until",
-                          kind=RefusalKind.MALFORMED, field="until")
+            raise Refused(
+                "until must be done (the default) or registered",
+                code="invalid_until",
+                kind=RefusalKind.MALFORMED,
+                field="until",
+            )
 
         def reached(view: OperationView) -> bool:
             return view.done or (until == "registered" and view.phase != "submitting")
@@ -490,20 +610,31 @@ class Api:
     def _list(self, caller: Caller, query: dict[str, str]) -> OperationPage:
         phase = query.get("phase")
         if phase is not None and phase not in ("live", "succeeded", "escalated", "closed"):
-            raise Refused(f"phase {phase!r} is not one of live, succeeded, escalated, closed",
-                          code="invalid_phase", kind=RefusalKind.MALFORMED, field="phase")
+            raise Refused(
+                f"phase {phase!r} is not one of live, succeeded, escalated, closed",
+                code="invalid_phase",
+                kind=RefusalKind.MALFORMED,
+                field="phase",
+            )
         try:
             limit = int(query.get("limit", "100"))
         except ValueError:
             limit = -1
         if not 1 <= limit <= _PAGE_LIMIT:
-            raise Refused(f"limit must be a whole number from 1 to {_PAGE_LIMIT}",
-                          code="invalid_limit", kind=RefusalKind.MALFORMED, field="limit")
+            raise Refused(
+                f"limit must be a whole number from 1 to {_PAGE_LIMIT}",
+                code="invalid_limit",
+                kind=RefusalKind.MALFORMED,
+                field="limit",
+            )
         after = query.get("cursor", "")
         everyone = self._reads_all(caller) and query.get("all") in ("1", "true")
-        mine = [op for op in self.sup.ops.values()
-                if (everyone or op.registered_by_uid == caller.peer.uid)
-                and (phase is None or op.phase == phase)]
+        mine = [
+            op
+            for op in self.sup.ops.values()
+            if (everyone or op.registered_by_uid == caller.peer.uid)
+            and (phase is None or op.phase == phase)
+        ]
         uid = caller.peer.uid
 
         def order(op: Operation) -> tuple[float, str]:  # by the ids the caller sees
@@ -514,19 +645,25 @@ class Api:
             key = _cursor_key(after)
             mine = [op for op in mine if order(op) > key]
         page = mine[:limit]
-        cursor = (_cursor(page[-1]) if len(mine) > limit else None)
+        cursor = _cursor(page[-1]) if len(mine) > limit else None
         return OperationPage(operations=[self._view(op) for op in page], next_cursor=cursor)
 
     def _escalations(self, caller: Caller) -> EscalationList:
         everyone = self._reads_all(caller)
         out: list[EscalationView] = []
         for op in self.sup.ops.values():
-            if op.phase == "escalated" and op.escalation is not None and (
-                    everyone or op.registered_by_uid == caller.peer.uid):
+            if (
+                op.phase == "escalated"
+                and op.escalation is not None
+                and (everyone or op.registered_by_uid == caller.peer.uid)
+            ):
                 out.append(self._escalation(op))
         for action in self.sup.runner.actions.values():
-            if action.phase == "escalated" and isinstance(action.outcome, ActionFailed) and (
-                    everyone or action.intent.registered_by_uid == caller.peer.uid):
+            if (
+                action.phase == "escalated"
+                and isinstance(action.outcome, ActionFailed)
+                and (everyone or action.intent.registered_by_uid == caller.peer.uid)
+            ):
                 out.append(self._action_escalation(action, action.outcome))
         out.sort(key=lambda e: e.raised_at)
         return EscalationList(escalations=out)
@@ -539,9 +676,12 @@ class Api:
             await self._load_earlier()
         kept = histories.events(op_id)
         if kept is None:
-            raise Refused(f"the story of {op_id} ended too long ago to be kept in memory ([api]"
-                          f" closed_stories); read it offline: bide story {op_id} --offline",
-                          code="story_not_kept", kind=RefusalKind.GONE)
+            raise Refused(
+                f"the story of {op_id} ended too long ago to be kept in memory ([api]"
+                f" closed_stories); read it offline: bide story {op_id} --offline",
+                code="story_not_kept",
+                kind=RefusalKind.GONE,
+            )
         events, before_gap, dropped = kept
         if not dropped:
             before_gap = len(events)  # nothing left out: one story, grouped across the head
@@ -549,16 +689,31 @@ class Api:
         if dropped:
             after = events[before_gap:]
             at = after[0].at if after else events[-1].at
-            lines.append({"at": at, "time": format_time(at), "events": [],
-                          "text": f"... {dropped} events of this operation are not kept in "
-                                  f"memory here ([api] story_events_kept); bide story {op_id} "
-                                  f"--offline shows every one"})
+            lines.append(
+                {
+                    "at": at,
+                    "time": format_time(at),
+                    "events": [],
+                    "text": f"... {dropped} events of this operation are not kept in "
+                    f"memory here ([api] story_events_kept); bide story {op_id} "
+                    f"--offline shows every one",
+                }
+            )
         lines += _story_lines(events[before_gap:])
-        story = Story(operation_id=op_id, lines=[StoryLine(
-            at=float(line["at"]), time=str(line["time"]), text=str(line["text"]),  # type: ignore[arg-type]
-            events=list(line.get("events", [])),  # type: ignore[call-overload]
-            provider_text=list(line.get("provider_text", []))) for line in lines],  # type: ignore[call-overload]
-            text="".join(f"{line['time']} {line['text']}\n" for line in lines))
+        story = Story(
+            operation_id=op_id,
+            lines=[
+                StoryLine(
+                    at=float(line["at"]),  # type: ignore[arg-type]
+                    time=str(line["time"]),
+                    text=str(line["text"]),
+                    events=list(line.get("events", [])),  # type: ignore[call-overload]
+                    provider_text=list(line.get("provider_text", [])),  # type: ignore[call-overload]
+                )
+                for line in lines
+            ],
+            text="".join(f"{line['time']} {line['text']}\n" for line in lines),
+        )
         if query.get("format") == "text":
             return Response(200, story.text.encode(), content_type="text/plain; charset=utf-8")
         return _json(200, story)
@@ -572,33 +727,46 @@ class Api:
         with anyio.move_on_after(20.0):
             await self._loading.wait()
         if not self.sup.histories.loaded:
-            raise Refused("the daemon is loading the stories recorded before it started; ask "
-                          "again shortly", kind=RefusalKind.UNAVAILABLE, code="loading",
-                          retry_after=5)
+            raise Refused(
+                "the daemon is loading the stories recorded before it started; ask again shortly",
+                kind=RefusalKind.UNAVAILABLE,
+                code="loading",
+                retry_after=5,
+            )
 
     async def _read_earlier(self) -> None:
         sup = self.sup
-        closed = sorted((op for op in sup.ops.values() if op.phase in ("succeeded", "closed")),
-                        key=lambda op: op.registered_at)[-sup.histories.closed_limit:]
-        kept = {op.operation_id for op in sup.ops.values()
-                if op.phase in ("live", "escalated")} | {op.operation_id for op in closed}
+        closed = sorted(
+            (op for op in sup.ops.values() if op.phase in ("succeeded", "closed")),
+            key=lambda op: op.registered_at,
+        )[-sup.histories.closed_limit :]
+        kept = {op.operation_id for op in sup.ops.values() if op.phase in ("live", "escalated")} | {
+            op.operation_id for op in closed
+        }
         kept |= {a.operation_id for a in sup.runner.actions.values()}
         started = time.monotonic()
         loading = self._loading
         assert loading is not None
         try:
             earlier = await anyio.to_thread.run_sync(
-                sup.histories.read_earlier, sup.config.log_dir, sup.keyring, kept.__contains__)
+                sup.histories.read_earlier, sup.config.log_dir, sup.keyring, kept.__contains__
+            )
         except Exception as exc:  # a damaged or shredded log: no stories from before, no crash
-            logfmt.error("cannot load the stories recorded before the start; a later story "
-                         "request tries again", error=f"{type(exc).__name__}: {exc}"[:300])
+            logfmt.error(
+                "cannot load the stories recorded before the start; a later story "
+                "request tries again",
+                error=f"{type(exc).__name__}: {exc}"[:300],
+            )
             self._loading = None
             loading.set()
             return
         sup.histories.merge(earlier)
         loading.set()
-        logfmt.info("stories recorded before the start loaded", operations=len(earlier),
-                    seconds=f"{time.monotonic() - started:.2f}")
+        logfmt.info(
+            "stories recorded before the start loaded",
+            operations=len(earlier),
+            seconds=f"{time.monotonic() - started:.2f}",
+        )
 
     # -- views -------------------------------------------------------------------------------
 
@@ -610,41 +778,61 @@ class Api:
         live = op.phase == "live"
         next_news = op.next_poll_at if live else None
         return OperationView(
-            operation_id=op.operation_id, provider=op.provider,
-            provider_job_id=bounded(op.provider_job_id), registered_by=op.registered_by,
-            phase=op.phase, done=not live, stop_reason=op.stop_reason,
+            operation_id=op.operation_id,
+            provider=op.provider,
+            provider_job_id=bounded(op.provider_job_id),
+            registered_by=op.registered_by,
+            phase=op.phase,
+            done=not live,
+            stop_reason=op.stop_reason,
             provider_error=provider_error(op.provider_error),
             provider_error_truncated=op.provider_error_truncated,
             provider_state=_bounded(op.last_state),
             status_requests_used=op.status_requests_used,
             max_status_requests=op.max_status_requests,
             transport_failures_used=op.transport_failures_used,
-            rate_limited_used=op.rate_limited_used, registered_at=op.registered_at,
-            deadline_at=op.effective_deadline[0], next_news_at=next_news,
-            retry_after_seconds=(min(60.0, max(1.0, round(next_news - now, 3)))
-                                 if next_news is not None else None),
+            rate_limited_used=op.rate_limited_used,
+            registered_at=op.registered_at,
+            deadline_at=op.effective_deadline[0],
+            next_news_at=next_news,
+            retry_after_seconds=(
+                min(60.0, max(1.0, round(next_news - now, 3))) if next_news is not None else None
+            ),
             provider_results=provider_results(op.results),
             escalation=self._escalation(op) if op.escalation is not None else None,
-            sequence=op.registered_seq)
+            sequence=op.registered_seq,
+        )
 
     def _submit_view(self, action: Action) -> OperationView:
         escalated = action.phase == "escalated" and isinstance(action.outcome, ActionFailed)
         # An accepted submit registers its operation in the next append: still submitting.
-        phase: ApiPhase = ("escalated" if escalated
-                           else "submitting" if action.phase in ("in_flight", "succeeded")
-                           else "closed")
+        phase: ApiPhase = (
+            "escalated"
+            if escalated
+            else "submitting"
+            if action.phase in ("in_flight", "succeeded")
+            else "closed"
+        )
         reg = action.intent.registration
         return OperationView(
-            operation_id=action.operation_id, provider=action.provider, provider_job_id="",
-            registered_by=action.intent.registered_by, phase=phase,
+            operation_id=action.operation_id,
+            provider=action.provider,
+            provider_job_id="",
+            registered_by=action.intent.registered_by,
+            phase=phase,
             done=phase != "submitting",
-            stop_reason=(action.outcome.reason if isinstance(action.outcome, ActionFailed)
-                         else None),
+            stop_reason=(
+                action.outcome.reason if isinstance(action.outcome, ActionFailed) else None
+            ),
             registered_at=action.intent.at,
             deadline_at=reg.deadline_at if reg is not None else None,
             retry_after_seconds=1.0 if phase == "submitting" else None,
-            escalation=(self._action_escalation(action, action.outcome)
-                        if escalated and isinstance(action.outcome, ActionFailed) else None))
+            escalation=(
+                self._action_escalation(action, action.outcome)
+                if escalated and isinstance(action.outcome, ActionFailed)
+                else None
+            ),
+        )
 
     def _escalation(self, op: Operation) -> EscalationView:
         esc = op.escalation
@@ -653,29 +841,45 @@ class Api:
         detail, text = escalation_parts(raised, op) if raised is not None else ("", "")
         c = raised.context if raised is not None else None
         return EscalationView(
-            operation_id=op.operation_id, escalation_id=esc.escalation_id, reason=esc.reason,
-            raised_at=esc.raised_at, options=_options(esc.options),
-            registered_by=op.registered_by, detail=detail,
+            operation_id=op.operation_id,
+            escalation_id=esc.escalation_id,
+            reason=esc.reason,
+            raised_at=esc.raised_at,
+            options=_options(esc.options),
+            registered_by=op.registered_by,
+            detail=detail,
             provider_error=provider_error(op.provider_error),
             provider_state=_bounded(c.last_state if c is not None else op.last_state),
             provider_request_id=_bounded(c.last_provider_request_id if c is not None else None),
-            provider_job_id=bounded(op.provider_job_id), text=text,
-            decide_command=f"bide decide {op.operation_id} OPTION --escalation "
-                           f"{esc.escalation_id}")
+            provider_job_id=bounded(op.provider_job_id),
+            text=text,
+            decide_command=f"bide decide {op.operation_id} OPTION --escalation {esc.escalation_id}",
+        )
 
     def _raised(self, op_id: str, number: int) -> EscalationRaised | None:
         kept = self.sup.histories.events(op_id)
         events = kept[0] if kept is not None else []
-        return next((e for e in reversed(events) if isinstance(e, EscalationRaised)
-                     and e.escalation_id == number), None)
+        return next(
+            (
+                e
+                for e in reversed(events)
+                if isinstance(e, EscalationRaised) and e.escalation_id == number
+            ),
+            None,
+        )
 
     def _action_escalation(self, action: Action, failed: ActionFailed) -> EscalationView:
         return EscalationView(
-            operation_id=action.operation_id, escalation_id=1, reason=failed.reason,
-            raised_at=failed.at, options=_options(failed.options),
-            registered_by=action.intent.registered_by, detail=failed.detail,
+            operation_id=action.operation_id,
+            escalation_id=1,
+            reason=failed.reason,
+            raised_at=failed.at,
+            options=_options(failed.options),
+            registered_by=action.intent.registered_by,
+            detail=failed.detail,
             text=action_escalation_text(action, failed),
-            decide_command=f"bide decide {action.operation_id} OPTION")
+            decide_command=f"bide decide {action.operation_id} OPTION",
+        )
 
 
 def _bounded(text: str | None) -> str | None:
@@ -697,14 +901,19 @@ def _shown_to(caller: Caller, response: Response) -> Response:
 
 def _story_lines(events: list[LogEvent]) -> list[dict[str, object]]:
     return sorted(
-        [*story_json([e for e in events if not isinstance(e, ActionEvent)]),
-         *action_story([e for e in events if isinstance(e, ActionEvent)])],
-        key=lambda line: float(line["at"]))  # type: ignore[arg-type]
+        [
+            *story_json([e for e in events if not isinstance(e, ActionEvent)]),
+            *action_story([e for e in events if isinstance(e, ActionEvent)]),
+        ],
+        key=lambda line: float(line["at"]),  # type: ignore[arg-type]
+    )
 
 
 def _options(options: Iterable[Option]) -> list[OptionView]:
-    return [OptionView(number=n, id=o.id, label=o.label, params=dict(o.params))
-            for n, o in enumerate(options, start=1)]
+    return [
+        OptionView(number=n, id=o.id, label=o.label, params=dict(o.params))
+        for n, o in enumerate(options, start=1)
+    ]
 
 
 def _owner_name(found: Operation | Action) -> str:
@@ -717,11 +926,16 @@ def _decode(body: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        raise Refused(f"invalid request: {exc}", code="invalid_field", kind=RefusalKind.INVALID,
-                      field=_field_of(str(exc))) from None
+        raise Refused(
+            f"invalid request: {exc}",
+            code="invalid_field",
+            kind=RefusalKind.INVALID,
+            field=_field_of(str(exc)),
+        ) from None
     except msgspec.DecodeError as exc:
-        raise Refused(f"the body is not valid JSON: {exc}", code="malformed_json",
-                      kind=RefusalKind.MALFORMED) from None
+        raise Refused(
+            f"the body is not valid JSON: {exc}", code="malformed_json", kind=RefusalKind.MALFORMED
+        ) from None
 
 
 def _field_of(message: str) -> str | None:
@@ -732,21 +946,31 @@ def _field_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _registration(body: WatchRequest | SubmitRequest, op_id: str, job_id: str, now: float,
-                  **more: Any) -> Registration:
+def _registration(
+    body: WatchRequest | SubmitRequest, op_id: str, job_id: str, now: float, **more: Any
+) -> Registration:
     """The registration a watch or a submit asks for (a submit's job id comes later)."""
     try:
-        return msgspec.convert(dict(
-            operation_id=op_id, provider=body.provider, provider_job_id=job_id,
-            account_context=body.account, expected_terminal_state=body.expected_state,
-            deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
-            business_deadline_at=body.business_deadline_at,
-            max_status_requests=body.max_status_requests,
-            max_transport_failures=body.max_transport_failures,
-            max_rate_limited=body.max_rate_limited, **more), Registration)
+        return msgspec.convert(
+            dict(
+                operation_id=op_id,
+                provider=body.provider,
+                provider_job_id=job_id,
+                account_context=body.account,
+                expected_terminal_state=body.expected_state,
+                deadline_at=now + body.deadline_seconds if body.deadline_seconds else None,
+                business_deadline_at=body.business_deadline_at,
+                max_status_requests=body.max_status_requests,
+                max_transport_failures=body.max_transport_failures,
+                max_rate_limited=body.max_rate_limited,
+                **more,
+            ),
+            Registration,
+        )
     except msgspec.ValidationError as exc:
-        raise Refused(f"invalid request: {exc}", code="invalid_field",
-                      kind=RefusalKind.INVALID) from None
+        raise Refused(
+            f"invalid request: {exc}", code="invalid_field", kind=RefusalKind.INVALID
+        ) from None
 
 
 def _digest(body: WatchRequest | SubmitRequest, op_id: str) -> str:
@@ -768,11 +992,14 @@ def _cursor_key(cursor: str) -> tuple[float, str]:
     except ValueError:
         when = math.nan
     if not sep or not math.isfinite(when):
-        raise Refused("cursor is not one this API handed out", code="invalid_cursor",
-                      kind=RefusalKind.MALFORMED, field="cursor")
+        raise Refused(
+            "cursor is not one this API handed out",
+            code="invalid_cursor",
+            kind=RefusalKind.MALFORMED,
+            field="cursor",
+        )
     return when, op_id
 
 
 def _json(status: int, value: object) -> Response:
     return Response(status, msgspec.json.encode(value))
-

@@ -29,19 +29,25 @@ def require(cfg: Config, command: str) -> ApiClient:
         raise DaemonUnavailable(
             f"the daemon is not running: nothing answers on {cfg.socket_path}. Start it "
             f"(systemctl start bide, or bide run), or, holding the log's keys, read the log "
-            f"directly: bide {command} --offline")
+            f"directly: bide {command} --offline"
+        )
     return client
 
 
 def view_line(view: dict[str, Any]) -> str:
     reason = f" {view['stop_reason']}" if view.get("stop_reason") else ""
-    nxt = (f" next {format_time(float(view['next_news_at']))}"
-           if view.get("phase") == "live" and view.get("next_news_at") is not None else "")
+    nxt = (
+        f" next {format_time(float(view['next_news_at']))}"
+        if view.get("phase") == "live" and view.get("next_news_at") is not None
+        else ""
+    )
     job = view.get("provider_job_id") or "-"
-    return (f"{view['operation_id']}  {view['provider']}/{job}  {view['phase']}{reason}  "
-            f"state={inline('⟨provider_state⟩', view) if view.get('provider_state') else '-'}"
-            f"  requests "
-            f"{view.get('status_requests_used', 0)}/{view.get('max_status_requests', 0)}{nxt}")
+    return (
+        f"{view['operation_id']}  {view['provider']}/{job}  {view['phase']}{reason}  "
+        f"state={inline('⟨provider_state⟩', view) if view.get('provider_state') else '-'}"
+        f"  requests "
+        f"{view.get('status_requests_used', 0)}/{view.get('max_status_requests', 0)}{nxt}"
+    )
 
 
 def print_result(as_json: bool, obj: object, text: str, status: int) -> int:

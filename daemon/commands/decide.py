@@ -37,14 +37,21 @@ exit status: 0 recorded; 1 rejected (prints why); 2 usage error; 75 queued (daem
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "decide", help="answer an open escalation with one of its options",
+        "decide",
+        help="answer an open escalation with one of its options",
         description="Record a human decision on an operation's open escalation.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", metavar="OP", help="the operation id")
     p.add_argument("option", metavar="OPTION", help="an option id the escalation offers")
     p.add_argument("--note", default="", help="why (recorded with the decision)")
-    p.add_argument("--escalation", type=count_arg(1, 10**9), metavar="N",
-                   help="the escalation you answer (required by default; see below)")
+    p.add_argument(
+        "--escalation",
+        type=count_arg(1, 10**9),
+        metavar="N",
+        help="the escalation you answer (required by default; see below)",
+    )
     p.add_argument("--wait-seconds", type=seconds_arg(0, 3600, allow_zero=True), default=10.0)
     p.add_argument("--json", action="store_true")
     add_config_flag(p)
@@ -59,36 +66,44 @@ def run(args: argparse.Namespace) -> int:
             return _through_api(client, args)
     rid = new_request_id()
     try:
-        data = msgspec.json.encode(DecisionFile(1, rid, args.operation, args.option, args.note,
-                                                args.escalation))
+        data = msgspec.json.encode(
+            DecisionFile(1, rid, args.operation, args.option, args.note, args.escalation)
+        )
         msgspec.json.decode(data, type=DecisionFile)
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid decision: {exc}") from None
     spool = Spool(cfg.spool_dir)
     spool.request(spool.decisions, rid, data, who="only the approvers' group may decide")
-    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json,
-                  decision=True)
+    return report(cfg, spool, rid, args.operation, args.wait_seconds, args.json, decision=True)
 
 
 def _through_api(client: ApiClient, args: argparse.Namespace) -> int:
     try:
-        request = DecisionRequest(option=args.option, escalation_id=args.escalation,
-                                  note=args.note)
+        request = DecisionRequest(option=args.option, escalation_id=args.escalation, note=args.note)
         msgspec.json.decode(msgspec.json.encode(request), type=DecisionRequest)
     except msgspec.ValidationError as exc:
         raise UsageError(f"invalid decision: {exc}") from None
     try:
-        answer = client.call("POST", f"/v1/operations/{quote(args.operation, safe='')}/decision",
-                             body=request)
+        answer = client.call(
+            "POST", f"/v1/operations/{quote(args.operation, safe='')}/decision", body=request
+        )
     except ApiCallError as exc:
         if exc.status == 404:
-            raise UsageError(f"no operation {args.operation!r} with an escalation you may "
-                             f"see") from None
+            raise UsageError(
+                f"no operation {args.operation!r} with an escalation you may see"
+            ) from None
         if exc.status in (403, 409, 422):
-            return print_result(args.json, {"status": "rejected", "error": exc.error,
-                                            "reason": exc.detail},
-                                f"rejected: {exc.detail}", 1)
+            return print_result(
+                args.json,
+                {"status": "rejected", "error": exc.error, "reason": exc.detail},
+                f"rejected: {exc.detail}",
+                1,
+            )
         raise
-    return print_result(args.json, {"status": "recorded", **answer},
-                        f"recorded: {answer['option']} by {answer['approver']}"
-                        + ("; polling resumes" if answer["resumes"] else ""), 0)
+    return print_result(
+        args.json,
+        {"status": "recorded", **answer},
+        f"recorded: {answer['option']} by {answer['approver']}"
+        + ("; polling resumes" if answer["resumes"] else ""),
+        0,
+    )

@@ -42,10 +42,14 @@ exit status: 0 written; 1 refused or failed (prints why); 2 usage; 75 daemon not
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("fetch", help="download a succeeded operation's result to a file",
-                       description="Fetch the result of a succeeded operation through the "
-                       "daemon, as its own recorded action, and write it to PATH.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "fetch",
+        help="download a succeeded operation's result to a file",
+        description="Fetch the result of a succeeded operation through the "
+        "daemon, as its own recorded action, and write it to PATH.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", metavar="OP")
     p.add_argument("--to", required=True, metavar="PATH", help="where to write the result")
     p.add_argument("--result", help="which result field, when there are several URLs")
@@ -80,10 +84,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     source = cfg.state_dir / "results" / receipt.stored_as
     size = _copy_verified(source, target, receipt.sha256)
-    out = {"operation_id": args.operation, "action_id": receipt.action_id, "path": str(target),
-           "size": size, "sha256": receipt.sha256}
-    print(json.dumps(out) if args.json else f"wrote {target} ({size} bytes, sha256 "
-                                            f"{receipt.sha256})")
+    out = {
+        "operation_id": args.operation,
+        "action_id": receipt.action_id,
+        "path": str(target),
+        "size": size,
+        "sha256": receipt.sha256,
+    }
+    print(
+        json.dumps(out) if args.json else f"wrote {target} ({size} bytes, sha256 {receipt.sha256})"
+    )
     return 0
 
 
@@ -93,29 +103,46 @@ def _through_api(client: ApiClient, args: argparse.Namespace, target: Path) -> i
     op_id = args.operation
     give_up = time.monotonic() + args.wait_seconds
     try:
-        answer = client.call("POST", f"/v1/operations/{quote(op_id, safe='')}/fetch",
-                             body={"result": args.result}, params={"wait": _wait(give_up)},
-                             timeout=_wait_s(give_up) + CALL_TIMEOUT)
+        answer = client.call(
+            "POST",
+            f"/v1/operations/{quote(op_id, safe='')}/fetch",
+            body={"result": args.result},
+            params={"wait": _wait(give_up)},
+            timeout=_wait_s(give_up) + CALL_TIMEOUT,
+        )
         while not answer["done"] and time.monotonic() < give_up:
-            answer = client.call("GET", f"/v1/fetches/{quote(answer['action_id'], safe='')}",
-                                 params={"wait": _wait(give_up)},
-                                 timeout=_wait_s(give_up) + CALL_TIMEOUT)
+            answer = client.call(
+                "GET",
+                f"/v1/fetches/{quote(answer['action_id'], safe='')}",
+                params={"wait": _wait(give_up)},
+                timeout=_wait_s(give_up) + CALL_TIMEOUT,
+            )
         if not answer["done"]:
-            print(f"the fetch {answer['action_id']} was not done within "
-                  f"{args.wait_seconds:g}s; run the same command again later")
+            print(
+                f"the fetch {answer['action_id']} was not done within "
+                f"{args.wait_seconds:g}s; run the same command again later"
+            )
             return EXIT_QUEUED
         if answer["status"] != "fetched":
             print(f"fetch {answer['status']}: {answer.get('reason')}: {answer.get('detail')}")
             return 1
         sha256 = str(answer["sha256"])
-        size = _write_verified(target, sha256, f"the daemon ({client.socket_path})",
-                               lambda write: client.download(str(answer["content_path"]), write,
-                                                             timeout=600.0))
+        size = _write_verified(
+            target,
+            sha256,
+            f"the daemon ({client.socket_path})",
+            lambda write: client.download(str(answer["content_path"]), write, timeout=600.0),
+        )
     except ApiCallError as exc:
         print(f"fetch refused: {exc.detail}")
         return 1
-    out = {"operation_id": op_id, "action_id": answer["action_id"], "path": str(target),
-           "size": size, "sha256": sha256}
+    out = {
+        "operation_id": op_id,
+        "action_id": answer["action_id"],
+        "path": str(target),
+        "size": size,
+        "sha256": sha256,
+    }
     print(json.dumps(out) if args.json else f"wrote {target} ({size} bytes, sha256 {sha256})")
     return 0
 
@@ -139,8 +166,9 @@ def _copy_verified(source: Path, target: Path, sha256: str) -> int:
     return _write_verified(target, sha256, str(source), read)
 
 
-def _write_verified(target: Path, sha256: str, source: str,
-                    produce: Callable[[Callable[[bytes], None]], object]) -> int:
+def _write_verified(
+    target: Path, sha256: str, source: str, produce: Callable[[Callable[[bytes], None]], object]
+) -> int:
     """Write what ``produce`` gives to a temporary file beside ``target`` (0600), check the
     hash, fsync, rename: a partial or altered result never lands at ``target``."""
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
@@ -154,7 +182,7 @@ def _write_verified(target: Path, sha256: str, source: str,
         size += len(chunk)
         view = memoryview(chunk)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
     try:
         produce(write)
@@ -170,8 +198,10 @@ def _write_verified(target: Path, sha256: str, source: str,
     os.close(fd)
     if digest.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
-        raise UsageError(f"the result from {source} does not match the recorded SHA-256; "
-                         f"nothing was written to {target}")
+        raise UsageError(
+            f"the result from {source} does not match the recorded SHA-256; "
+            f"nothing was written to {target}"
+        )
     os.rename(tmp, target)
     dfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -36,12 +36,16 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     result = keys.generate(Path(args.directory), rotate=args.rotate)
     if args.json:
-        print(json.dumps({
-            "directory": str(result.directory),
-            "created": [str(p) for p in result.created],
-            "active_data_key_id": result.active_kid,
-            "signer_fingerprint": result.signer_fingerprint,
-        }))
+        print(
+            json.dumps(
+                {
+                    "directory": str(result.directory),
+                    "created": [str(p) for p in result.created],
+                    "active_data_key_id": result.active_kid,
+                    "signer_fingerprint": result.signer_fingerprint,
+                }
+            )
+        )
         return 0
     for path in result.created:
         print(f"wrote {path}")

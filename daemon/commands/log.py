@@ -61,37 +61,50 @@ def run_head(args: argparse.Namespace) -> int:
 
 def add_database_parsers(sub2: Any) -> None:
     init = sub2.add_parser(
-        "init", help="create or upgrade the log's tables in PostgreSQL (bide_*)",
+        "init",
+        help="create or upgrade the log's tables in PostgreSQL (bide_*)",
         description="Create the bide_ tables in the DSN's search path, or upgrade them to this "
         "version's schema; idempotent. Optionally grant the daemons' role what a node needs "
         "(SELECT, and EXECUTE on the functions that append and keep the lease, which check the "
         "epoch and the chain: never INSERT or UPDATE) and an auditor's role SELECT. Run it as "
         "the role that should own the tables, never as the daemons' role: any write privilege "
-        "another role holds on them is taken back.")
+        "another role holds on them is taken back.",
+    )
     add_dsn_flags(init)
-    init.add_argument("--writer-role", metavar="ROLE",
-                      help="grant the daemons' role (the role in each node's dsn)")
+    init.add_argument(
+        "--writer-role",
+        metavar="ROLE",
+        help="grant the daemons' role (the role in each node's dsn)",
+    )
     init.add_argument("--reader-role", metavar="ROLE", help="grant an auditor's read-only role")
     add_config_flag(init)
     init.set_defaults(func=run_init)
 
     export = sub2.add_parser(
-        "export", help="write the database's log as segment files (byte-identical)",
+        "export",
+        help="write the database's log as segment files (byte-identical)",
         description="Write every record in the database to segment files in DIR, byte for byte "
         "as the file store writes them: `bide verify DIR --verify-key verify.pub` then checks "
-        "them with no database. Needs only SELECT (an auditor's read-only role).")
+        "them with no database. Needs only SELECT (an auditor's read-only role).",
+    )
     export.add_argument("out_dir", metavar="DIR", help="an empty or new directory")
     add_dsn_flags(export)
     add_config_flag(export)
     export.set_defaults(func=run_export)
 
     imp = sub2.add_parser(
-        "import", help="move a file log into an empty database log, chain intact",
+        "import",
+        help="move a file log into an empty database log, chain intact",
         description="Verify LOGDIR with the public key, then copy its records, byte for byte, "
-        "into the database (which must be initialized and empty, with no daemon holding it).")
+        "into the database (which must be initialized and empty, with no daemon holding it).",
+    )
     imp.add_argument("log_dir", metavar="LOGDIR")
-    imp.add_argument("--verify-key", metavar="FILE", required=True,
-                     help="verify.pub: the log is verified before anything is copied")
+    imp.add_argument(
+        "--verify-key",
+        metavar="FILE",
+        required=True,
+        help="verify.pub: the log is verified before anything is copied",
+    )
     add_dsn_flags(imp)
     add_config_flag(imp)
     imp.set_defaults(func=run_import)
@@ -108,10 +121,12 @@ def run_init(args: argparse.Namespace) -> int:
     else:
         print(f"upgraded the bide schema from version {before} to {after}")
     if unfenced:
-        print(f"warning: {unfenced}: the database cannot fence the daemons under it (their "
-              f"statements are not limited to the checked functions); give the daemons a "
-              f"role of their own, as in the deploy guide's section on PostgreSQL",
-              file=sys.stderr)
+        print(
+            f"warning: {unfenced}: the database cannot fence the daemons under it (their "
+            f"statements are not limited to the checked functions); give the daemons a "
+            f"role of their own, as in the deploy guide's section on PostgreSQL",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -130,8 +145,10 @@ def run_import(args: argparse.Namespace) -> int:
         raise UsageError(f"log directory {log_dir} does not exist")
     report = verify_log(log_dir, load_verify_key(Path(args.verify_key)))
     if report.damage is not None or report.torn is not None or report.writer_live:
-        raise UsageError(f"{log_dir} is not a clean, closed log ({report.summary()}); run "
-                         f"`bide verify {log_dir}` and stop its daemon first: nothing copied")
+        raise UsageError(
+            f"{log_dir} is not a clean, closed log ({report.summary()}); run "
+            f"`bide verify {log_dir}` and stop its daemon first: nothing copied"
+        )
     with store_for(args) as store:
         store.require()
         n = store.import_lines(file_lines(log_dir))

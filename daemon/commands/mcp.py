@@ -28,10 +28,14 @@ with: pip install 'bide[mcp]'), or usage error
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("mcp", help="serve bide as MCP tools over stdio (for an agent)",
-                       description="Serve bide's local API as MCP tools over stdio, running as "
-                       "the agent's own user.", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "mcp",
+        help="serve bide as MCP tools over stdio (for an agent)",
+        description="Serve bide's local API as MCP tools over stdio, running as "
+        "the agent's own user.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -43,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types", "pydantic"):
             raise  # not a missing extra: a real error, shown as one
-        print(f"bide mcp: the MCP SDK is not installed; install it with: {INSTALL_HINT}",
-              file=sys.stderr)
+        print(
+            f"bide mcp: the MCP SDK is not installed; install it with: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
         return 2
     anyio.run(serve, cfg.socket_path, cfg.api.daemon_user)
     return 0

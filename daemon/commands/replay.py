@@ -25,11 +25,15 @@ examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("replay", help="derive state from the log; --check every decision",
-                       description="Fold the log into operation state, optionally only up to a "
-                       "record or a time, and with --check re-run every recorded decision with "
-                       "its recorded time and jitter draw and compare.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "replay",
+        help="derive state from the log; --check every decision",
+        description="Fold the log into operation state, optionally only up to a "
+        "record or a time, and with --check re-run every recorded decision with "
+        "its recorded time and jitter draw and compare.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--until", metavar="SEQ|TIME", help="stop at this record number or time")
     p.add_argument("--check", action="store_true", help="re-derive every decision")
     p.add_argument("--json", action="store_true")
@@ -49,19 +53,27 @@ def run(args: argparse.Namespace) -> int:
     mismatches = check([ev for _, ev in log.events]) if args.check else []
     ops = sorted(log.ops.values(), key=lambda o: o.registered_at)
     if args.json:
-        print(json.dumps({
-            "events": len(log.events),
-            "operations": [op_summary(op) for op in ops],
-            "check": None if not args.check else {
-                "mismatches": [msgspec.to_builtins(m) for m in mismatches]},
-        }))
+        print(
+            json.dumps(
+                {
+                    "events": len(log.events),
+                    "operations": [op_summary(op) for op in ops],
+                    "check": None
+                    if not args.check
+                    else {"mismatches": [msgspec.to_builtins(m) for m in mismatches]},
+                }
+            )
+        )
     else:
         for op in ops:
             print(op_line(op))
         if args.check:
             for m in mismatches:
-                print(f"MISMATCH {m.operation_id} at event {m.index} ({m.observation}): "
-                      f"{m.message}")
-            print(f"check: {len(log.events)} events, {len(ops)} operations, "
-                  f"{len(mismatches)} mismatch(es)")
+                print(
+                    f"MISMATCH {m.operation_id} at event {m.index} ({m.observation}): {m.message}"
+                )
+            print(
+                f"check: {len(log.events)} events, {len(ops)} operations, "
+                f"{len(mismatches)} mismatch(es)"
+            )
     return 1 if mismatches else 0

@@ -63,18 +63,25 @@ def witnessed_heads(cfg: Config, keys_dir: Path) -> list[tuple[str, Head]]:
     held = []
     for source in [*sources, *cfg.witness.urls]:
         try:
-            answer = witnessed(source, log_id, timeout=cfg.witness.timeout_seconds,
-                               ca_file=cfg.witness_ca)
+            answer = witnessed(
+                source, log_id, timeout=cfg.witness.timeout_seconds, ca_file=cfg.witness_ca
+            )
         except WitnessUnreachable as exc:
-            logfmt.warn("could not ask a witness for the head it holds; the log is checked "
-                        "against the heads this daemon recorded only", error=str(exc))
+            logfmt.warn(
+                "could not ask a witness for the head it holds; the log is checked "
+                "against the heads this daemon recorded only",
+                error=str(exc),
+            )
             continue
         heads, lies = believed(answer, root, genesis, pinned)
         for lie in lies:
-            logfmt.error("a witness returned a head that does not verify: it lies or was "
-                         "tampered with, and its word is ignored (witness_lied)",
-                         witness=shown(lie.source), head=f"{lie.head.seq}:{lie.head.hash}",
-                         reason=lie.reason)
+            logfmt.error(
+                "a witness returned a head that does not verify: it lies or was "
+                "tampered with, and its word is ignored (witness_lied)",
+                witness=shown(lie.source),
+                head=f"{lie.head.seq}:{lie.head.hash}",
+                reason=lie.reason,
+            )
         if heads:
             held.append((source, max(heads, key=lambda h: h.seq)))
     return held
@@ -97,7 +104,8 @@ def witness_token(cfg: Config) -> bytes | None:
             raise ConfigError(
                 f"config file {cfg.path}: [witness] urls need token_file, the secret the "
                 f"witness knows this log's publisher by (create it 0600 with `bide witness "
-                f"token --out FILE` and put the same file in the witness's trust directory)")
+                f"token --out FILE` and put the same file in the witness's trust directory)"
+            )
         return None
     try:
         return read_token(cfg.witness_token)
@@ -108,6 +116,7 @@ def witness_token(cfg: Config) -> bytes | None:
 def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]:
     """What a witness needs on first contact, read from the log (segment files or the
     database): the genesis record and the key certificates before a head."""
+
     def lines() -> Iterator[bytes]:
         if store is None:
             yield from log_lines(cfg.log_dir)
@@ -131,9 +140,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_supervisor(cfg: Config, *, store: LineStore | None = None,
-                     lease: RequestGate | None = None, ask_witnesses: bool = True
-                     ) -> Supervisor:
+def build_supervisor(
+    cfg: Config,
+    *,
+    store: LineStore | None = None,
+    lease: RequestGate | None = None,
+    ask_witnesses: bool = True,
+) -> Supervisor:
     """The supervisor of one run (of one term as the active node, with the log in
     PostgreSQL: ``store`` and ``lease``)."""
     keys_dir = keys_directory(cfg.keys_dir)
@@ -143,11 +156,24 @@ def build_supervisor(cfg: Config, *, store: LineStore | None = None,
     token = witness_token(cfg)
     if ask_witnesses:
         chosen.heads.witnessed = witnessed_heads(cfg, keys_dir)
-    publisher = HeadPublisher(cfg.witness, cfg.state_dir, chosen.heads, cfg.witness_file,
-                              cfg.witness_ca, token=token, proof_for=proof_source(cfg, store))
+    publisher = HeadPublisher(
+        cfg.witness,
+        cfg.state_dir,
+        chosen.heads,
+        cfg.witness_file,
+        cfg.witness_ca,
+        token=token,
+        proof_for=proof_source(cfg, store),
+    )
     signing = None if isinstance(chosen.signing, Signer) else chosen.signing
     root = chosen.signing if isinstance(chosen.signing, Signer) else None
-    return Supervisor(cfg, load_keyring(keys_dir), root,
-                      signing=signing, heads=chosen.heads,
-                      publisher=publisher if publisher.enabled else None,
-                      store=store, lease=lease)
+    return Supervisor(
+        cfg,
+        load_keyring(keys_dir),
+        root,
+        signing=signing,
+        heads=chosen.heads,
+        publisher=publisher if publisher.enabled else None,
+        store=store,
+        lease=lease,
+    )

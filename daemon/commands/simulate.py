@@ -43,8 +43,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="address to bind (default 127.0.0.1; anything but loopback only when given here)",
     )
-    p.add_argument("--port", type=count_arg(0, 65535), default=0,
-                   help="port (default 0: a free one)")
+    p.add_argument(
+        "--port", type=count_arg(0, 65535), default=0, help="port (default 0: a free one)"
+    )
     p.add_argument(
         "--request-log",
         type=Path,

@@ -33,22 +33,33 @@ exit status: 0 shown; 2 no such operation (or not yours), or usage error;
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("status", help="show operations' state (read-only)",
-                       description="Show the state of one operation, or a line per operation, "
-                       "as the running daemon knows it (or, --offline, by replaying the log). "
-                       "Never writes.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "status",
+        help="show operations' state (read-only)",
+        description="Show the state of one operation, or a line per operation, "
+        "as the running daemon knows it (or, --offline, by replaying the log). "
+        "Never writes.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", nargs="?", metavar="OP")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--all", action="store_true",
-                   help="everyone's operations (approvers and operators)")
+    p.add_argument(
+        "--all", action="store_true", help="everyone's operations (approvers and operators)"
+    )
     p.add_argument("--phase", choices=("live", "succeeded", "escalated", "closed"))
-    p.add_argument("--offline", action="store_true",
-                   help="read the log directly with its data key (operators, forensics); "
-                        "without it the running daemon answers, and no key is needed")
-    p.add_argument("--node", action="store_true",
-                   help="the log in PostgreSQL: which node holds the lease, its epoch and the "
-                        "time left (asked of the database; works on any node)")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="read the log directly with its data key (operators, forensics); "
+        "without it the running daemon answers, and no key is needed",
+    )
+    p.add_argument(
+        "--node",
+        action="store_true",
+        help="the log in PostgreSQL: which node holds the lease, its epoch and the "
+        "time left (asked of the database; works on any node)",
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -68,11 +79,18 @@ def run_node(cfg: Config, args: argparse.Namespace) -> int:
             row = store.lease()
             head = store.head()
         held = row.held
-        info = {"log_store": "postgresql", "active_node": row.holder if held else None,
-                "epoch": row.epoch, "lease_remaining_seconds": round(max(row.remaining, 0), 3),
-                "log_head_sequence": head[0] if head else -1}
-        text = (f"active node {row.holder}, epoch {row.epoch}, lease {row.remaining:.1f}s left"
-                if held else f"no active node (epoch {row.epoch}; the lease is free)")
+        info = {
+            "log_store": "postgresql",
+            "active_node": row.holder if held else None,
+            "epoch": row.epoch,
+            "lease_remaining_seconds": round(max(row.remaining, 0), 3),
+            "log_head_sequence": head[0] if head else -1,
+        }
+        text = (
+            f"active node {row.holder}, epoch {row.epoch}, lease {row.remaining:.1f}s left"
+            if held
+            else f"no active node (epoch {row.epoch}; the lease is free)"
+        )
         text += f"; log head {head[0] if head else -1}"
     print(json.dumps(info) if args.json else text)
     return 0
@@ -104,9 +122,11 @@ def op_summary(op: Operation) -> dict[str, object]:
 def op_line(op: Operation) -> str:
     reason = f" {op.stop_reason}" if op.stop_reason else ""
     nxt = f" next {format_time(op.next_poll_at)}" if op.phase == "live" else ""
-    return (f"{op.operation_id}  {op.provider}/{op.provider_job_id}  {op.phase}{reason}  "
-            f"state={op.last_state or '-'}  requests {op.status_requests_used}/"
-            f"{op.max_status_requests}{nxt}")
+    return (
+        f"{op.operation_id}  {op.provider}/{op.provider_job_id}  {op.phase}{reason}  "
+        f"state={op.last_state or '-'}  requests {op.status_requests_used}/"
+        f"{op.max_status_requests}{nxt}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,20 +141,25 @@ def run(args: argparse.Namespace) -> int:
                 view = client.call("GET", f"/v1/operations/{quote(args.operation, safe='')}")
             except ApiCallError as exc:
                 if exc.status == 404:
-                    raise UsageError(f"no operation {args.operation!r} (or not yours)"
-                                     ) from None
+                    raise UsageError(f"no operation {args.operation!r} (or not yours)") from None
                 raise
             if args.json:
                 print(json.dumps(view))
             else:
                 print(view_line(view))
                 if view.get("provider_error") is not None:
-                    print(provider_error_text(view["provider_error"],
-                                              bool(view.get("provider_error_truncated"))))
+                    print(
+                        provider_error_text(
+                            view["provider_error"], bool(view.get("provider_error_truncated"))
+                        )
+                    )
             return 0
         views: list[dict[str, Any]] = []
-        params = {"limit": "500", **({"all": "true"} if args.all else {}),
-                  **({"phase": args.phase} if args.phase else {})}
+        params = {
+            "limit": "500",
+            **({"all": "true"} if args.all else {}),
+            **({"phase": args.phase} if args.phase else {}),
+        }
         while True:
             page = client.call("GET", "/v1/operations", params=params)
             views += page["operations"]
@@ -162,8 +187,10 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
             if op.provider_error is not None:
                 print(provider_error_text(op.provider_error, op.provider_error_truncated))
         return 0
-    ops = sorted((op for op in known.values() if args.phase in (None, op.phase)),
-                 key=lambda o: o.registered_at)
+    ops = sorted(
+        (op for op in known.values() if args.phase in (None, op.phase)),
+        key=lambda o: o.registered_at,
+    )
     if args.json:
         print(json.dumps([op_summary(op) for op in ops]))
     else:

@@ -23,19 +23,25 @@ from replay.story import for_people, story_json
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("story", help="an operation's audit story (read-only)",
-                       description="Render every recorded decision of one operation as a "
-                       "timeline: registration, each poll with its state and next poll time and "
-                       "the delay's source, each protocol signal, the stop and escalation. The "
-                       "running daemon answers from memory; --offline reads the log.",
-                       epilog="examples:\n  bide story nightly-export\n"
-                       "  bide story nightly-export --json | jq '.[].text'",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "story",
+        help="an operation's audit story (read-only)",
+        description="Render every recorded decision of one operation as a "
+        "timeline: registration, each poll with its state and next poll time and "
+        "the delay's source, each protocol signal, the stop and escalation. The "
+        "running daemon answers from memory; --offline reads the log.",
+        epilog="examples:\n  bide story nightly-export\n"
+        "  bide story nightly-export --json | jq '.[].text'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", metavar="OP")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--offline", action="store_true",
-                   help="read the log directly with its data key (operators, forensics); "
-                        "without it the running daemon answers, and no key is needed")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="read the log directly with its data key (operators, forensics); "
+        "without it the running daemon answers, and no key is needed",
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -52,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"no operation {args.operation!r} (or not yours)") from None
             raise
     if args.json:
-        print(json.dumps([{**line, "operation_id": story["operation_id"]}
-                          for line in story["lines"]]))
+        print(
+            json.dumps([{**line, "operation_id": story["operation_id"]} for line in story["lines"]])
+        )
     else:
         print(for_people(story["lines"]), end="")
     return 0
@@ -65,8 +72,10 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
     actions = op_action_events(log, args.operation)
     if args.operation not in log.ops and not actions:
         need_op(load_state(cfg, keyring), args.operation)  # names some that exist
-    lines = sorted([*story_json(op_events(log, args.operation)), *action_story(actions)],
-                   key=lambda line: float(line["at"]))  # type: ignore[arg-type]
+    lines = sorted(
+        [*story_json(op_events(log, args.operation)), *action_story(actions)],
+        key=lambda line: float(line["at"]),  # type: ignore[arg-type]
+    )
     if args.json:
         print(json.dumps(lines))
     else:

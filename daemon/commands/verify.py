@@ -94,26 +94,50 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("log_dir", nargs="?", metavar="LOGDIR", help="the log directory")
     p.add_argument("--verify-key", metavar="FILE", help="verify.pub written by `bide keygen`")
-    p.add_argument("--anchor", metavar="SEQ:HASH", help="a head recorded elsewhere "
-                   "(`bide log head`): the log must contain it")
-    p.add_argument("--witness", metavar="FILE|URL", action="append", default=[],
-                   help="a witness's heads: its state file, a heads file, or the URL of "
-                   "`bide witness serve` (repeatable); the log must hold each of its heads")
-    p.add_argument("--witness-ca", metavar="PEM",
-                   help="the CA that signed an https witness's certificate (a private CA; "
-                   "default: the public roots)")
-    p.add_argument("--witness-key", metavar="KEY|FILE", action="append", default=[],
-                   help="a pinned witness public key (base64, as `bide witness serve` prints "
-                   "it, or its <key>.pub file; repeatable; default: the config's [witness] "
-                   "witness_keys): heads from a URL must be countersigned by one")
-    p.add_argument("--expect-signer", metavar="FINGERPRINT",
-                   help="the root key fingerprint the log must be signed by (exit 8 if not)")
+    p.add_argument(
+        "--anchor",
+        metavar="SEQ:HASH",
+        help="a head recorded elsewhere (`bide log head`): the log must contain it",
+    )
+    p.add_argument(
+        "--witness",
+        metavar="FILE|URL",
+        action="append",
+        default=[],
+        help="a witness's heads: its state file, a heads file, or the URL of "
+        "`bide witness serve` (repeatable); the log must hold each of its heads",
+    )
+    p.add_argument(
+        "--witness-ca",
+        metavar="PEM",
+        help="the CA that signed an https witness's certificate (a private CA; "
+        "default: the public roots)",
+    )
+    p.add_argument(
+        "--witness-key",
+        metavar="KEY|FILE",
+        action="append",
+        default=[],
+        help="a pinned witness public key (base64, as `bide witness serve` prints "
+        "it, or its <key>.pub file; repeatable; default: the config's [witness] "
+        "witness_keys): heads from a URL must be countersigned by one",
+    )
+    p.add_argument(
+        "--expect-signer",
+        metavar="FINGERPRINT",
+        help="the root key fingerprint the log must be signed by (exit 8 if not)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable report")
-    p.add_argument("--jobs", type=count_arg(1, 64), metavar="N",
-                   default=min(os.cpu_count() or 1, 4),
-                   help="worker processes for large logs (default: CPUs, at most 4)")
-    add_dsn_flags(p, what="verify the log in this database (a read-only role suffices) "
-                  "instead of LOGDIR")
+    p.add_argument(
+        "--jobs",
+        type=count_arg(1, 64),
+        metavar="N",
+        default=min(os.cpu_count() or 1, 4),
+        help="worker processes for large logs (default: CPUs, at most 4)",
+    )
+    add_dsn_flags(
+        p, what="verify the log in this database (a read-only role suffices) instead of LOGDIR"
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -162,8 +186,9 @@ def run_database(args: argparse.Namespace) -> int:
             store.require()
             store.export(log_dir)
             changes = store.epoch_changes()
-        return verify_dir(args, log_dir, Path(args.verify_key),
-                          also=lambda report: check_epochs(report, changes))
+        return verify_dir(
+            args, log_dir, Path(args.verify_key), also=lambda report: check_epochs(report, changes)
+        )
 
 
 def check_epochs(report: Report, changes: list[tuple[int, int]]) -> None:
@@ -179,24 +204,42 @@ def check_epochs(report: Report, changes: list[tuple[int, int]]) -> None:
     for seq, epoch in changes:
         if seq in taken or first is None or seq < first:
             continue
-        report.damage = Damage("modified", seq, "", 0, (
-            f"record {seq} was committed under lease epoch {epoch} in the database, but no "
-            f"takeover record starts that epoch there: the epoch column was altered, or a "
-            f"node wrote outside its term"))
+        report.damage = Damage(
+            "modified",
+            seq,
+            "",
+            0,
+            (
+                f"record {seq} was committed under lease epoch {epoch} in the database, but no "
+                f"takeover record starts that epoch there: the epoch column was altered, or a "
+                f"node wrote outside its term"
+            ),
+        )
         return
     starts = [seq for seq, _ in changes]
     for seq, epoch in taken.items():
         i = bisect.bisect_right(starts, seq) - 1
         if i < 0 or changes[i][1] != epoch:
-            report.damage = Damage("modified", seq, "", 0, (
-                f"takeover record {seq} took lease epoch {epoch}, but the database holds it "
-                f"under epoch {changes[i][1] if i >= 0 else 'none'}: the epoch column was "
-                f"altered, or the record was written outside its term"))
+            report.damage = Damage(
+                "modified",
+                seq,
+                "",
+                0,
+                (
+                    f"takeover record {seq} took lease epoch {epoch}, but the database holds it "
+                    f"under epoch {changes[i][1] if i >= 0 else 'none'}: the epoch column was "
+                    f"altered, or the record was written outside its term"
+                ),
+            )
             return
 
 
-def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
-               also: Callable[[Report], None] | None = None) -> int:
+def verify_dir(
+    args: argparse.Namespace,
+    log_dir: Path,
+    key_path: Path,
+    also: Callable[[Report], None] | None = None,
+) -> int:
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
     anchor = parse_anchor(args.anchor) if args.anchor else None
@@ -208,7 +251,8 @@ def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
         also(report)
     signer = signer_json(report, verify_key)
     wrong_signer = bool(args.expect_signer) and (
-        args.expect_signer.strip().lower() != verify_key.fingerprint)
+        args.expect_signer.strip().lower() != verify_key.fingerprint
+    )
     finding = None
     lies: list[Lie] = []
     if args.witness and report.damage is None and report.head_seq >= 0 and not wrong_signer:
@@ -217,36 +261,55 @@ def verify_dir(args: argparse.Namespace, log_dir: Path, key_path: Path,
         genesis = genesis_line(log_dir) or ""
         heads: list[Head] = []
         for source in args.witness:
-            good, lied = believed(witness_heads(source, report.log_id, ca), verify_key.raw,
-                                  genesis, pinned)
+            good, lied = believed(
+                witness_heads(source, report.log_id, ca), verify_key.raw, genesis, pinned
+            )
             heads += good
             lies += lied
         finding = judge(log_dir, report, heads, other_log_is_fork=False)
         if not heads and not lies:
-            report.notes.append(f"the witness holds no head of log {report.log_id}: it was "
-                                f"never published there, or this log replaced the one that was")
+            report.notes.append(
+                f"the witness holds no head of log {report.log_id}: it was "
+                f"never published there, or this log replaced the one that was"
+            )
     if args.json:
-        print(json.dumps({**report_json(report), "signer": signer,
-                          "expected_signer": args.expect_signer or None,
-                          "witness": finding_json(finding),
-                          "witness_lied": [lie_json(lie) for lie in lies]}))
+        print(
+            json.dumps(
+                {
+                    **report_json(report),
+                    "signer": signer,
+                    "expected_signer": args.expect_signer or None,
+                    "witness": finding_json(finding),
+                    "witness_lied": [lie_json(lie) for lie in lies],
+                }
+            )
+        )
     else:
-        epoch = "" if signer["epoch"] is None else f", last signed checkpoint in epoch " \
-            f"{signer['epoch']}"
+        epoch = (
+            ""
+            if signer["epoch"] is None
+            else f", last signed checkpoint in epoch {signer['epoch']}"
+        )
         print(f"signer: root key {signer['fingerprint']}{epoch}")
         print_report(report)
         for lie in lies:
-            print(f"WITNESS witness_lied: witness {shown(lie.source)} returned head "
-                  f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
-                  f"witness lies or was tampered with; the log is not judged by it")
+            print(
+                f"WITNESS witness_lied: witness {shown(lie.source)} returned head "
+                f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
+                f"witness lies or was tampered with; the log is not judged by it"
+            )
         if finding is not None:
-            print(f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
-                  f"{finding.head.seq}:{finding.head.hash})")
+            print(
+                f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
+                f"{finding.head.seq}:{finding.head.hash})"
+            )
     if wrong_signer:
-        print(f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
-              f"by the expected {args.expect_signer.strip()}: this is not the log (or not the "
-              f"verify.pub) you meant; the log and its verify.pub may have been swapped together",
-              file=sys.stderr)
+        print(
+            f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
+            f"by the expected {args.expect_signer.strip()}: this is not the log (or not the "
+            f"verify.pub) you meant; the log and its verify.pub may have been swapped together",
+            file=sys.stderr,
+        )
         return report.exit_status if report.exit_status == 1 else EXIT_SIGNER
     if report.exit_status != 0:
         return report.exit_status
@@ -261,8 +324,11 @@ def signer_json(report: Report, verify_key: VerifyKey) -> dict[str, Any]:
     epoch: int | None = None
     if report.last_checkpoint_seq is not None:
         epoch = report.epoch
-        if (report.format != FORMAT_SINGLE_KEY and report.epoch_cert_seq
-                and report.epoch_cert_seq == report.last_checkpoint_seq):
+        if (
+            report.format != FORMAT_SINGLE_KEY
+            and report.epoch_cert_seq
+            and report.epoch_cert_seq == report.last_checkpoint_seq
+        ):
             epoch -= 1  # that checkpoint certified the next epoch's key: signed in its own
     return {"fingerprint": verify_key.fingerprint, "epoch": epoch, "format": report.format}
 
@@ -300,17 +366,22 @@ def witness_heads(source: str, log_id: str, ca_file: Path | None = None) -> Witn
 
 
 def lie_json(lie: Lie) -> dict[str, object]:
-    return {"kind": "witness_lied", "witness": shown(lie.source), "reason": lie.reason,
-            "head": {"seq": lie.head.seq, "hash": lie.head.hash, "epoch": lie.head.epoch}}
+    return {
+        "kind": "witness_lied",
+        "witness": shown(lie.source),
+        "reason": lie.reason,
+        "head": {"seq": lie.head.seq, "hash": lie.head.hash, "epoch": lie.head.epoch},
+    }
 
 
 def finding_json(finding: Finding | None) -> dict[str, object] | None:
     if finding is None:
         return None
-    return {"kind": finding.kind, "detail": finding.detail,
-            "head": {"seq": finding.head.seq, "hash": finding.head.hash,
-                     "epoch": finding.head.epoch}}
-
+    return {
+        "kind": finding.kind,
+        "detail": finding.detail,
+        "head": {"seq": finding.head.seq, "hash": finding.head.hash, "epoch": finding.head.epoch},
+    }
 
 
 def report_json(report: Report) -> dict[str, object]:
@@ -330,12 +401,20 @@ def report_json(report: Report) -> dict[str, object]:
         "writer_live": report.writer_live,
         "damage": dataclasses.asdict(report.damage) if report.damage else None,
         "torn_tail": (
-            {"segment": report.torn.segment.name, "offset": report.torn.offset,
-             "length": report.torn.length, "seq": report.torn.seq} if report.torn else None
+            {
+                "segment": report.torn.segment.name,
+                "offset": report.torn.offset,
+                "length": report.torn.length,
+                "seq": report.torn.seq,
+            }
+            if report.torn
+            else None
         ),
         "notes": report.notes,
-        "takeovers": [{"seq": seq, "lease_epoch": epoch, "holder": holder}
-                      for seq, epoch, holder in report.takeovers],
+        "takeovers": [
+            {"seq": seq, "lease_epoch": epoch, "holder": holder}
+            for seq, epoch, holder in report.takeovers
+        ],
     }
 
 
@@ -343,16 +422,22 @@ def print_report(report: Report) -> None:
     out = sys.stdout
     if report.damage is not None:
         d = report.damage
-        print(f"DAMAGE {d.kind} at record {d.seq} ({d.segment} offset {d.offset}): {d.detail}",
-              file=out)
+        print(
+            f"DAMAGE {d.kind} at record {d.seq} ({d.segment} offset {d.offset}): {d.detail}",
+            file=out,
+        )
     if report.torn is not None:
         t = report.torn
-        print(f"torn tail: {t.length} byte(s) at {t.segment.name} offset {t.offset} "
-              f"(crash artifact; the daemon quarantines it on next open)", file=out)
+        print(
+            f"torn tail: {t.length} byte(s) at {t.segment.name} offset {t.offset} "
+            f"(crash artifact; the daemon quarantines it on next open)",
+            file=out,
+        )
     if report.writer_live:
         pid = f" (pid {report.writer_pid})" if report.writer_pid else ""
-        print(f"note: a writer holds the log{pid}; verified up to its last complete record",
-              file=out)
+        print(
+            f"note: a writer holds the log{pid}; verified up to its last complete record", file=out
+        )
     for note in report.notes:
         print(f"note: {note}", file=out)
     for seq, epoch, holder in report.takeovers:

@@ -58,23 +58,31 @@ examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("wait", help="block until an operation succeeds, escalates or closes",
-                       description="Wait for an operation to end: the daemon answers the "
-                       "moment it succeeds, escalates or closes. Never polls the provider. "
-                       "Bounded by --timeout.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "wait",
+        help="block until an operation succeeds, escalates or closes",
+        description="Wait for an operation to end: the daemon answers the "
+        "moment it succeeds, escalates or closes. Never polls the provider. "
+        "Bounded by --timeout.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", metavar="OP")
     p.add_argument("--timeout", default="5m", help="how long to wait (default 5m)")
     p.add_argument("--json", action="store_true", help="print the final state as JSON")
-    p.add_argument("--offline", action="store_true",
-                   help="follow the log directly with its data key (operators, forensics)")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="follow the log directly with its data key (operators, forensics)",
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
 
 def _exit_for(op: Operation) -> int | None:
-    return {"succeeded": EXIT_SUCCEEDED, "escalated": EXIT_ESCALATED,
-            "closed": EXIT_CLOSED}.get(op.phase)
+    return {"succeeded": EXIT_SUCCEEDED, "escalated": EXIT_ESCALATED, "closed": EXIT_CLOSED}.get(
+        op.phase
+    )
 
 
 EXIT_UNAVAILABLE = 69
@@ -101,13 +109,18 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
         client.close()
         raise DaemonUnavailable(
             f"the daemon is not running: nothing answers on {cfg.socket_path}; start it, or "
-            f"read the log directly with bide wait {op_id} --offline")
+            f"read the log directly with bide wait {op_id} --offline"
+        )
     try:
         while True:
             left = end - time.monotonic()
             try:
-                view = client.call("GET", path, params={"wait": f"{max(0.0, min(60.0, left)):.3f}"},
-                                   timeout=min(60.0, max(0.0, left)) + 30.0)
+                view = client.call(
+                    "GET",
+                    path,
+                    params={"wait": f"{max(0.0, min(60.0, left)):.3f}"},
+                    timeout=min(60.0, max(0.0, left)) + 30.0,
+                )
                 pause = 0.1
             except ApiCallError as exc:
                 if exc.status == 404:
@@ -130,8 +143,10 @@ def run_api(cfg: Config, op_id: str, timeout: float, as_json: bool) -> int:
     finally:
         client.close()
     if view is None:  # the daemon went away and did not come back within the timeout
-        raise DaemonUnavailable(f"the daemon stopped answering on {cfg.socket_path} and did "
-                                f"not come back within {timeout:g}s")
+        raise DaemonUnavailable(
+            f"the daemon stopped answering on {cfg.socket_path} and did "
+            f"not come back within {timeout:g}s"
+        )
     status = _PHASE_EXIT.get(str(view.get("phase")))
     print(json.dumps(view) if as_json else view_line(view))
     return EXIT_TIMEOUT if status is None or not view.get("done") else status
@@ -159,8 +174,14 @@ def run_offline(cfg: Config, args: argparse.Namespace, timeout: float) -> int:
         with anyio.move_on_after(timeout):
             if op is not None and _exit_for(op) is not None:
                 return
-            async for _ in watchfiles.awatch(cfg.log_dir, stop_event=stop, debounce=0, step=5,
-                                             rust_timeout=1000, yield_on_timeout=True):
+            async for _ in watchfiles.awatch(
+                cfg.log_dir,
+                stop_event=stop,
+                debounce=0,
+                step=5,
+                rust_timeout=1000,
+                yield_on_timeout=True,
+            ):
                 current = feed()
                 if current is not None and _exit_for(current) is not None:
                     return

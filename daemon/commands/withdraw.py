@@ -26,10 +26,14 @@ submitted; 2 no such operation of yours, or usage error; 69 the daemon is not ru
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("withdraw", help="stop waiting on one of your operations",
-                       description="Withdraw one of your own operations: bide stops waiting "
-                       "and records why. Goes through the daemon's local API.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "withdraw",
+        help="stop waiting on one of your operations",
+        description="Withdraw one of your own operations: bide stops waiting "
+        "and records why. Goes through the daemon's local API.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("operation", metavar="OP")
     p.add_argument("--note", default="", help="why (recorded)")
     p.add_argument("--json", action="store_true")
@@ -47,17 +51,24 @@ def run(args: argparse.Namespace) -> int:
     with require(cfg, "status") as client:
         try:
             answer = client.call(
-                "POST", f"/v1/operations/{quote(args.operation, safe='')}/withdrawal",
-                body=request)
+                "POST", f"/v1/operations/{quote(args.operation, safe='')}/withdrawal", body=request
+            )
         except ApiCallError as exc:
             if exc.status == 404:
                 raise UsageError(f"no operation {args.operation!r} (or not yours)") from None
             if exc.status in (403, 409):
-                return print_result(args.json, {"status": "refused", "error": exc.error,
-                                                "reason": exc.detail},
-                                    f"refused: {exc.detail}", 1)
+                return print_result(
+                    args.json,
+                    {"status": "refused", "error": exc.error, "reason": exc.detail},
+                    f"refused: {exc.detail}",
+                    1,
+                )
             raise
     if not answer["withdrawn"]:
-        return print_result(args.json, answer, f"{args.operation} had already ended "
-                            f"({answer['phase']}); nothing withdrawn", 1)
+        return print_result(
+            args.json,
+            answer,
+            f"{args.operation} had already ended ({answer['phase']}); nothing withdrawn",
+            1,
+        )
     return print_result(args.json, answer, f"withdrawn {args.operation}", 0)

@@ -73,29 +73,62 @@ def add_parser(sub: Any) -> None:
         description="A witness for bide logs: remembers the latest signed checkpoint head of "
         "each trusted log, refuses a head its keys did not sign or that does not extend the "
         "one held, countersigns what it accepts.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=("serve", "ingest", "show", "token"))
     p.add_argument("--state", metavar="FILE", help="the witness's state file (created)")
     p.add_argument("--key", metavar="FILE", help="the witness's signing key (created 0600)")
-    p.add_argument("--trust-dir", metavar="DIR",
-                   help="serve, ingest: DIR/<log id>/{verify.pub,token} per log allowed")
+    p.add_argument(
+        "--trust-dir",
+        metavar="DIR",
+        help="serve, ingest: DIR/<log id>/{verify.pub,token} per log allowed",
+    )
     p.add_argument("--listen", metavar="HOST:PORT", help="serve: where to listen")
     p.add_argument("--tls-cert", metavar="PEM", help="serve: HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="PEM", help="serve: and this private key")
-    p.add_argument("--max-connections", type=count_arg(1, 10_000), default=64, metavar="N",
-                   help="serve: connections at once (default 64; more are closed at once)")
-    p.add_argument("--max-per-client", type=count_arg(1, 10_000), default=8, metavar="N",
-                   help="serve: connections at once from one client address (default 8)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                   help="serve: per socket operation, TLS handshake included (default 5)")
-    p.add_argument("--rate", type=float, default=20.0, metavar="PER_SECOND",
-                   help="serve: requests a second per client address (default 20; then 429)")
-    p.add_argument("--burst", type=count_arg(1, 100_000), default=40, metavar="N",
-                   help="serve: requests at once per client address (default 40)")
+    p.add_argument(
+        "--max-connections",
+        type=count_arg(1, 10_000),
+        default=64,
+        metavar="N",
+        help="serve: connections at once (default 64; more are closed at once)",
+    )
+    p.add_argument(
+        "--max-per-client",
+        type=count_arg(1, 10_000),
+        default=8,
+        metavar="N",
+        help="serve: connections at once from one client address (default 8)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="serve: per socket operation, TLS handshake included (default 5)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=20.0,
+        metavar="PER_SECOND",
+        help="serve: requests a second per client address (default 20; then 429)",
+    )
+    p.add_argument(
+        "--burst",
+        type=count_arg(1, 100_000),
+        default=40,
+        metavar="N",
+        help="serve: requests at once per client address (default 40)",
+    )
     p.add_argument("--heads", metavar="FILE", help="ingest: the heads file to read")
-    p.add_argument("--genesis", metavar="FILE",
-                   help="ingest: a file holding the log's genesis record (its first line), "
-                   "for a log this witness holds no key state of yet")
+    p.add_argument(
+        "--genesis",
+        metavar="FILE",
+        help="ingest: a file holding the log's genesis record (its first line), "
+        "for a log this witness holds no key state of yet",
+    )
     p.add_argument("--out", metavar="FILE", help="token: where to write it (0600, new)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -103,8 +136,10 @@ def add_parser(sub: Any) -> None:
 
 def _trust(args: argparse.Namespace) -> dict[str, Trusted]:
     if not args.trust_dir:
-        raise UsageError("--trust-dir DIR is required: DIR/<log id>/verify.pub and "
-                         "DIR/<log id>/token for every log allowed to publish here")
+        raise UsageError(
+            "--trust-dir DIR is required: DIR/<log id>/verify.pub and "
+            "DIR/<log id>/token for every log allowed to publish here"
+        )
     try:
         return load_trust(Path(args.trust_dir))
     except TrustError as exc:
@@ -163,17 +198,27 @@ def run(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert), Path(args.tls_key))
     if not 0 < args.timeout <= 300 or not args.rate > 0:
         raise UsageError("--timeout must be in (0, 300] and --rate above 0")
-    limits = Limits(args.max_connections, args.max_per_client, args.timeout, args.rate,
-                    args.burst)
+    limits = Limits(args.max_connections, args.max_per_client, args.timeout, args.rate, args.burst)
     server = make_server(state, host, int(port), tls=tls, limits=limits)
     # SIGTERM asks the serving loop to stop, from a thread of its own (shutdown waits for
     # the loop, which runs in this one): no exception lands in the middle of accepting.
-    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(
-        target=server.shutdown, daemon=True).start())
+    signal.signal(
+        signal.SIGTERM,
+        lambda signum, frame: threading.Thread(target=server.shutdown, daemon=True).start(),
+    )
     bound_host, bound_port = server.server_address[:2]
-    print(json.dumps({"listening": f"{bound_host!s}:{bound_port}", "witness": state.fingerprint,
-                      "witness_key": public_key_text(state.key), "logs": len(state.trust),
-                      "held": len(state.latest)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "listening": f"{bound_host!s}:{bound_port}",
+                "witness": state.fingerprint,
+                "witness_key": public_key_text(state.key),
+                "logs": len(state.trust),
+                "held": len(state.latest),
+            }
+        ),
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -83,8 +83,9 @@ class Follower(Protocol):
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         """The ledger was rebuilt from the log at start (events up to ``head_seq``)."""
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
         """One event folded: its operation's state before and after (None for an event of
         an action, or of an operation the ledger does not hold)."""
 
@@ -93,10 +94,19 @@ class Follower(Protocol):
 
 
 class Chain:
-    def __init__(self, config: Config, keyring: KeyRing, signing: EpochSigning | Signer, *,
-                 metrics: Metrics, clock: Callable[[], float], draw: Callable[[], float],
-                 heads: HeadStore | None = None, store: LineStore | None = None,
-                 lease: RequestGate | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        signing: EpochSigning | Signer,
+        *,
+        metrics: Metrics,
+        clock: Callable[[], float],
+        draw: Callable[[], float],
+        heads: HeadStore | None = None,
+        store: LineStore | None = None,
+        lease: RequestGate | None = None,
+    ) -> None:
         self.config = config
         self.keyring = keyring
         self.signing = signing  # signs the log: epoch keys, or format 2's one key
@@ -155,8 +165,14 @@ class Chain:
         """What ``observation`` means for ``op`` now (nothing recorded yet)."""
         return list(decide(op, observation, self.clock(), self.draw()))
 
-    async def handle(self, op: Operation, observation: Observation, *,
-                     with_fact: bool = False, now: float | None = None) -> list[LogEvent]:
+    async def handle(
+        self,
+        op: Operation,
+        observation: Observation,
+        *,
+        with_fact: bool = False,
+        now: float | None = None,
+    ) -> list[LogEvent]:
         """Decide what ``observation`` means for ``op`` and record the events durably: the one
         decide-then-record path. ``with_fact``: the observation is a fact not yet recorded (a
         provider's answer); it and its decision land in one durable batch (one write and one
@@ -181,28 +197,36 @@ class Chain:
         started = time.monotonic()
         # A scheduled wait is an interval from the decision (a few microseconds ago): its end
         # on the monotonic clock, so a wall clock set back later never stretches it.
-        waits = [(e.operation_id, e.next_poll_at, started + max(0.0, e.next_poll_at - e.at))
-                 for e in events if isinstance(e, PollScheduled)]
+        waits = [
+            (e.operation_id, e.next_poll_at, started + max(0.0, e.next_poll_at - e.at))
+            for e in events
+            if isinstance(e, PollScheduled)
+        ]
         payloads = [encode_checked(e) for e in events]
         self._appending += 1
         try:
             landed = await self._append_durably(
-                payloads, lambda: self._fold(events, waits, payloads))
+                payloads, lambda: self._fold(events, waits, payloads)
+            )
             for ev, where in zip(events, landed, strict=True):
                 if isinstance(ev, OperationRegistered):
                     op = self.ops.get(ev.operation_id)
                     if op is not None and op.registered_seq is None:
                         self.ops[ev.operation_id] = msgspec.structs.replace(
-                            op, registered_seq=where.seq)
+                            op, registered_seq=where.seq
+                        )
         finally:
             self._appending -= 1
             self._snapshot_if_due()
         self.metrics.append_latency.observe(time.monotonic() - started)
         return landed
 
-    def _fold(self, events: Sequence[LogEvent],
-              waits: Sequence[tuple[str, float, float]] = (),
-              payloads: Sequence[bytes] = ()) -> None:
+    def _fold(
+        self,
+        events: Sequence[LogEvent],
+        waits: Sequence[tuple[str, float, float]] = (),
+        payloads: Sequence[bytes] = (),
+    ) -> None:
         """Fold durable events into state (runs even if their appender was cancelled)."""
         for op_id, next_poll_at, due in waits:
             self.waits[op_id] = (next_poll_at, due)
@@ -215,8 +239,9 @@ class Chain:
         for follower in followers:
             follower.batch_done()
 
-    async def _append_durably(self, payloads: list[bytes], on_durable: Callable[[], None]
-                              ) -> list[Appended]:
+    async def _append_durably(
+        self, payloads: list[bytes], on_durable: Callable[[], None]
+    ) -> list[Appended]:
         """Append, and while the log cannot take it (disk full, read-only, I/O error), keep
         retrying with backoff: the caller waits, so no request is sent before its intent is
         recorded, and nothing recorded earlier is touched (the writer cut the failed batch).
@@ -248,8 +273,11 @@ class Chain:
             if self.metrics.log_alarm:
                 self.metrics.log_alarm = 0
                 since, attempts = self._append_failing
-                logfmt.info("event log appends recovered", attempts=attempts,
-                            failing_for=f"{time.monotonic() - since:.1f}s")
+                logfmt.info(
+                    "event log appends recovered",
+                    attempts=attempts,
+                    failing_for=f"{time.monotonic() - since:.1f}s",
+                )
                 self._append_failing = (0.0, 0)
                 self._append_errors.clear()
                 systemd.notify(f"STATUS={self.status_line(False)}")
@@ -263,25 +291,36 @@ class Chain:
             self.metrics.log_alarm = 1
             self._append_failing = (time.monotonic(), 1)
             self._append_errors = {text}
-            logfmt.error("ALARM: the event log cannot be appended to; no request is sent "
-                         "until its intent is recorded", error=exc)
+            logfmt.error(
+                "ALARM: the event log cannot be appended to; no request is sent "
+                "until its intent is recorded",
+                error=exc,
+            )
             systemd.notify(f"STATUS={self.status_line(True)}")
             return
         since, attempts = self._append_failing
         self._append_failing = (since, attempts + 1)
         if text not in self._append_errors and len(self._append_errors) < 8:
             self._append_errors.add(text)
-            logfmt.error("event log still failing, with another error" +
-                         ("; reopening" if reopening else ""), error=exc, attempts=attempts + 1,
-                         failing_for=f"{time.monotonic() - since:.1f}s")
+            logfmt.error(
+                "event log still failing, with another error"
+                + ("; reopening" if reopening else ""),
+                error=exc,
+                attempts=attempts + 1,
+                failing_for=f"{time.monotonic() - since:.1f}s",
+            )
 
     # -- snapshots ----------------------------------------------------------------------------
 
     def _snapshot_if_due(self) -> None:
         every = self.config.log.snapshot_every
-        due = (every > 0 and self.spawn is not None and not self.stopping.is_set()
-               and not self._snapshot_writing
-               and self.ledger.events - self._snapshot_events >= every)
+        due = (
+            every > 0
+            and self.spawn is not None
+            and not self.stopping.is_set()
+            and not self._snapshot_writing
+            and self.ledger.events - self._snapshot_events >= every
+        )
         if not due and self._snapshot_barrier is None:
             return
         if self._appending:
@@ -308,8 +347,14 @@ class Chain:
 
         async def write() -> None:
             try:
-                await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
-                                               self.snapshot_keys, position, copy, self.store)
+                await write_snapshot_in_thread(
+                    self.config.snapshot_path,
+                    self.keyring,
+                    self.snapshot_keys,
+                    position,
+                    copy,
+                    self.store,
+                )
             finally:
                 self._snapshot_writing = False
 
@@ -317,16 +362,22 @@ class Chain:
 
     async def load_snapshot(self) -> Snapshot | None:
         """The state snapshot, if one is readable (checked against the log once it is open)."""
-        return await anyio.to_thread.run_sync(load_snapshot, self.config.snapshot_path,
-                                              self.keyring, self.snapshot_keys, self.store)
+        return await anyio.to_thread.run_sync(
+            load_snapshot, self.config.snapshot_path, self.keyring, self.snapshot_keys, self.store
+        )
 
     async def final_snapshot(self) -> None:
         """At a clean stop, the log closed: snapshot what it holds."""
         log = self._log
         if log is not None and log.position is not None and log.failed is None:
-            await write_snapshot_in_thread(self.config.snapshot_path, self.keyring,
-                                           self.snapshot_keys, log.position, self.ledger,
-                                           self.store)
+            await write_snapshot_in_thread(
+                self.config.snapshot_path,
+                self.keyring,
+                self.snapshot_keys,
+                log.position,
+                self.ledger,
+                self.store,
+            )
 
     # -- opening and recovery -----------------------------------------------------------------
 
@@ -337,12 +388,17 @@ class Chain:
         the facts a crash left undecided. The followers are told (``replayed``)."""
         cfg = self.config
         async with LogWriter(
-                cfg.log_dir, self.keyring, self.signing, heads=self.heads,
-                on_problem=_log_problem, segment_bytes=cfg.log.segment_bytes,
-                checkpoint_every=cfg.log.checkpoint_every,
-                checkpoint_interval=cfg.log.checkpoint_interval_seconds,
-                resume=snapshot.position if snapshot else None,
-                store=self.store) as log:
+            cfg.log_dir,
+            self.keyring,
+            self.signing,
+            heads=self.heads,
+            on_problem=_log_problem,
+            segment_bytes=cfg.log.segment_bytes,
+            checkpoint_every=cfg.log.checkpoint_every,
+            checkpoint_interval=cfg.log.checkpoint_interval_seconds,
+            resume=snapshot.position if snapshot else None,
+            store=self.store,
+        ) as log:
             self._log = log
             if self.store is not None and self.lease is not None:
                 # The takeover in the chain: a signed checkpoint naming this node and the
@@ -350,21 +406,33 @@ class Chain:
                 holder, epoch, _ = self.lease.health()
                 await log.checkpoint(Takeover(lease_epoch=epoch, holder=holder))
             for cut in log.recoveries:
-                logfmt.warn("torn log tail quarantined" if cut.reason == "torn" else
-                            "log records no seal covers quarantined (not acted on)",
-                            reason=cut.reason, bytes=cut.cut_len, quarantine=cut.quarantine)
+                logfmt.warn(
+                    "torn log tail quarantined"
+                    if cut.reason == "torn"
+                    else "log records no seal covers quarantined (not acted on)",
+                    reason=cut.reason,
+                    bytes=cut.cut_len,
+                    quarantine=cut.quarantine,
+                )
             if snapshot is not None and log.resumed_at != snapshot.position.seq:
-                logfmt.warn("state snapshot does not match the log; replaying the whole log",
-                            snapshot=cfg.snapshot_path, snapshot_seq=snapshot.position.seq)
+                logfmt.warn(
+                    "state snapshot does not match the log; replaying the whole log",
+                    snapshot=cfg.snapshot_path,
+                    snapshot_seq=snapshot.position.seq,
+                )
                 snapshot = None
             if snapshot is not None and self.snapshot_keys.to_write(snapshot.position) is None:
-                logfmt.warn("state snapshot is of an epoch the log has left (its key is "
-                            "destroyed); replaying the whole log", snapshot=cfg.snapshot_path,
-                            snapshot_epoch=snapshot.position.epoch)
+                logfmt.warn(
+                    "state snapshot is of an epoch the log has left (its key is "
+                    "destroyed); replaying the whole log",
+                    snapshot=cfg.snapshot_path,
+                    snapshot_epoch=snapshot.position.epoch,
+                )
                 snapshot = None
             self.from_snapshot = snapshot.ledger.events if snapshot is not None else 0
-            self.ledger = await anyio.to_thread.run_sync(replay_log, cfg.log_dir, self.keyring,
-                                                         snapshot)
+            self.ledger = await anyio.to_thread.run_sync(
+                replay_log, cfg.log_dir, self.keyring, snapshot
+            )
             self._snapshot_events = self.from_snapshot
             undecided = dict(self.ledger.undecided)
             for follower in self.followers:
@@ -384,14 +452,16 @@ class Chain:
             except Exception as exc:  # the barrier: a bug here must not stop every start
                 await self.contain(op_id, exc, "deciding a fact left by a crash")
                 continue
-            logfmt.warn("decided a fact left undecided by a crash", op=op_id,
-                        request=fact.request_number)
+            logfmt.warn(
+                "decided a fact left undecided by a crash", op=op_id, request=fact.request_number
+            )
         for op in list(self.ops.values()):
             if op.in_flight is None:
                 continue
             now = self.clock()
-            unknown = RequestOutcomeUnknown(operation_id=op.operation_id, at=now,
-                                            request_number=op.in_flight)
+            unknown = RequestOutcomeUnknown(
+                operation_id=op.operation_id, at=now, request_number=op.in_flight
+            )
             await self.record([unknown])
             try:
                 await self.handle(self.ops[op.operation_id], unknown, now=now)
@@ -400,8 +470,9 @@ class Chain:
             except Exception as exc:  # the barrier
                 await self.contain(op.operation_id, exc, "recovering after a restart")
                 continue
-            logfmt.warn("request outcome unknown after restart", op=op.operation_id,
-                        request=op.in_flight)
+            logfmt.warn(
+                "request outcome unknown after restart", op=op.operation_id, request=op.in_flight
+            )
 
     async def contain(self, op_id: str, exc: Exception, stage: str) -> None:
         """The barrier: bide failed (a bug) while ``stage`` of ``op_id``. Record the stop
@@ -409,8 +480,13 @@ class Chain:
         with the exception's class and never its message, which could carry a secret. If even
         that cannot be recorded, the operation is set aside for the rest of this process."""
         name = type(exc).__name__
-        logfmt.error("internal error; the operation is stopped, the others go on", op=op_id,
-                     stage=stage, error=name, trace=frames(exc))
+        logfmt.error(
+            "internal error; the operation is stopped, the others go on",
+            op=op_id,
+            stage=stage,
+            error=name,
+            trace=frames(exc),
+        )
         self.metrics.internal_errors += 1
         op = self.ops.get(op_id)
         if op is None or op_id in self.set_aside:
@@ -422,9 +498,12 @@ class Chain:
         except Exception as again:  # the second failure: give the op up
             self.set_aside.add(op_id)
             self.on_set_aside(op_id)
-            logfmt.error("internal error while recording an internal error; the operation is "
-                         "set aside until the daemon restarts", op=op_id,
-                         error=type(again).__name__)
+            logfmt.error(
+                "internal error while recording an internal error; the operation is "
+                "set aside until the daemon restarts",
+                op=op_id,
+                error=type(again).__name__,
+            )
 
     # -- the lease gate -----------------------------------------------------------------------
 

@@ -35,10 +35,12 @@ class LiveCounts:
 
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         self.by_owner = collections.Counter(
-            op.registered_by_uid for op in ledger.ops.values() if op.phase == "live")
+            op.registered_by_uid for op in ledger.ops.values() if op.phase == "live"
+        )
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
         if after is not None and (before is None or before.phase != after.phase):
             if after.phase == "live":
                 self.by_owner[after.registered_by_uid] += 1
@@ -59,8 +61,9 @@ class Stories:
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         self.histories.start_seq = head_seq  # later events reach the histories live
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
         self.histories.add(ev.operation_id, payload, self._phase_after(ev, after))
 
     def batch_done(self) -> None:
@@ -92,8 +95,9 @@ class Waiters:
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         pass
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
         watcher = self.watchers.pop(ev.operation_id, None)
         if watcher is not None:
             watcher.set()
@@ -146,8 +150,9 @@ class Observed:
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         pass
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
         if after is None or isinstance(ev, ActionEvent):
             return
         self.metrics.observe(ev, after.provider)
@@ -160,8 +165,13 @@ class Observed:
     def _announce(self, ev: EscalationRaised) -> None:
         op = self._ledger().ops.get(ev.operation_id)
         path = write_escalation(self.config.outbox_dir, ev, op)
-        logfmt.warn("escalation raised", op=ev.operation_id, reason=ev.reason,
-                    escalation=ev.escalation_id, outbox=path,
-                    options=",".join(o.id for o in ev.options))
+        logfmt.warn(
+            "escalation raised",
+            op=ev.operation_id,
+            reason=ev.reason,
+            escalation=ev.escalation_id,
+            outbox=path,
+            options=",".join(o.id for o in ev.options),
+        )
         for line in escalation_text(ev, op).rstrip().splitlines():
             logfmt.info(line.strip(), op=ev.operation_id)

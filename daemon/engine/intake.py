@@ -112,8 +112,7 @@ class RoleGroups:
     def describe(self, role: Role) -> str:
         if role == "approver" and self.approvers is None:
             return "nobody until [api] approvers_group is set"
-        group = {"agent": self.agents, "approver": self.approvers,
-                 "operator": self.operators}[role]
+        group = {"agent": self.agents, "approver": self.approvers, "operator": self.operators}[role]
         return f"group {group!r}" if group else "anyone"
 
 
@@ -154,14 +153,21 @@ class Authority:
     def __init__(self, config: Config, *, daemon_uid: int | None = None) -> None:
         self.config = config
         self.daemon_uid = os.geteuid() if daemon_uid is None else daemon_uid
-        agents = (config.api.agents_group if config.api.agents_group is not None
-                  else config.spool.agents_group)
-        approvers: str | None = (config.api.approvers_group if config.api.approvers_group
-                                 is not None else config.spool.approvers_group)
+        agents = (
+            config.api.agents_group
+            if config.api.agents_group is not None
+            else config.spool.agents_group
+        )
+        approvers: str | None = (
+            config.api.approvers_group
+            if config.api.approvers_group is not None
+            else config.spool.approvers_group
+        )
         if agents and not approvers:
             approvers = None  # agents are a group, approvers none: nobody approves (closed)
-        self.groups = RoleGroups(agents=agents, approvers=approvers,
-                                 operators=config.api.operators_group)
+        self.groups = RoleGroups(
+            agents=agents, approvers=approvers, operators=config.api.operators_group
+        )
 
     def roles(self, uid: int, gid: int) -> list[Role]:
         """The roles of an API caller. As for the spool's decisions, with an approvers group
@@ -180,9 +186,12 @@ class Authority:
         """Refuse (forbidden) unless the caller has ``role`` (an operator acts as an agent)."""
         if role in roles or (role == "agent" and "operator" in roles):
             return
-        raise Refused(f"user {name} may not {doing}: that takes the {role} role "
-                      f"({self.groups.describe(role)})", kind=RefusalKind.FORBIDDEN,
-                      code="forbidden")
+        raise Refused(
+            f"user {name} may not {doing}: that takes the {role} role "
+            f"({self.groups.describe(role)})",
+            kind=RefusalKind.FORBIDDEN,
+            code="forbidden",
+        )
 
     @staticmethod
     def reads_all(roles: list[Role]) -> bool:
@@ -194,19 +203,30 @@ class Authority:
         saying why when it is the daemon's user or root."""
         if "approver" in roles:
             return
-        why = (" (the daemon's own user is never an approver)"
-               if uid == self.daemon_uid and self.groups.approvers else
-               " (root is one only with [spool] allow_root_approval = true)"
-               if uid == 0 and self.groups.approvers else "")
-        raise Refused(f"user {name} may not answer escalations: that takes the approver role "
-                      f"({self.groups.describe('approver')}){why}", kind=RefusalKind.FORBIDDEN,
-                      code="forbidden")
+        why = (
+            " (the daemon's own user is never an approver)"
+            if uid == self.daemon_uid and self.groups.approvers
+            else " (root is one only with [spool] allow_root_approval = true)"
+            if uid == 0 and self.groups.approvers
+            else ""
+        )
+        raise Refused(
+            f"user {name} may not answer escalations: that takes the approver role "
+            f"({self.groups.describe('approver')}){why}",
+            kind=RefusalKind.FORBIDDEN,
+            code="forbidden",
+        )
 
     def spool_approval(self, path: Path, st: os.stat_result) -> str | None:
         """Why a decision file's owner does not count as an approver (S36), or None."""
         cfg = self.config.spool
-        return approval_refusal(path, st, approvers_group=cfg.approvers_group,
-                                daemon_uid=self.daemon_uid, allow_root=cfg.allow_root_approval)
+        return approval_refusal(
+            path,
+            st,
+            approvers_group=cfg.approvers_group,
+            daemon_uid=self.daemon_uid,
+            allow_root=cfg.allow_root_approval,
+        )
 
     def self_approved(self, target: str, owner: int | None, approver_uid: int) -> bool:
         """Whether the approver answers their own operation's escalation; refused (forbidden)
@@ -217,16 +237,21 @@ class Authority:
             raise Refused(
                 f"{target} was registered by {user_name(approver_uid)}; an approver may not "
                 f"answer their own operation's escalation ([api] allow_self_approval = "
-                f"true allows it, for one-person setups)", kind=RefusalKind.FORBIDDEN,
-                code="self_approval")
+                f"true allows it, for one-person setups)",
+                kind=RefusalKind.FORBIDDEN,
+                code="self_approval",
+            )
         return True
 
     @staticmethod
     def may_withdraw(op_id: str, owner: int | None, owner_name: str, uid: int) -> None:
         """Only an operation's owner withdraws it."""
         if owner != uid:
-            raise Refused(f"operation {op_id} is {owner_name}'s; only its owner may withdraw "
-                          f"it", kind=RefusalKind.FORBIDDEN, code="forbidden")
+            raise Refused(
+                f"operation {op_id} is {owner_name}'s; only its owner may withdraw it",
+                kind=RefusalKind.FORBIDDEN,
+                code="forbidden",
+            )
 
     def is_operator(self, uid: int, gid: int) -> bool:
         """Root, the daemon's own user, or a member of ``[api] operators_group``."""
@@ -246,9 +271,17 @@ class Scheduler(Protocol):
 
 
 class Intake:
-    def __init__(self, config: Config, chain: Chain, waiters: Waiters, poller: Scheduler,
-                 runner: ActionRunner, profiles: Callable[[], Mapping[str, Profile]], *,
-                 authority: Authority | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        chain: Chain,
+        waiters: Waiters,
+        poller: Scheduler,
+        runner: ActionRunner,
+        profiles: Callable[[], Mapping[str, Profile]],
+        *,
+        authority: Authority | None = None,
+    ) -> None:
         self.config = config
         self.chain = chain
         self.waiters = waiters
@@ -282,59 +315,91 @@ class Intake:
         async with self.one_at_a_time(cmd.registration.operation_id):
             return await self._register_once(cmd.registration, cmd.owner, cmd.digest)
 
-    async def _register_once(self, reg: Registration, owner: int, digest: str
-                             ) -> tuple[Operation, bool]:
+    async def _register_once(
+        self, reg: Registration, owner: int, digest: str
+    ) -> tuple[Operation, bool]:
         ops = self.chain.ops
         if ACTION_ID.search(reg.operation_id):
-            raise Refused(f"operation id {reg.operation_id!r} ends like an action's id "
-                          f"(.submit, .fetch.N, .cancel.N); choose another",
-                          code="invalid_operation_id", field="operation_id")
+            raise Refused(
+                f"operation id {reg.operation_id!r} ends like an action's id "
+                f"(.submit, .fetch.N, .cancel.N); choose another",
+                code="invalid_operation_id",
+                field="operation_id",
+            )
         if self.runner.holder(reg.operation_id) != owner:
             why = scoping.refusal(reg.operation_id)
             if why is not None:
                 raise Refused(why, code="invalid_operation_id", field="operation_id")
         # Another principal's id is this owner's too, recorded apart (daemon.scoping).
-        reg = msgspec.structs.replace(reg, operation_id=scoping.recorded_id(
-            reg.operation_id, owner, self.runner.holder))
+        reg = msgspec.structs.replace(
+            reg, operation_id=scoping.recorded_id(reg.operation_id, owner, self.runner.holder)
+        )
         existing = ops.get(reg.operation_id)
         if existing is not None:
-            same = ((existing.request_digest == digest) if digest else
-                    (existing.provider, existing.provider_job_id) == (reg.provider,
-                                                                      reg.provider_job_id))
+            same = (
+                (existing.request_digest == digest)
+                if digest
+                else (existing.provider, existing.provider_job_id)
+                == (reg.provider, reg.provider_job_id)
+            )
             if same and existing.registered_by_uid in (None, owner):
                 return existing, False  # recorded before a crash, or a client's retry
-            raise Refused(f"operation id {reg.operation_id} is already in use by another "
-                          f"request", kind=RefusalKind.CONFLICT, code="operation_id_in_use",
-                          field="operation_id")
+            raise Refused(
+                f"operation id {reg.operation_id} is already in use by another request",
+                kind=RefusalKind.CONFLICT,
+                code="operation_id_in_use",
+                field="operation_id",
+            )
         if reg.provider_job_id in DOTS:
             raise Refused(
                 f"job id {reg.provider_job_id!r} cannot be one segment of a status URL: a dot "
                 f"segment is removed by URL normalisation even percent-encoded (RFC 3986 "
                 f"§5.2.4, §6.2.2.2), so the request could reach another path",
-                code="invalid_job_id", field="job_id")
+                code="invalid_job_id",
+                field="job_id",
+            )
         if f"{reg.operation_id}.submit" in self.runner.actions:
-            raise Refused(f"operation id {reg.operation_id} is already in use by a submit",
-                          kind=RefusalKind.CONFLICT, code="operation_id_in_use",
-                          field="operation_id")
+            raise Refused(
+                f"operation id {reg.operation_id} is already in use by a submit",
+                kind=RefusalKind.CONFLICT,
+                code="operation_id_in_use",
+                field="operation_id",
+            )
         profiles = self._profiles()
         profile = profiles.get(reg.provider)
         if profile is None:
             known = ", ".join(sorted(profiles)) or "none loaded"
-            raise Refused(f"no profile for provider {reg.provider!r} (known: {known})",
-                          code="unknown_provider", field="provider")
-        events = register(reg, profile.contract, self.chain.clock(),
-                          registered_by=user_name(owner), registered_by_uid=owner)
+            raise Refused(
+                f"no profile for provider {reg.provider!r} (known: {known})",
+                code="unknown_provider",
+                field="provider",
+            )
+        events = register(
+            reg,
+            profile.contract,
+            self.chain.clock(),
+            registered_by=user_name(owner),
+            registered_by_uid=owner,
+        )
         rejected = next((e for e in events if isinstance(e, RegistrationRejected)), None)
         if rejected is not None:
             raise Refused(f"{rejected.reason}: {rejected.detail}", code=rejected.reason)
         if digest:
-            events = [msgspec.structs.replace(e, request_digest=digest)
-                      if isinstance(e, OperationRegistered) else e for e in events]
+            events = [
+                msgspec.structs.replace(e, request_digest=digest)
+                if isinstance(e, OperationRegistered)
+                else e
+                for e in events
+            ]
         await self.chain.record(events)
         registered = next(e for e in events if isinstance(e, OperationRegistered))
-        logfmt.info("operation registered", op=registered.operation_id,
-                    provider=registered.provider, job=registered.provider_job_id,
-                    by=registered.registered_by)
+        logfmt.info(
+            "operation registered",
+            op=registered.operation_id,
+            provider=registered.provider,
+            job=registered.provider_job_id,
+            by=registered.registered_by,
+        )
         self.poller.schedule(registered.operation_id)
         return ops[registered.operation_id], True
 
@@ -344,15 +409,17 @@ class Intake:
         """Record the submit's intent and start it; the intent's log sequence number (None
         when this submit was recorded before: a retry)."""
         async with self.one_at_a_time(cmd.request.registration.operation_id):
-            return await self.runner.ingest_submit(cmd.request.request_id, cmd.request,
-                                                   cmd.owner, digest=cmd.digest)
+            return await self.runner.ingest_submit(
+                cmd.request.request_id, cmd.request, cmd.owner, digest=cmd.digest
+            )
 
     async def fetch(self, cmd: Fetch, *, spool_request: str = "") -> ActionIntended:
         """Record a fetch and start it; its intent. One at a time per operation: each
         fetch's number follows the recorded ones."""
         async with self.one_at_a_time(f"{cmd.request.operation_id}\x00fetch"):
-            return await self.runner.ingest_fetch(spool_request, cmd.request, cmd.requester,
-                                                  operator=cmd.operator)
+            return await self.runner.ingest_fetch(
+                spool_request, cmd.request, cmd.requester, operator=cmd.operator
+            )
 
     # -- decisions and withdrawals ------------------------------------------------------------
 
@@ -367,33 +434,48 @@ class Intake:
         ops = self.chain.ops
         action = self.runner.actions.get(op_id)
         target = ops.get(action.operation_id if action is not None else op_id)
-        owner = (action.intent.registered_by_uid
-                 if action is not None and action.kind == "submit"
-                 else target.registered_by_uid if target is not None else None)
+        owner = (
+            action.intent.registered_by_uid
+            if action is not None and action.kind == "submit"
+            else target.registered_by_uid
+            if target is not None
+            else None
+        )
         if self.authority.self_approved(op_id, owner, cmd.approver_uid):
             observation = msgspec.structs.replace(observation, self_approved=True)
         if action is not None:
             decided = await self.runner.decide(action, observation)
             if not decided.accepted:
-                raise Refused(f"decision rejected: {decided.reason}", kind=RefusalKind.CONFLICT,
-                              code="decision_rejected", field="option")
+                raise Refused(
+                    f"decision rejected: {decided.reason}",
+                    kind=RefusalKind.CONFLICT,
+                    code="decision_rejected",
+                    field="option",
+                )
             return False
         if ops.get(op_id) is None:
-            raise Refused(f"no operation or action {op_id!r}", kind=RefusalKind.NOT_FOUND,
-                          code="not_found")
+            raise Refused(
+                f"no operation or action {op_id!r}", kind=RefusalKind.NOT_FOUND, code="not_found"
+            )
         if observation.escalation_id is None and self.config.spool.require_escalation_number:
             raise Refused(
                 "the decision names no escalation number: answer with bide decide OP "
                 "OPTION --escalation N (N as bide escalations and the outbox show it), "
-                "so it cannot land on a later escalation", code="escalation_number_required",
-                field="escalation_id")
+                "so it cannot land on a later escalation",
+                code="escalation_number_required",
+                field="escalation_id",
+            )
         busy = self.poller.busy
         await self.waiters.wait_until(lambda: op_id not in busy)  # bounded by its timeout
         events = await self.chain.handle(ops[op_id], observation)
         rejected = next((e for e in events if isinstance(e, DecisionRejected)), None)
         if rejected is not None:
-            raise Refused(f"decision rejected: {rejected.reason}", kind=RefusalKind.CONFLICT,
-                          code="decision_rejected", field="option")
+            raise Refused(
+                f"decision rejected: {rejected.reason}",
+                kind=RefusalKind.CONFLICT,
+                code="decision_rejected",
+                field="option",
+            )
         await self.runner.after_decision(list(events))
         self.poller.schedule(op_id)
         return ops[op_id].phase == "live"

@@ -56,9 +56,13 @@ class Pacing:
     ``is_live(op_id)`` says whether a queued poll still has something to poll; ``wake(op_id)``
     makes a queued poll due now (the poller arms its timer)."""
 
-    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic,
-                 is_live: Callable[[str], bool] = lambda op_id: True,
-                 wake: Callable[[str], None] = lambda op_id: None) -> None:
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        is_live: Callable[[str], bool] = lambda op_id: True,
+        wake: Callable[[str], None] = lambda op_id: None,
+    ) -> None:
         self.monotonic = monotonic
         self.is_live = is_live
         self.wake = wake
@@ -129,8 +133,11 @@ class Pacing:
         """How many future slots one registrant may hold: the next :data:`FAIR_HORIZON` of
         the quota, split among the registrants that hold or wait for slots."""
         waiting = self._waiting.get(provider, {})
-        active = {r for r, n in self._reserved.get(provider, {}).items() if n} | {
-            r for r, q in waiting.items() if q} | {who}
+        active = (
+            {r for r, n in self._reserved.get(provider, {}).items() if n}
+            | {r for r, q in waiting.items() if q}
+            | {who}
+        )
         rate = self.quotas[provider].rate
         return max(1, math.ceil(rate * FAIR_HORIZON / len(active)))
 

@@ -43,8 +43,15 @@ MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their tur
 
 
 class Poller:
-    def __init__(self, config: Config, chain: Chain, waiters: Waiters, metrics: Metrics, *,
-                 faults: FaultInjection) -> None:
+    def __init__(
+        self,
+        config: Config,
+        chain: Chain,
+        waiters: Waiters,
+        metrics: Metrics,
+        *,
+        faults: FaultInjection,
+    ) -> None:
         self.config = config
         self.chain = chain
         self.waiters = waiters
@@ -139,8 +146,7 @@ class Poller:
     def _timer_elapsed(self, op: Operation) -> bool:
         """Whether the wait scheduled for ``op`` in this process has run out (monotonic)."""
         wait = self.chain.waits.get(op.operation_id)
-        return (wait is not None and wait[0] == op.next_poll_at
-                and time.monotonic() >= wait[1])
+        return wait is not None and wait[0] == op.next_poll_at and time.monotonic() >= wait[1]
 
     async def watch_wall_clock(self) -> None:
         """Re-arm every timer when the wall clock jumps: deadlines are wall-clock times, so one
@@ -150,8 +156,10 @@ class Poller:
             await anyio.sleep(1.0)
             now = self.clock() - time.monotonic()
             if abs(now - offset) > 1.0:
-                logfmt.warn("the wall clock jumped; deadlines re-read against it",
-                            jump=f"{now - offset:+.1f}s")
+                logfmt.warn(
+                    "the wall clock jumped; deadlines re-read against it",
+                    jump=f"{now - offset:+.1f}s",
+                )
                 for op_id, op in self.chain.ops.items():
                     if op.phase == "live" and op_id not in self.busy:
                         self.schedule(op_id)
@@ -208,8 +216,9 @@ class Poller:
             return
         client = self.clients.get(op.provider)
         if client is None:
-            logfmt.error("no profile for provider; not polling", op=op.operation_id,
-                          provider=op.provider)
+            logfmt.error(
+                "no profile for provider; not polling", op=op.operation_id, provider=op.provider
+            )
             self.timers.schedule(op.operation_id, time.monotonic() + 30.0)
             return
         try:
@@ -282,8 +291,9 @@ class Poller:
             self.pacing.release(provider)
         return False
 
-    async def _send(self, op: Operation, client: StatusClient,
-                    intent: StatusRequestIntended) -> StatusResponseReceived | TransportFailed:
+    async def _send(
+        self, op: Operation, client: StatusClient, intent: StatusRequestIntended
+    ) -> StatusResponseReceived | TransportFailed:
         """The one request of ``intent``, or why it was not sent after all."""
         await self.provider_turn(op.provider, reserved=True)
         deadline, _ = op.effective_deadline
@@ -291,21 +301,31 @@ class Poller:
         # S13: a request needs room to arrive before the deadline, not only to leave.
         if time_left < SEND_MARGIN:
             return TransportFailed(
-                operation_id=op.operation_id, at=self.clock(),
-                request_number=intent.request_number, kind="pool_timeout",
+                operation_id=op.operation_id,
+                at=self.clock(),
+                request_number=intent.request_number,
+                kind="pool_timeout",
                 detail=f"not sent: less than {SEND_MARGIN:g}s to the deadline once the "
-                       f"intent was durable")
+                f"intent was durable",
+            )
         lease = self.chain.lease
         if lease is not None and not lease.allows(client.profile.status.timeout_seconds):
             return TransportFailed(
-                operation_id=op.operation_id, at=self.clock(),
-                request_number=intent.request_number, kind="not_sent",
+                operation_id=op.operation_id,
+                at=self.clock(),
+                request_number=intent.request_number,
+                kind="not_sent",
                 detail="not sent: the lease would not outlive the request once the intent "
-                       "was durable")
+                "was durable",
+            )
         url = op.status_location or client.profile.status_url(op.provider_job_id)
-        fact = await client.fetch(operation_id=op.operation_id, url=url,
-                                  request_number=intent.request_number,
-                                  time_left=time_left, clock=self.clock)
+        fact = await client.fetch(
+            operation_id=op.operation_id,
+            url=url,
+            request_number=intent.request_number,
+            time_left=time_left,
+            clock=self.clock,
+        )
         self.metrics.requests_sent += 1
         return fact
 
@@ -341,6 +361,3 @@ async def acquire(semaphore: anyio.Semaphore) -> None:
         semaphore.acquire_nowait()
     except anyio.WouldBlock:
         await semaphore.acquire()
-
-
-

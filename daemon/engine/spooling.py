@@ -41,8 +41,17 @@ from replay.observations import DecisionSubmitted
 
 
 class SpoolDoor:
-    def __init__(self, config: Config, spool: Spool, intake: Intake, metrics: Metrics, *,
-                 faults: FaultInjection, busy: set[str], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        spool: Spool,
+        intake: Intake,
+        metrics: Metrics,
+        *,
+        faults: FaultInjection,
+        busy: set[str],
+        clock: Callable[[], float],
+    ) -> None:
         self.config = config
         self.spool = spool
         self.intake = intake
@@ -57,9 +66,15 @@ class SpoolDoor:
         """Ingest on every change, and rescan at least once a second: a file dropped between
         the start-up scan and the watch being set up (or an event the kernel dropped) waits
         a second at most, never forever."""
-        async for _ in watchfiles.awatch(self.spool.incoming, self.spool.decisions,
-                                         stop_event=stopping, debounce=20, step=10,
-                                         rust_timeout=1000, yield_on_timeout=True):
+        async for _ in watchfiles.awatch(
+            self.spool.incoming,
+            self.spool.decisions,
+            stop_event=stopping,
+            debounce=20,
+            step=10,
+            rust_timeout=1000,
+            yield_on_timeout=True,
+        ):
             await self.ingest_all()
             self.prune()
 
@@ -67,16 +82,21 @@ class SpoolDoor:
         """Keep receipts for ``receipt_retention_seconds`` and the newest ``rejected_max_files``
         refused files: at start, then at most once a minute, or sooner during a flood."""
         cfg = self.config.spool
-        due = (force or time.monotonic() - self._pruned_at >= 60.0
-               or self.spool.rejected_since_prune >= max(1, cfg.rejected_max_files // 10))
+        due = (
+            force
+            or time.monotonic() - self._pruned_at >= 60.0
+            or self.spool.rejected_since_prune >= max(1, cfg.rejected_max_files // 10)
+        )
         if not due:
             return
         self._pruned_at = time.monotonic()
         try:
-            removed = self.spool.prune(self.clock(),
-                                       receipt_retention=cfg.receipt_retention_seconds,
-                                       receipt_max=cfg.receipt_max_files,
-                                       rejected_max=cfg.rejected_max_files)
+            removed = self.spool.prune(
+                self.clock(),
+                receipt_retention=cfg.receipt_retention_seconds,
+                receipt_max=cfg.receipt_max_files,
+                rejected_max=cfg.rejected_max_files,
+            )
         except OSError as exc:
             logfmt.warn("cannot prune the spool; trying again later", error=exc.strerror)
             return
@@ -93,8 +113,9 @@ class SpoolDoor:
             problem = str(exc)
         if problem != self._decisions_problem:
             if problem:
-                logfmt.error("decisions are not read while their directory is unsafe",
-                             error=problem)
+                logfmt.error(
+                    "decisions are not read while their directory is unsafe", error=problem
+                )
             else:
                 logfmt.info("the decisions directory is safe again; reading decisions")
             self._decisions_problem = problem
@@ -105,15 +126,19 @@ class SpoolDoor:
         the exception's class as its reason, and the others go on. Decisions wait while their
         directory is open to anyone but the approvers."""
         stages: list[tuple[Path, Callable[[Path], Awaitable[None]]]] = [
-            (self.spool.incoming, self.ingest_incoming)]
+            (self.spool.incoming, self.ingest_incoming)
+        ]
         if self._decisions_safe():
             stages.append((self.spool.decisions, self.ingest_decision))
         for directory, ingest in stages:
             try:
                 waiting = self.spool.pending(directory)
             except OSError as exc:  # out of descriptors, say: the next scan tries again
-                logfmt.warn("cannot list the spool; trying again at the next scan",
-                            directory=directory, error=exc.strerror)
+                logfmt.warn(
+                    "cannot list the spool; trying again at the next scan",
+                    directory=directory,
+                    error=exc.strerror,
+                )
                 continue
             for path in waiting:
                 try:
@@ -122,13 +147,19 @@ class SpoolDoor:
                 except FencedError:
                     raise  # left in the spool for the next active node
                 except Exception as exc:  # the barrier: one file, not all
-                    logfmt.error("internal error while ingesting a spool file; rejected",
-                                 file=path.name, error=type(exc).__name__,
-                                 trace=frames(exc))
-                    self.spool.reject(path, spool_request_id(path),
-                                      f"internal error ({type(exc).__name__}) while ingesting; "
-                                      f"the daemon went on without it",
-                                      decision=directory == self.spool.decisions)
+                    logfmt.error(
+                        "internal error while ingesting a spool file; rejected",
+                        file=path.name,
+                        error=type(exc).__name__,
+                        trace=frames(exc),
+                    )
+                    self.spool.reject(
+                        path,
+                        spool_request_id(path),
+                        f"internal error ({type(exc).__name__}) while ingesting; "
+                        f"the daemon went on without it",
+                        decision=directory == self.spool.decisions,
+                    )
 
     async def ingest_incoming(self, path: Path) -> None:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
@@ -156,8 +187,9 @@ class SpoolDoor:
         else:
             self.spool.done(path)  # its receipt follows the action's outcome
 
-    async def _ingest_registration(self, path: Path, rid: str, rf: RegistrationFile,
-                                   owner: int) -> None:
+    async def _ingest_registration(
+        self, path: Path, rid: str, rf: RegistrationFile, owner: int
+    ) -> None:
         """Register the job a spool file asks for; the file's owner is who asked."""
         try:
             op, _ = await self.intake.register(Register(rf.registration, owner))
@@ -165,8 +197,7 @@ class SpoolDoor:
             logfmt.warn("spool file rejected", file=path.name, reason=exc.detail)
             self.spool.reject(path, rid, scoping.shown(exc.detail, owner))
             return
-        self.spool.write_receipt(Receipt(rid, "registered",
-                                         scoping.shown(op.operation_id, owner)))
+        self.spool.write_receipt(Receipt(rid, "registered", scoping.shown(op.operation_id, owner)))
         self.spool.done(path)
 
     async def ingest_decision(self, path: Path) -> None:
@@ -183,8 +214,9 @@ class SpoolDoor:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise Refused(f"not a valid decision: {exc}") from None
             approver = user_name(st.st_uid)  # the file's owner, not a name the file claims
-            observation = DecisionSubmitted(option=df.option, approver=approver, note=df.note,
-                                            escalation_id=df.escalation_id)
+            observation = DecisionSubmitted(
+                option=df.option, approver=approver, note=df.note, escalation_id=df.escalation_id
+            )
             if df.operation_id in self.busy:
                 return  # a poll is mid-flight; the next scan picks the file up
             await self.intake.decide(Decide(df.operation_id, observation, st.st_uid))

@@ -87,8 +87,7 @@ class Supervisor:
         self.config = config
         self.clock = clock
         self.publisher = publisher  # sends every signed head to the configured witnesses
-        self.drain_seconds = (config.daemon.drain_seconds if drain_seconds is None
-                              else drain_seconds)
+        self.drain_seconds = config.daemon.drain_seconds if drain_seconds is None else drain_seconds
         self.metrics = Metrics()
         self.faults = FaultInjection.from_environment()
         self.spool = Spool(config.spool_dir)
@@ -98,8 +97,17 @@ class Supervisor:
         self.polls: anyio.abc.TaskGroup | None = None
 
         # The chain, and the projections that follow it (in this order for each event).
-        self.chain = chain = Chain(config, keyring, signs, metrics=self.metrics, clock=clock,
-                                   draw=draw, heads=heads, store=store, lease=lease)
+        self.chain = chain = Chain(
+            config,
+            keyring,
+            signs,
+            metrics=self.metrics,
+            clock=clock,
+            draw=draw,
+            heads=heads,
+            store=store,
+            lease=lease,
+        )
         chain.status_line = lambda alarm: self.status_line(alarm=alarm)
         self.stopping = chain.stopping
         self.live = LiveCounts()
@@ -110,20 +118,39 @@ class Supervisor:
         chain.follow(self.waiters)
         chain.follow(Observed(config, self.metrics, lambda: chain.ledger))
 
-        self.poller = poller = Poller(config, chain, self.waiters, self.metrics,
-                                      faults=self.faults)
-        self.runner = ActionRunner(ActionPorts(
-            record=chain.record, clock=lambda: self.clock(), spawn=self._spawn,
-            schedule=poller.schedule, provider_turn=poller.provider_turn,
-            profile=poller.profiles.get, client=poller.clients.get,
-            operation=lambda op_id: chain.ops.get(op_id), operations=lambda: chain.ops.values(),
-            spool=self.spool, state_dir=config.state_dir, outbox_dir=config.outbox_dir,
-            faults=self.faults, count_internal_error=self._count_internal_error,
-            lease_room=chain.lease_room, fetch_limits=config.fetch))
-        self.intake = Intake(config, chain, self.waiters, poller, self.runner,
-                             lambda: poller.profiles)
-        self.spool_door = SpoolDoor(config, self.spool, self.intake, self.metrics,
-                                    faults=self.faults, busy=poller.busy, clock=clock)
+        self.poller = poller = Poller(config, chain, self.waiters, self.metrics, faults=self.faults)
+        self.runner = ActionRunner(
+            ActionPorts(
+                record=chain.record,
+                clock=lambda: self.clock(),
+                spawn=self._spawn,
+                schedule=poller.schedule,
+                provider_turn=poller.provider_turn,
+                profile=poller.profiles.get,
+                client=poller.clients.get,
+                operation=lambda op_id: chain.ops.get(op_id),
+                operations=lambda: chain.ops.values(),
+                spool=self.spool,
+                state_dir=config.state_dir,
+                outbox_dir=config.outbox_dir,
+                faults=self.faults,
+                count_internal_error=self._count_internal_error,
+                lease_room=chain.lease_room,
+                fetch_limits=config.fetch,
+            )
+        )
+        self.intake = Intake(
+            config, chain, self.waiters, poller, self.runner, lambda: poller.profiles
+        )
+        self.spool_door = SpoolDoor(
+            config,
+            self.spool,
+            self.intake,
+            self.metrics,
+            faults=self.faults,
+            busy=poller.busy,
+            clock=clock,
+        )
 
     # -- what the API and the demo read --------------------------------------------------------
 
@@ -182,8 +209,10 @@ class Supervisor:
         escalated = sum(1 for op in self.ops.values() if op.phase == "escalated")
         failing = alarm or self.metrics.log_alarm
         alarm_text = "; ALARM: LOG APPEND FAILING" if failing else ""
-        return (f"{live} live, {escalated} escalated, {self.metrics.requests_sent} requests "
-                f"sent{alarm_text}")
+        return (
+            f"{live} live, {escalated} escalated, {self.metrics.requests_sent} requests "
+            f"sent{alarm_text}"
+        )
 
     async def _status_and_watchdog(self) -> None:
         interval = systemd.watchdog_interval()
@@ -201,21 +230,26 @@ class Supervisor:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def serve_api(self, *, task_status: anyio.abc.TaskStatus[None]
-                        = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve_api(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """The local API: an edge the engine does not know (:mod:`daemon.supervisor` attaches
         it); the bare engine serves none."""
         task_status.started()
 
     async def _watch_profiles(self) -> None:
         assert self.config.profiles_dir is not None
-        async for _ in watchfiles.awatch(self.config.profiles_dir, stop_event=self.stopping,
-                                         debounce=200, rust_timeout=1000):
+        async for _ in watchfiles.awatch(
+            self.config.profiles_dir, stop_event=self.stopping, debounce=200, rust_timeout=1000
+        ):
             self.load_profiles()
 
-    async def _signals(self, scope: anyio.CancelScope, *,
-                       task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                       ) -> None:
+    async def _signals(
+        self,
+        scope: anyio.CancelScope,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
             task_status.started()  # handlers are in place: "ready" may be announced
             async for signum in sigs:
@@ -234,8 +268,9 @@ class Supervisor:
         if self._main_scope is not None:
             self._main_scope.cancel()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         cfg = self.config
         chain, poller = self.chain, self.poller
         try:
@@ -246,8 +281,9 @@ class Supervisor:
         self.load_profiles()
         started = time.monotonic()
         snapshot = await chain.load_snapshot()
-        publishing = (self.publisher.running() if self.publisher is not None
-                      else contextlib.nullcontext())
+        publishing = (
+            self.publisher.running() if self.publisher is not None else contextlib.nullcontext()
+        )
         async with publishing, chain.opened(snapshot) as undecided:
             log = chain.log
             self.runner.actions = chain.ledger.actions
@@ -255,9 +291,15 @@ class Supervisor:
             # re-scanning 100,000 operations on every full collection (they hold no cycles).
             gc.freeze()
             live = [op for op in self.ops.values() if op.phase == "live"]
-            logfmt.info("replayed", events=chain.ledger.events, operations=len(self.ops),
-                        live=len(live), from_snapshot=chain.from_snapshot,
-                        seconds=f"{time.monotonic() - started:.3f}", log_sync=log.sync_mode)
+            logfmt.info(
+                "replayed",
+                events=chain.ledger.events,
+                operations=len(self.ops),
+                live=len(live),
+                from_snapshot=chain.from_snapshot,
+                seconds=f"{time.monotonic() - started:.3f}",
+                log_sync=log.sync_mode,
+            )
             async with anyio.create_task_group() as polls:
                 self.polls = poller.polls = polls
                 chain.spawn = self.spawn_task
@@ -280,11 +322,13 @@ class Supervisor:
                             tg.start_soon(self._watch_profiles)
                         if cfg.metrics.listen:
                             host, _, port = cfg.metrics.listen.rpartition(":")
-                            bound = await tg.start(serve_metrics, host, int(port),
-                                                   self.render_metrics)
+                            bound = await tg.start(
+                                serve_metrics, host, int(port), self.render_metrics
+                            )
                             self.metrics_url = f"http://{host}:{bound}/metrics"
-                            logfmt.info("metrics listening",
-                                        address=f"http://{host}:{bound}/metrics")
+                            logfmt.info(
+                                "metrics listening", address=f"http://{host}:{bound}/metrics"
+                            )
                         if cfg.api.enabled:
                             await tg.start(self.serve_api)
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)

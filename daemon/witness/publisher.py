@@ -61,11 +61,18 @@ class Rejected(Exception):
 
 
 class HeadPublisher:
-    def __init__(self, config: WitnessConfig, state_dir: Path, heads: HeadStore,
-                 witness_file: Path | None, ca_file: Path | None = None, *,
-                 token: bytes | None = None,
-                 proof_for: Callable[[int], Proof] | None = None,
-                 certs_per_post: int = CERTS_PER_POST) -> None:
+    def __init__(
+        self,
+        config: WitnessConfig,
+        state_dir: Path,
+        heads: HeadStore,
+        witness_file: Path | None,
+        ca_file: Path | None = None,
+        *,
+        token: bytes | None = None,
+        proof_for: Callable[[int], Proof] | None = None,
+        certs_per_post: int = CERTS_PER_POST,
+    ) -> None:
         self.config = config
         self.certs_per_post = certs_per_post
         self.ca_file = ca_file
@@ -106,17 +113,24 @@ class HeadPublisher:
             yield
             return
         self._event_loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(timeout=self.config.timeout_seconds,
-                                     follow_redirects=False, trust_env=False,
-                                     verify=tls_context(self.ca_file)) as client, \
-                anyio.create_task_group() as tg:
+        async with (
+            httpx.AsyncClient(
+                timeout=self.config.timeout_seconds,
+                follow_redirects=False,
+                trust_env=False,
+                verify=tls_context(self.ca_file),
+            ) as client,
+            anyio.create_task_group() as tg,
+        ):
             tg.start_soon(self._loop, client)
             try:
                 yield
             finally:
                 # The log is closed: one bounded last round for the final checkpoint.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(
-                        self.config.timeout_seconds):
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self.config.timeout_seconds),
+                ):
                     await self.deliver_all(client)
                 tg.cancel_scope.cancel()
 
@@ -151,15 +165,21 @@ class HeadPublisher:
                     self._save_cursor(target, cursor)
             except Rejected as exc:
                 if target not in self._failing:
-                    logfmt.error("witness rejects our heads; they stay queued on disk",
-                                 target=_safe(target), reason=str(exc))
+                    logfmt.error(
+                        "witness rejects our heads; they stay queued on disk",
+                        target=_safe(target),
+                        reason=str(exc),
+                    )
                     self._failing.add(target)
                 pending = True
                 continue
             except (OSError, httpx.HTTPError) as exc:
                 if target not in self._failing:
-                    logfmt.warn("witness unreachable; heads stay queued on disk",
-                                target=_safe(target), error=type(exc).__name__)
+                    logfmt.warn(
+                        "witness unreachable; heads stay queued on disk",
+                        target=_safe(target),
+                        error=type(exc).__name__,
+                    )
                     self._failing.add(target)
                 pending = True
                 continue
@@ -167,11 +187,17 @@ class HeadPublisher:
                 logfmt.info("witness reachable again", target=_safe(target))
                 self._failing.discard(target)
             pending |= target not in self._refused and bool(
-                self.heads.read_from(max(cursor, 0))[1 if cursor >= 0 else 0:])
+                self.heads.read_from(max(cursor, 0))[1 if cursor >= 0 else 0 :]
+            )
         return pending
 
-    async def _deliver(self, client: httpx.AsyncClient, target: str, prev: Head | None,
-                       todo: list[tuple[int, Head]]) -> int | None:
+    async def _deliver(
+        self,
+        client: httpx.AsyncClient,
+        target: str,
+        prev: Head | None,
+        todo: list[tuple[int, Head]],
+    ) -> int | None:
         """Deliver ``todo``; the new cursor, or None where the target refused (a fork)."""
         kind, _, where = target.partition(":")
         heads = [h for _, h in todo]
@@ -179,19 +205,26 @@ class HeadPublisher:
             await anyio.to_thread.run_sync(_append_file, Path(where), heads)
         elif kind == "syslog":
             for h in heads:
-                syslog.syslog(syslog.LOG_INFO | syslog.LOG_AUTH,
-                              f"bide head log={h.log} seq={h.seq} hash={h.hash} "
-                              f"epoch={h.epoch} sig={h.sig}")
+                syslog.syslog(
+                    syslog.LOG_INFO | syslog.LOG_AUTH,
+                    f"bide head log={h.log} seq={h.seq} hash={h.hash} epoch={h.epoch} sig={h.sig}",
+                )
         else:
             return await self._post(client, target, where, prev, todo)
         self.delivered[target] = self.delivered.get(target, 0) + len(heads)
         return todo[-1][0]
 
-    async def _post(self, client: httpx.AsyncClient, target: str, url: str, prev: Head | None,
-                    todo: list[tuple[int, Head]]) -> int | None:
+    async def _post(
+        self,
+        client: httpx.AsyncClient,
+        target: str,
+        url: str,
+        prev: Head | None,
+        todo: list[tuple[int, Head]],
+    ) -> int | None:
         cursor = -1
         for i in range(0, len(todo), MAX_HEADS_PER_POST):
-            chunk = todo[i:i + MAX_HEADS_PER_POST]
+            chunk = todo[i : i + MAX_HEADS_PER_POST]
             # The head before the batch goes too: the witness finds the one it holds.
             batch = ([prev] if prev is not None else []) + [h for _, h in chunk]
             proof = None
@@ -212,22 +245,30 @@ class HeadPublisher:
             if response.status_code == 409:
                 refused = msgspec.json.decode(response.content, type=Refused)
                 resume = await anyio.to_thread.run_sync(self._offset_of, refused.held)
-                if resume is not None and resume != todo[0][0] and (
-                        prev is None or resume != cursor):
+                if (
+                    resume is not None
+                    and resume != todo[0][0]
+                    and (prev is None or resume != cursor)
+                ):
                     return resume  # it holds an older or newer head of ours: go on from there
-                logfmt.error("witness refuses our heads: it holds a head this log does not "
-                             "extend (a fork or a rollback); nothing more is sent to it",
-                             target=_safe(target), reason=refused.reason)
+                logfmt.error(
+                    "witness refuses our heads: it holds a head this log does not "
+                    "extend (a fork or a rollback); nothing more is sent to it",
+                    target=_safe(target),
+                    reason=refused.reason,
+                )
                 self._refused.add(target)
                 return None
             if response.status_code in (400, 401, 403, 413, 428, 429, 507):
                 raise Rejected(f"{response.status_code}: {_reason(response)}")
-            raise httpx.HTTPStatusError(f"witness answered {response.status_code}",
-                                        request=response.request, response=response)
+            raise httpx.HTTPStatusError(
+                f"witness answered {response.status_code}",
+                request=response.request,
+                response=response,
+            )
         return cursor
 
-    async def _send_proof(self, client: httpx.AsyncClient, url: str, upto: int
-                          ) -> Proof | None:
+    async def _send_proof(self, client: httpx.AsyncClient, url: str, upto: int) -> Proof | None:
         """The proof for heads up to ``upto``, to send with them; or, when it holds more
         certificates than one body should, sent ahead in parts (then None)."""
         assert self._proof_for is not None
@@ -236,7 +277,7 @@ class HeadPublisher:
         if len(proof.certs) <= n:
             return proof
         for i in range(0, len(proof.certs), n):
-            part = Proof(proof.genesis if i == 0 else "", proof.certs[i:i + n])
+            part = Proof(proof.genesis if i == 0 else "", proof.certs[i : i + n])
             response = await self._send(client, url, _body([], part))
             if response.status_code != 202:
                 raise Rejected(f"{response.status_code}: {_reason(response)}")
@@ -258,8 +299,7 @@ class HeadPublisher:
             try:
                 headers = {"content-type": "application/json"}
                 if self._token is not None:
-                    headers["authorization"] = "Bearer " + self._token.decode("ascii",
-                                                                              "replace")
+                    headers["authorization"] = "Bearer " + self._token.decode("ascii", "replace")
                 return await client.post(url, content=body, headers=headers)
             except httpx.TransportError:
                 if attempt == self.config.retries:

@@ -84,8 +84,10 @@ def pinned_keys(texts: list[str]) -> dict[str, bytes]:
         except (binascii.Error, ValueError):
             raw = b""
         if len(raw) != 32:
-            raise ValueError(f"witness key {text[:60]!r} is not a base64 Ed25519 public key "
-                             f"(as `bide witness serve` prints it) nor a file holding one")
+            raise ValueError(
+                f"witness key {text[:60]!r} is not a base64 Ed25519 public key "
+                f"(as `bide witness serve` prints it) nor a file holding one"
+            )
         out[fingerprint(raw)] = raw
     return out
 
@@ -97,29 +99,34 @@ def _is_key(text: str) -> bool:
         return False
 
 
-def witnessed(source: str, log_id: str, *, timeout: float = 10.0,
-              ca_file: Path | None = None) -> Witnessed:
+def witnessed(
+    source: str, log_id: str, *, timeout: float = 10.0, ca_file: Path | None = None
+) -> Witnessed:
     """What ``source`` (an http(s) URL or a file) holds for ``log_id``."""
     if source.startswith(("http://", "https://")):
         url = source.rstrip("/")
         if not url.endswith("/v1/heads"):
             url += "/v1/heads"
         try:
-            response = httpx.get(f"{url}/{log_id}", timeout=timeout, follow_redirects=False,
-                                 trust_env=False, verify=tls_context(ca_file))
+            response = httpx.get(
+                f"{url}/{log_id}",
+                timeout=timeout,
+                follow_redirects=False,
+                trust_env=False,
+                verify=tls_context(ca_file),
+            )
         except httpx.HTTPError as exc:
             raise WitnessUnreachable(
-                f"witness {shown(source)} cannot be reached ({type(exc).__name__})") from None
+                f"witness {shown(source)} cannot be reached ({type(exc).__name__})"
+            ) from None
         if response.status_code == 404:
             return Witnessed(source, [], url=True)
         if response.status_code != 200:
-            raise WitnessUnreachable(
-                f"witness {shown(source)} answered {response.status_code}")
+            raise WitnessUnreachable(f"witness {shown(source)} answered {response.status_code}")
         try:
             answer = msgspec.json.decode(response.content, type=_Answer)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise WitnessUnreachable(
-                f"witness {shown(source)} did not answer with heads") from None
+            raise WitnessUnreachable(f"witness {shown(source)} did not answer with heads") from None
         return Witnessed(source, answer.heads, answer.certs, url=True)
     path = Path(source)
     if not path.is_file():
@@ -148,8 +155,9 @@ def witnessed(source: str, log_id: str, *, timeout: float = 10.0,
     return Witnessed(source, heads, certs)
 
 
-def believed(w: Witnessed, root: bytes, genesis: str, pinned: dict[str, bytes] | None
-             ) -> tuple[list[Head], list[Lie]]:
+def believed(
+    w: Witnessed, root: bytes, genesis: str, pinned: dict[str, bytes] | None
+) -> tuple[list[Head], list[Lie]]:
     """The heads of ``w`` that verify from ``root`` and ``genesis`` (and, from a URL with
     ``pinned`` keys, carry a countersignature by one), and the lies among them."""
     good, lies = [], []

@@ -119,16 +119,17 @@ class TrustError(Exception):
 def load_trust(directory: Path) -> dict[str, Trusted]:
     """``directory/<log id>/verify.pub`` and ``.../token`` for every log id in it."""
     if not directory.is_dir():
-        raise TrustError(f"trust directory {directory} does not exist; create it with one "
-                         f"subdirectory per log id holding verify.pub and token")
+        raise TrustError(
+            f"trust directory {directory} does not exist; create it with one "
+            f"subdirectory per log id holding verify.pub and token"
+        )
     out: dict[str, Trusted] = {}
     for entry in sorted(directory.iterdir()):
         if not entry.is_dir():
             continue
         log = entry.name
         if len(log) != _LOG_ID_LEN or any(c not in "0123456789abcdef" for c in log):
-            raise TrustError(f"{entry}: not a log id (32 hex digits, as `bide log head` "
-                             f"prints it)")
+            raise TrustError(f"{entry}: not a log id (32 hex digits, as `bide log head` prints it)")
         try:
             root = load_verify_key(entry / "verify.pub").raw
         except Exception as exc:  # a KeyFileError names the file
@@ -143,13 +144,17 @@ def read_token(path: Path) -> bytes:
         st = path.stat()
         data = path.read_bytes().strip()
     except OSError as exc:
-        raise TrustError(f"cannot read token {path}: {exc.strerror}; create it with "
-                         f"`bide witness token --out {path}`") from None
+        raise TrustError(
+            f"cannot read token {path}: {exc.strerror}; create it with "
+            f"`bide witness token --out {path}`"
+        ) from None
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise TrustError(f"token {path} is readable by group or others; fix: chmod 600 {path}")
     if len(data) < TOKEN_BYTES_MIN:
-        raise TrustError(f"token {path} is shorter than {TOKEN_BYTES_MIN} characters; "
-                         f"create one with `bide witness token --out {path}`")
+        raise TrustError(
+            f"token {path} is shorter than {TOKEN_BYTES_MIN} characters; "
+            f"create one with `bide witness token --out {path}`"
+        )
     return data
 
 
@@ -195,8 +200,7 @@ _entry_decoder = msgspec.json.Decoder(Entry)
 class WitnessState:
     """The latest head, key state and key certificates per log, backed by the state file."""
 
-    def __init__(self, path: Path, key: Signer, trust: dict[str, Trusted] | None = None
-                 ) -> None:
+    def __init__(self, path: Path, key: Signer, trust: dict[str, Trusted] | None = None) -> None:
         self.path = path
         self.key = key
         self.fingerprint = fingerprint(key.public_bytes)
@@ -239,10 +243,16 @@ class WitnessState:
     def compact(self) -> None:
         """Rewrite the state file as one line per log (atomically, durably)."""
         with self._lock:
-            lines = [_encode_entry(log, s, s.certs or []) for log, s in sorted(self.logs.items())
-                     if s.head is not None and s.keys is not None]
-            lines += [msgspec.json.encode(s.head) + b"\n" for s in self.logs.values()
-                      if s.head is not None and s.keys is None]
+            lines = [
+                _encode_entry(log, s, s.certs or [])
+                for log, s in sorted(self.logs.items())
+                if s.head is not None and s.keys is not None
+            ]
+            lines += [
+                msgspec.json.encode(s.head) + b"\n"
+                for s in self.logs.values()
+                if s.head is not None and s.keys is None
+            ]
             tmp = self.path.with_name(self.path.name + ".tmp")
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -266,8 +276,9 @@ class WitnessState:
             return 400, Verdict("refused", reason="heads of several logs in one request")
         trusted = self.trust.get(log)
         if trusted is None:
-            return 403, Verdict("refused", reason=f"log {log[:32]} is not in this witness's "
-                                                  f"trust directory")
+            return 403, Verdict(
+                "refused", reason=f"log {log[:32]} is not in this witness's trust directory"
+            )
         with self._lock:
             state = self.logs.setdefault(log, LogState())
             held = state.head
@@ -277,11 +288,14 @@ class WitnessState:
             new = [h for h in chain if held is None or h.seq > held.seq]
             if not new:
                 return 200, Verdict("accepted", head=held)  # nothing new
-            keys, certs, problem = self._keys_for(state, trusted.root, proof or state.pending,
-                                                  new[0].seq)
+            keys, certs, problem = self._keys_for(
+                state, trusted.root, proof or state.pending, new[0].seq
+            )
             if keys is None:
-                return (428 if problem.startswith("no proof") else 403,
-                        Verdict("refused", reason=problem))
+                return (
+                    428 if problem.startswith("no proof") else 403,
+                    Verdict("refused", reason=problem),
+                )
             added = []
             for h in new:
                 mismatch = head_matches(h)
@@ -290,18 +304,26 @@ class WitnessState:
                 try:
                     keys = advance(keys, trusted.root, h.cp)
                 except ChainError as exc:
-                    return 403, Verdict("refused", reason=f"head {h.seq} is not signed by the "
-                                                          f"log's trusted keys: {exc}")
+                    return 403, Verdict(
+                        "refused",
+                        reason=f"head {h.seq} is not signed by the log's trusted keys: {exc}",
+                    )
                 if is_cert(h.cp):
                     added.append(h.cp)
             if len(certs) + len(added) > MAX_CERTS:
-                return 507, Verdict("refused", reason=f"log {log} has more than {MAX_CERTS} "
-                                                      f"key certificates at this witness")
+                return 507, Verdict(
+                    "refused",
+                    reason=f"log {log} has more than {MAX_CERTS} key certificates at this witness",
+                )
             newest = new[-1]
             head = msgspec.structs.replace(
-                newest, countersig=base64.b64encode(
-                    self.key.sign(countersign_message(newest))).decode("ascii"),
-                witness=self.fingerprint, received_t_us=_now_us())
+                newest,
+                countersig=base64.b64encode(self.key.sign(countersign_message(newest))).decode(
+                    "ascii"
+                ),
+                witness=self.fingerprint,
+                received_t_us=_now_us(),
+            )
             fresh = certs is not state.certs  # rebuilt from a proof: the line holds them all
             self._append(Entry(log, head, keys, (certs if fresh else []) + added))
             state.head, state.keys, state.certs = head, keys, certs + added
@@ -310,15 +332,22 @@ class WitnessState:
             self.compact()
         return 200, Verdict("accepted", head=head)
 
-    def _keys_for(self, state: LogState, root: bytes, proof: Proof | None, first: int
-                  ) -> tuple[KeyState | None, list[str], str]:
+    def _keys_for(
+        self, state: LogState, root: bytes, proof: Proof | None, first: int
+    ) -> tuple[KeyState | None, list[str], str]:
         """The key state to check the first new head at ``first`` with, the certificates
         known, or None and why not."""
         if state.keys is not None and state.head is not None:
             return state.keys, state.certs or [], ""
         if proof is None:
-            return None, [], ("no proof: this witness holds no key state for the log yet; send "
-                              "its genesis record and key certificates with the heads")
+            return (
+                None,
+                [],
+                (
+                    "no proof: this witness holds no key state for the log yet; send "
+                    "its genesis record and key certificates with the heads"
+                ),
+            )
         if len(proof.certs) > MAX_CERTS:
             return None, [], f"the proof holds more than {MAX_CERTS} certificates"
         try:
@@ -334,21 +363,25 @@ class WitnessState:
         genesis record (and starts over), the next ones more certificates, in order. Checked
         when the heads come; at most ``MAX_CERTS`` certificates are kept per log."""
         if log not in self.trust:
-            return 403, Verdict("refused", reason=f"log {log[:32]} is not in this witness's "
-                                                  f"trust directory")
+            return 403, Verdict(
+                "refused", reason=f"log {log[:32]} is not in this witness's trust directory"
+            )
         with self._lock:
             state = self.logs.setdefault(log, LogState())
             if part.genesis:
                 state.pending = part
             elif state.pending is None:
-                return 428, Verdict("refused", reason="no proof: its first part (with the "
-                                                      "genesis record) was not received")
+                return 428, Verdict(
+                    "refused",
+                    reason="no proof: its first part (with the genesis record) was not received",
+                )
             else:
                 certs = state.pending.certs + part.certs
                 if len(certs) > MAX_CERTS:
                     state.pending = None
-                    return 413, Verdict("refused", reason=f"a proof of more than {MAX_CERTS} "
-                                                          f"certificates")
+                    return 413, Verdict(
+                        "refused", reason=f"a proof of more than {MAX_CERTS} certificates"
+                    )
                 state.pending = Proof(state.pending.genesis, certs)
             return 202, Verdict("pending")
 
@@ -406,8 +439,11 @@ class RateLimiter:
                 self._buckets[client] = (tokens, now)
                 return (1.0 - tokens) / self.rate
             if client not in self._buckets and len(self._buckets) >= self.MAX_CLIENTS:
-                self._buckets = {c: b for c, b in self._buckets.items()
-                                 if b[0] + (now - b[1]) * self.rate < self.burst}
+                self._buckets = {
+                    c: b
+                    for c, b in self._buckets.items()
+                    if b[0] + (now - b[1]) * self.rate < self.burst
+                }
                 if len(self._buckets) >= self.MAX_CLIENTS:
                     return 1.0  # as many clients in debt as it remembers: new ones wait
             self._buckets[client] = (tokens - 1.0, now)
@@ -423,8 +459,9 @@ class Limits:
     burst: int = 40
 
 
-def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
-             ) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    state: WitnessState, limiter: RateLimiter, timeout_seconds: float
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "bide-witness"
         timeout = timeout_seconds  # StreamRequestHandler sets it on the socket
@@ -432,8 +469,7 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
         def log_message(self, format: str, *args: object) -> None:
             pass  # one line per request would drown the service's own messages
 
-        def _reply(self, status: int, body: object, headers: dict[str, str] | None = None
-                   ) -> None:
+        def _reply(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
             data = msgspec.json.encode(body)
             self.send_response(status)
             self.send_header("content-type", "application/json")
@@ -446,8 +482,11 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
         def _admitted(self) -> bool:
             wait = limiter.wait_for(str(self.client_address[0]))
             if wait > 0:
-                self._reply(429, {"error": "too many requests from this address"},
-                            {"retry-after": str(max(1, int(wait + 0.999)))})
+                self._reply(
+                    429,
+                    {"error": "too many requests from this address"},
+                    {"retry-after": str(max(1, int(wait + 0.999)))},
+                )
             return wait == 0
 
         def do_GET(self) -> None:
@@ -459,9 +498,14 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
                 self._reply(200, {"witness": state.fingerprint, "heads": held})
             elif parts[:3] == ["", "v1", "heads"] and len(parts) == 4:
                 head = state.latest.get(parts[3])
-                self._reply(200 if head else 404,
-                            {"witness": state.fingerprint, "heads": [head] if head else [],
-                             "certs": state.certs(parts[3]) if head else []})
+                self._reply(
+                    200 if head else 404,
+                    {
+                        "witness": state.fingerprint,
+                        "heads": [head] if head else [],
+                        "certs": state.certs(parts[3]) if head else [],
+                    },
+                )
             else:
                 self._reply(404, {"error": "GET /v1/heads or /v1/heads/<log id>"})
 
@@ -473,9 +517,11 @@ def _handler(state: WitnessState, limiter: RateLimiter, timeout_seconds: float
                 return
             log = state.authenticated_log(self.headers.get("authorization"))
             if log is None:
-                self._reply(401, {"error": "a publisher must send Authorization: Bearer <the "
-                                           "log's token>"},
-                            {"www-authenticate": 'Bearer realm="bide-witness"'})
+                self._reply(
+                    401,
+                    {"error": "a publisher must send Authorization: Bearer <the log's token>"},
+                    {"www-authenticate": 'Bearer realm="bide-witness"'},
+                )
                 return
             try:
                 length = int(self.headers.get("content-length", ""))
@@ -511,8 +557,13 @@ class WitnessServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 limits: Limits, tls: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        limits: Limits,
+        tls: ssl.SSLContext | None,
+    ) -> None:
         super().__init__(address, handler)
         self.limits = limits
         self.tls = tls
@@ -530,8 +581,9 @@ class WitnessServer(ThreadingHTTPServer):
         if not admitted:
             self.shutdown_request(request)  # full, or that client holds its share: later
             return
-        thread = threading.Thread(target=self.process_request_thread,
-                                  args=(request, client_address), daemon=True)
+        thread = threading.Thread(
+            target=self.process_request_thread, args=(request, client_address), daemon=True
+        )
         try:
             thread.start()
         except RuntimeError:  # no thread to be had: this connection is dropped
@@ -574,9 +626,14 @@ class WitnessServer(ThreadingHTTPServer):
             wrapped.close()
 
 
-def make_server(state: WitnessState, host: str, port: int, *,
-                tls: tuple[Path, Path] | None = None, limits: Limits | None = None
-                ) -> WitnessServer:
+def make_server(
+    state: WitnessState,
+    host: str,
+    port: int,
+    *,
+    tls: tuple[Path, Path] | None = None,
+    limits: Limits | None = None,
+) -> WitnessServer:
     limits = limits or Limits()
     ctx = None
     if tls is not None:
@@ -587,8 +644,9 @@ def make_server(state: WitnessState, host: str, port: int, *,
     return WitnessServer((host, port), handler, limits, ctx)
 
 
-def ingest(state: WitnessState, heads: list[Head], proof: Proof | None = None
-           ) -> list[tuple[str, Verdict]]:
+def ingest(
+    state: WitnessState, heads: list[Head], proof: Proof | None = None
+) -> list[tuple[str, Verdict]]:
     """Offer the heads of a heads file, log by log, in order."""
     by_log: dict[str, list[Head]] = {}
     for h in heads:

@@ -40,8 +40,9 @@ def _run(*cmd: str) -> None:
 
 
 @contextmanager
-def unix_users(users: dict[str, tuple[str, ...]], groups: tuple[str, ...] = (),
-               root_in: tuple[str, ...] = ()) -> Iterator[dict[str, User]]:
+def unix_users(
+    users: dict[str, tuple[str, ...]], groups: tuple[str, ...] = (), root_in: tuple[str, ...] = ()
+) -> Iterator[dict[str, User]]:
     """``users`` (name: its groups) and ``groups``; root is made a member of ``root_in``
     (groups of these tests only, so root's other memberships are untouched)."""
     for group in groups:
@@ -56,8 +57,7 @@ def unix_users(users: dict[str, tuple[str, ...]], groups: tuple[str, ...] = (),
             extra = ["--groups", ",".join(member_of)] if member_of else []
             _run("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", *extra, name)
             entry = pwd.getpwnam(name)
-            made[name] = User(name, entry.pw_uid, entry.pw_gid,
-                              os.getgrouplist(name, entry.pw_gid))
+            made[name] = User(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid))
         yield made
     finally:
         for name in users:
@@ -84,12 +84,19 @@ def python_for_everyone(where: Path) -> Path:
     return test_users._python_for_everyone(where)
 
 
-def as_user(ws: Workspace, python: Path, user: User, *args: str,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def as_user(
+    ws: Workspace, python: Path, user: User, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [str(python), "-m", "daemon.cli", *args, "--config", str(ws.config)],
-        capture_output=True, text=True, timeout=timeout, cwd="/", user=user.uid,
-        group=user.gid, extra_groups=user.groups,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+        user=user.uid,
+        group=user.gid,
+        extra_groups=user.groups,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+    )
     ws.outputs += [proc.stdout, proc.stderr]
     return proc

@@ -39,8 +39,11 @@ def api(ws: Workspace) -> Iterator[ApiClient]:
 
 
 def watch(client: ApiClient, op: str, job: str, **extra: object) -> dict[str, object]:
-    answer: dict[str, object] = client.call("POST", "/v1/operations", body={
-        "provider": "sim", "job_id": job, "operation_id": op, **extra})
+    answer: dict[str, object] = client.call(
+        "POST",
+        "/v1/operations",
+        body={"provider": "sim", "job_id": job, "operation_id": op, **extra},
+    )
     return answer
 
 
@@ -56,8 +59,7 @@ def test_register_retry_wait_and_story(tmp_path: Path) -> None:
             with pytest.raises(ApiCallError) as conflict:
                 watch(client, "op-1", "another-job")
             assert (conflict.value.status, conflict.value.error) == (409, "operation_id_in_use")
-            view = client.call("GET", "/v1/operations/op-1", params={"wait": "30s"},
-                               timeout=60)
+            view = client.call("GET", "/v1/operations/op-1", params={"wait": "30s"}, timeout=60)
             assert view["done"] is True
             assert view["phase"] == "succeeded", view["escalation"]["detail"]
             assert view["provider_results"]["result_url"].endswith("/results/j1")
@@ -104,8 +106,9 @@ def test_withdraw_stops_the_wait_with_no_further_request(tmp_path: Path) -> None
             watch(client, "op-w", "w")
             watch(client, "op-other", "other")
             ws.sim.wait_for_requests(2, kind="status", job_id="w", timeout=10)
-            answer = client.call("POST", "/v1/operations/op-w/withdrawal",
-                                 body={"note": "not needed any more"})
+            answer = client.call(
+                "POST", "/v1/operations/op-w/withdrawal", body={"note": "not needed any more"}
+            )
             assert answer == {"operation_id": "op-w", "phase": "closed", "withdrawn": True}
             polled = len(ws.sim.requests(kind="status", job_id="w"))
             seen = len(ws.sim.requests(kind="status", job_id="other"))
@@ -124,7 +127,8 @@ def test_withdraw_stops_the_wait_with_no_further_request(tmp_path: Path) -> None
 
 
 def test_an_escalation_is_answered_over_the_api_and_the_story_names_the_approver(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     with workspace(tmp_path, jobs={"odd": "mystery, succeeded with result"}) as ws:
         ws.start_daemon()
         with api(ws) as client:
@@ -142,9 +146,11 @@ def test_an_escalation_is_answered_over_the_api_and_the_story_names_the_approver
             with pytest.raises(ApiCallError) as unnumbered:
                 client.call("POST", "/v1/operations/op-odd/decision", body={"option": "extend"})
             assert unnumbered.value.error == "escalation_number_required"
-            answer = client.call("POST", "/v1/operations/op-odd/decision",
-                                 body={"option": "extend", "escalation_id": 1,
-                                       "note": "checked the console"})
+            answer = client.call(
+                "POST",
+                "/v1/operations/op-odd/decision",
+                body={"option": "extend", "escalation_id": 1, "note": "checked the console"},
+            )
             assert answer["resumes"] is True
             assert answer["self_approved"] is True
             done = client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
@@ -162,8 +168,11 @@ def test_self_approval_is_refused_unless_the_config_allows_it(tmp_path: Path) ->
             watch(client, "op-odd", "odd")
             client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
             with pytest.raises(ApiCallError) as refused:
-                client.call("POST", "/v1/operations/op-odd/decision",
-                            body={"option": "abandon", "escalation_id": 1})
+                client.call(
+                    "POST",
+                    "/v1/operations/op-odd/decision",
+                    body={"option": "abandon", "escalation_id": 1},
+                )
             assert (refused.value.status, refused.value.error) == (403, "self_approval")
         cli = ws.bide("decide", "op-odd", "abandon", "--escalation", "1")
         assert cli.returncode == 1
@@ -172,8 +181,11 @@ def test_self_approval_is_refused_unless_the_config_allows_it(tmp_path: Path) ->
 
 
 def test_per_user_registration_rate_answers_429_with_retry_after(tmp_path: Path) -> None:
-    with workspace(tmp_path, jobs={"a": FOREVER, "b": FOREVER},
-                   api="registrations_per_second = 0.2\nregistrations_burst = 1\n") as ws:
+    with workspace(
+        tmp_path,
+        jobs={"a": FOREVER, "b": FOREVER},
+        api="registrations_per_second = 0.2\nregistrations_burst = 1\n",
+    ) as ws:
         ws.start_daemon()
         with api(ws) as client:
             watch(client, "op-a", "a")
@@ -181,8 +193,7 @@ def test_per_user_registration_rate_answers_429_with_retry_after(tmp_path: Path)
                 watch(client, "op-b", "b")
             assert (limited.value.status, limited.value.error) == (429, "rate_limited")
             watch(client, "op-a", "a")  # a retry of a recorded registration is not throttled
-        raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock(ws))),
-                           base_url="http://bide")
+        raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock(ws))), base_url="http://bide")
         answer = raw.post("/v1/operations", json={"provider": "sim", "job_id": "b"})
         assert answer.status_code == 429
         assert int(answer.headers["Retry-After"]) >= 1
@@ -216,9 +227,12 @@ def _status(answer: bytes) -> int:
 
 
 def test_hostile_requests_get_clear_errors_and_polling_goes_on(tmp_path: Path) -> None:
-    with workspace(tmp_path, jobs={"keep": FOREVER},
-                   config_extra='\n[metrics]\nlisten = "127.0.0.1:0"\n',
-                   api="request_timeout_seconds = 1\nmax_connections_per_user = 2000\n") as ws:
+    with workspace(
+        tmp_path,
+        jobs={"keep": FOREVER},
+        config_extra='\n[metrics]\nlisten = "127.0.0.1:0"\n',
+        api="request_timeout_seconds = 1\nmax_connections_per_user = 2000\n",
+    ) as ws:
         daemon = ws.start_daemon()
         path = sock(ws)
         with api(ws) as client:
@@ -226,33 +240,48 @@ def test_hostile_requests_get_clear_errors_and_polling_goes_on(tmp_path: Path) -
         ws.sim.wait_for_requests(1, kind="status", job_id="keep", timeout=10)
 
         big = b"{" + b" " * (65 * 1024) + b"}"
-        answer = _raw(path, b"POST /v1/operations HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                      + str(len(big)).encode() + b"\r\n\r\n" + big)
+        answer = _raw(
+            path,
+            b"POST /v1/operations HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            + str(len(big)).encode()
+            + b"\r\n\r\n"
+            + big,
+        )
         assert _status(answer) == 413
         assert b'"body_too_large"' in answer
 
-        answer = _raw(path, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: "
-                      + b"a" * (17 * 1024) + b"\r\n\r\n")
+        answer = _raw(
+            path,
+            b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (17 * 1024) + b"\r\n\r\n",
+        )
         assert _status(answer) == 431
 
         malformed = b'{"provider": "sim", '
-        answer = _raw(path, b"POST /v1/operations HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                      + str(len(malformed)).encode() + b"\r\nConnection: close\r\n\r\n"
-                      + malformed)
+        answer = _raw(
+            path,
+            b"POST /v1/operations HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            + str(len(malformed)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + malformed,
+        )
         assert _status(answer) == 400
         assert b'"malformed_json"' in answer
 
         with api(ws) as client:
             with pytest.raises(ApiCallError) as unknown:
-                client.call("POST", "/v1/operations",
-                            body={"provider": "sim", "job_id": "x", "colour": "red"})
+                client.call(
+                    "POST",
+                    "/v1/operations",
+                    body={"provider": "sim", "job_id": "x", "colour": "red"},
+                )
             assert (unknown.value.status, unknown.value.field) == (422, "colour")
             with pytest.raises(ApiCallError) as provider:
                 watch(client, "op-x", "x", provider="nobody")
             assert (provider.value.status, provider.value.error) == (422, "unknown_provider")
 
-        answer = _raw(path, b"GET /v1/operations/%ff%fe HTTP/1.1\r\nHost: x\r\n"
-                            b"Connection: close\r\n\r\n")
+        answer = _raw(
+            path, b"GET /v1/operations/%ff%fe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
         assert _status(answer) == 400
         assert b'"bad_path"' in answer
 
@@ -299,8 +328,15 @@ def test_hostile_requests_get_clear_errors_and_polling_goes_on(tmp_path: Path) -
         leaving.close()
         until(lambda: scrape(url).get("bide_api_waiters") == 0, 10, "the waiter to go away")
         samples = scrape(url)
-        for reason in ("body_too_large", "header_too_large", "malformed_json", "bad_path",
-                       "invalid_field", "unknown_provider", "client_left"):
+        for reason in (
+            "body_too_large",
+            "header_too_large",
+            "malformed_json",
+            "bad_path",
+            "invalid_field",
+            "unknown_provider",
+            "client_left",
+        ):
             assert samples.get(f'bide_api_rejections_total{{reason="{reason}"}}', 0) >= 1, reason
         assert daemon.proc.poll() is None
 
@@ -331,13 +367,16 @@ def test_a_socket_another_process_answers_on_is_never_taken(tmp_path: Path) -> N
 
 
 def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None:
-    with workspace(tmp_path, jobs={"early": "running x2, succeeded with result",
-                                   "late": FOREVER}) as ws:
+    with workspace(
+        tmp_path, jobs={"early": "running x2, succeeded with result", "late": FOREVER}
+    ) as ws:
         first = ws.start_daemon()
         with api(ws) as client:
             watch(client, "op-early", "early")
-            assert client.call("GET", "/v1/operations/op-early",
-                               params={"wait": "20s"})["phase"] == "succeeded"
+            assert (
+                client.call("GET", "/v1/operations/op-early", params={"wait": "20s"})["phase"]
+                == "succeeded"
+            )
             before = for_people(client.call("GET", "/v1/operations/op-early/story")["lines"])
         assert first.stop() == 0
         ws.start_daemon()  # from the snapshot: op-early's events are not replayed
@@ -345,8 +384,9 @@ def test_a_story_recorded_before_a_restart_is_told_whole(tmp_path: Path) -> None
             watch(client, "op-late", "late")
             after = for_people(client.call("GET", "/v1/operations/op-early/story")["lines"])
             assert after == before == ws.bide("story", "op-early", "--offline").stdout
-            assert "registered job late" in for_people(client.call(
-                "GET", "/v1/operations/op-late/story")["lines"])
+            assert "registered job late" in for_people(
+                client.call("GET", "/v1/operations/op-late/story")["lines"]
+            )
 
 
 def test_live_operations_per_user_are_capped_and_freed_as_they_end(tmp_path: Path) -> None:
@@ -365,13 +405,18 @@ def test_live_operations_per_user_are_capped_and_freed_as_they_end(tmp_path: Pat
 
 
 def test_a_long_story_says_what_it_leaves_out(tmp_path: Path) -> None:
-    with workspace(tmp_path, jobs={"long": "running x20, succeeded with result"},
-                   api="story_events_kept = 16\n") as ws:
+    with workspace(
+        tmp_path,
+        jobs={"long": "running x20, succeeded with result"},
+        api="story_events_kept = 16\n",
+    ) as ws:
         ws.start_daemon()
         with api(ws) as client:
             watch(client, "op-long", "long", max_status_requests=40)
-            assert client.call("GET", "/v1/operations/op-long",
-                               params={"wait": "30s"})["phase"] == "succeeded"
+            assert (
+                client.call("GET", "/v1/operations/op-long", params={"wait": "30s"})["phase"]
+                == "succeeded"
+            )
             text = for_people(client.call("GET", "/v1/operations/op-long/story")["lines"])
         lines = text.splitlines()
         assert "registered job long" in lines[0]
@@ -401,8 +446,7 @@ def test_the_same_registration_sent_at_once_is_recorded_once(tmp_path: Path) -> 
         assert errors == []
         assert sum(1 for a in answers if a["created"]) == 1
         assert len({a["sequence"] for a in answers}) == 1
-        registered = [e for _, e in ws.log().events if type(e).__name__ ==
-                      "OperationRegistered"]
+        registered = [e for _, e in ws.log().events if type(e).__name__ == "OperationRegistered"]
         assert len(registered) == 1
 
 
@@ -413,7 +457,9 @@ def test_ids_are_one_namespace_and_may_hold_a_slash(tmp_path: Path) -> None:
             with pytest.raises(ApiCallError) as like_an_action:
                 watch(client, "x.fetch.1", "j1")
             assert (like_an_action.value.status, like_an_action.value.field) == (
-                422, "operation_id")
+                422,
+                "operation_id",
+            )
             watch(client, "team/nightly", "j2")
             view = client.call("GET", "/v1/operations/team%2Fnightly")
             assert view["operation_id"] == "team/nightly"
@@ -429,8 +475,12 @@ def test_a_spool_decision_cannot_self_approve_either(tmp_path: Path) -> None:
         spool = Spool(tmp_path / "state" / "spool")
         decision = DecisionFile(1, new_request_id(), "op-odd", "abandon", "", 1)
         spool.drop(spool.decisions, decision.request_id, msgspec.json.encode(decision))
-        until(lambda: any("allow_self_approval" in p.read_text()
-                          for p in spool.rejected.glob("*.reason")), what="the refusal")
+        until(
+            lambda: any(
+                "allow_self_approval" in p.read_text() for p in spool.rejected.glob("*.reason")
+            ),
+            what="the refusal",
+        )
         assert ws.log().ops["op-odd"].phase == "escalated"
 
 
@@ -443,8 +493,13 @@ def test_one_user_cannot_take_every_connection(tmp_path: Path) -> None:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.connect(str(sock(ws)))
                 held.append(s)
-            until(lambda: b"this user's limit" in _raw(
-                sock(ws), b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"), what="the cap")
+            until(
+                lambda: (
+                    b"this user's limit"
+                    in _raw(sock(ws), b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+                ),
+                what="the cap",
+            )
         finally:
             for s in held:
                 s.close()
@@ -459,21 +514,27 @@ def test_with_an_agents_group_and_no_approvers_group_nobody_approves(tmp_path: P
             watch(client, "op-odd", "odd")
             client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
             with pytest.raises(ApiCallError) as refused:
-                client.call("POST", "/v1/operations/op-odd/decision",
-                            body={"option": "abandon", "escalation_id": 1})
+                client.call(
+                    "POST",
+                    "/v1/operations/op-odd/decision",
+                    body={"option": "abandon", "escalation_id": 1},
+                )
             assert refused.value.status == 403
             assert "approvers_group" in refused.value.detail
 
 
-def test_a_submit_retry_is_the_same_receipt_and_a_changed_one_a_conflict(
-        tmp_path: Path) -> None:
+def test_a_submit_retry_is_the_same_receipt_and_a_changed_one_a_conflict(tmp_path: Path) -> None:
     from tests.e2e.test_actions import submit_profile
 
     with workspace(tmp_path, server={"submit_steps": [{"delay": 0}]}) as ws:
         submit_profile(ws)
         ws.start_daemon()
-        body = {"provider": "sim", "operation_id": "sub", "deadline_seconds": 60,
-                "body": "eyJleHBvcnQiOiAiYWxsIn0="}
+        body = {
+            "provider": "sim",
+            "operation_id": "sub",
+            "deadline_seconds": 60,
+            "body": "eyJleHBvcnQiOiAiYWxsIn0=",
+        }
         with api(ws) as client:
             first = client.call("POST", "/v1/submissions", body=body)
             assert first["created"] is True

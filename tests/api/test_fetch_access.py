@@ -66,12 +66,18 @@ def test_only_the_registrant_fetches_and_the_requester_is_recorded() -> None:
         out = shared / "out"
         out.mkdir(mode=0o777)
         out.chmod(0o1777)
-        with workspace(root, jobs={"j1": "succeeded with result"}, server={"result_size": 3000},
-                       config_extra=CONFIG, api=API) as ws:
+        with workspace(
+            root,
+            jobs={"j1": "succeeded with result"},
+            server={"result_size": 3000},
+            config_extra=CONFIG,
+            api=API,
+        ) as ws:
             os.chmod(ws.config, 0o644)
             ws.start_daemon()
-            registered = as_user(ws, python, f1, "watch", "--provider", "sim", "--job", "j1",
-                                 "--operation", "op-f1")
+            registered = as_user(
+                ws, python, f1, "watch", "--provider", "sim", "--job", "j1", "--operation", "op-f1"
+            )
             assert registered.returncode == 0, registered.stdout + registered.stderr
             assert as_user(ws, python, f1, "wait", "op-f1", "--timeout", "20s").returncode == 0
 
@@ -86,8 +92,7 @@ def test_only_the_registrant_fetches_and_the_requester_is_recorded() -> None:
             assert ws.sim.requests(kind="result") == []  # the credential never left for them
             assert _intents(ws) == []
 
-            mine = as_user(ws, python, f1, "fetch", "op-f1", "--to", str(out / "f1.bin"),
-                           "--json")
+            mine = as_user(ws, python, f1, "fetch", "op-f1", "--to", str(out / "f1.bin"), "--json")
             assert mine.returncode == 0, mine.stdout + mine.stderr
             data = (out / "f1.bin").read_bytes()
             assert len(data) == 3000
@@ -109,8 +114,7 @@ def test_fetches_are_limited_per_user_with_a_typed_refusal(tmp_path: Path) -> No
             watch(client, "op-1", "j1")
             assert client.call("GET", "/v1/operations/op-1", params={"wait": "20s"})["done"]
             for _ in range(2):
-                answer = client.call("POST", "/v1/operations/op-1/fetch",
-                                     params={"wait": "20s"})
+                answer = client.call("POST", "/v1/operations/op-1/fetch", params={"wait": "20s"})
                 assert answer["status"] == "fetched"
             with pytest.raises(ApiCallError) as limited:
                 client.call("POST", "/v1/operations/op-1/fetch")
@@ -123,8 +127,12 @@ def test_fetches_are_limited_per_user_with_a_typed_refusal(tmp_path: Path) -> No
 
 def test_results_are_pruned_by_age_and_total_size(tmp_path: Path) -> None:
     config = "[fetch]\nresults_max_bytes = 5000\nresults_max_age_seconds = 3600\n"
-    with workspace(tmp_path, jobs={"j1": "succeeded with result"},
-                   server={"result_size": 2000}, config_extra=config) as ws:
+    with workspace(
+        tmp_path,
+        jobs={"j1": "succeeded with result"},
+        server={"result_size": 2000},
+        config_extra=config,
+    ) as ws:
         results = tmp_path / "state" / "results"
         results.mkdir(parents=True)
         stale = results / "left-from-last-week"
@@ -136,8 +144,7 @@ def test_results_are_pruned_by_age_and_total_size(tmp_path: Path) -> None:
             watch(client, "op-1", "j1")
             assert client.call("GET", "/v1/operations/op-1", params={"wait": "20s"})["done"]
             for _ in range(4):
-                answer = client.call("POST", "/v1/operations/op-1/fetch",
-                                     params={"wait": "20s"})
+                answer = client.call("POST", "/v1/operations/op-1/fetch", params={"wait": "20s"})
                 assert answer["status"] == "fetched"
             kept = sorted(p.name for p in results.iterdir())
             assert kept == ["op-1.fetch.3", "op-1.fetch.4"]  # 4000 bytes of the cap's 5000
@@ -149,8 +156,18 @@ def test_results_are_pruned_by_age_and_total_size(tmp_path: Path) -> None:
 
 
 def test_a_fetch_recorded_before_the_requester_was_decodes_and_replays() -> None:
-    old = {"type": "action_intended", "operation_id": "op", "at": 1.0, "action_id": "op.fetch.1",
-           "kind": "fetch", "provider": "sim", "method": "GET", "url": "https://x/r",
-           "timeout_seconds": 5.0, "max_bytes": 10, "result_name": "result_url"}
+    old = {
+        "type": "action_intended",
+        "operation_id": "op",
+        "at": 1.0,
+        "action_id": "op.fetch.1",
+        "kind": "fetch",
+        "provider": "sim",
+        "method": "GET",
+        "url": "https://x/r",
+        "timeout_seconds": 5.0,
+        "max_bytes": 10,
+        "result_name": "result_url",
+    }
     decoded = msgspec.json.decode(msgspec.json.encode(old), type=ActionIntended)
     assert (decoded.requested_by, decoded.requested_by_uid) == ("", None)

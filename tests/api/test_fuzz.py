@@ -41,7 +41,8 @@ import daemon.api
 from tests.e2e.harness import Daemon, Workspace, until, workspace
 
 schemathesis = pytest.importorskip(
-    "schemathesis", reason="schemathesis is not installed (it is in the `test` extra)")
+    "schemathesis", reason="schemathesis is not installed (it is in the `test` extra)"
+)
 
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
@@ -51,7 +52,8 @@ from schemathesis.checks import (  # noqa: E402
 )
 
 DOCUMENT: dict[str, Any] = json.loads(
-    (Path(daemon.api.__file__).parent / "openapi.json").read_text())
+    (Path(daemon.api.__file__).parent / "openapi.json").read_text()
+)
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 BASE = "http://bide"
 
@@ -66,8 +68,13 @@ JOBS: dict[str, str | list[object]] = {
 KNOWN_OPS = ["fz-ok", "fz-long", "fz-deny", "fz-odd"]
 
 _NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
-_SETTINGS = settings(deadline=None, database=None, derandomize=True, print_blob=True,
-                     suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(
+    deadline=None,
+    database=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @dataclass
@@ -78,8 +85,9 @@ class Api:
 
 
 def _client(sock: Path) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url=BASE,
-                        timeout=httpx.Timeout(30.0))
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(sock)), base_url=BASE, timeout=httpx.Timeout(30.0)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +102,16 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         with _client(sock) as client:
             # The first story read loads the history (a documented 503 ``loading`` until then):
             # load it now so the fuzz sees the steady state, and let both escalations happen.
-            until(lambda: client.get("/v1/operations/fz-ok/story").status_code == 200, 30,
-                  "the story history to load")
-            until(lambda: len(client.get("/v1/escalations").json()["escalations"]) >= 2, 30,
-                  "two escalations")
+            until(
+                lambda: client.get("/v1/operations/fz-ok/story").status_code == 200,
+                30,
+                "the story history to load",
+            )
+            until(
+                lambda: len(client.get("/v1/escalations").json()["escalations"]) >= 2,
+                30,
+                "two escalations",
+            )
             yield Api(ws, d, client)
         _assert_alive(Api(ws, d, client))
 
@@ -108,8 +122,10 @@ def _assert_alive(api: Api) -> None:
         with _client(api.ws.root / "state" / "api.sock") as fresh:
             health = fresh.get("/v1/health")
     except httpx.TransportError as exc:
-        raise AssertionError(f"the API stopped answering ({exc!r}); the daemon's output:\n"
-                             f"{api.daemon.output()[-4000:]}") from exc
+        raise AssertionError(
+            f"the API stopped answering ({exc!r}); the daemon's output:\n"
+            f"{api.daemon.output()[-4000:]}"
+        ) from exc
     assert health.status_code == 200, health.text
     assert "Traceback" not in api.daemon.output(), api.daemon.output()[-4000:]
 
@@ -127,8 +143,12 @@ def _not_a_server_error(ctx: Any, response: Any, case: Any) -> bool | None:
     return None
 
 
-CHECKS = [_not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [
+    _not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 
 
 def _zero_wait(case: Any) -> None:
@@ -148,8 +168,9 @@ def _send(client: httpx.Client, case: Any) -> httpx.Response:
         headers["Content-Type"] = "application/json"
     if isinstance(content, str):
         content = content.encode()
-    return client.request(kw["method"], kw["url"], params=kw.get("params") or None,
-                          headers=headers, content=content)
+    return client.request(
+        kw["method"], kw["url"], params=kw.get("params") or None, headers=headers, content=content
+    )
 
 
 def _validate(case: Any, response: httpx.Response) -> None:
@@ -168,8 +189,12 @@ def _steered(draw: st.DrawFn) -> Any:
     case = draw(SCHEMA.as_strategy(generation_mode=mode))
     if case.path_parameters and "operation_id" in case.path_parameters and draw(st.booleans()):
         case.path_parameters["operation_id"] = draw(st.sampled_from(KNOWN_OPS))
-    if (isinstance(case.body, dict) and "provider" in case.body
-            and isinstance(case.body["provider"], str) and draw(st.booleans())):
+    if (
+        isinstance(case.body, dict)
+        and "provider" in case.body
+        and isinstance(case.body["provider"], str)
+        and draw(st.booleans())
+    ):
         case.body["provider"] = "sim"
     return case
 
@@ -206,19 +231,23 @@ def test_workflows_answer_as_documented(api: Api) -> None:
             sent.append((case.operation.label, response.status_code))
             return schemathesis.Response.from_any(response)
 
-        def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
-                              **kwargs: Any) -> None:
+        def validate_response(
+            self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
+        ) -> None:
             __tracebackhide__ = True
             try:
                 case.validate_response(response, checks=CHECKS)
             except Exception as exc:
-                failures.append(f"{case.operation.label} -> {response.status_code} "
-                                f"{response.content[:500]!r}: {exc}")
+                failures.append(
+                    f"{case.operation.label} -> {response.status_code} "
+                    f"{response.content[:500]!r}: {exc}"
+                )
                 raise
 
     try:
-        Workflow.run(settings=settings(_SETTINGS, max_examples=30, stateful_step_count=8,
-                                       phases=_NO_SHRINK))
+        Workflow.run(
+            settings=settings(_SETTINGS, max_examples=30, stateful_step_count=8, phases=_NO_SHRINK)
+        )
     except Exception as exc:
         # Schemathesis draws a chain's later steps from what the live daemon answered (the
         # operations listed, their states), and that changes from one example to the next, so
@@ -256,7 +285,8 @@ def _check_raw(request: httpx.Request, response: httpx.Response) -> None:
     operation = _documented(request.url.path, request.method)
     if operation is not None:
         assert str(response.status_code) in operation["responses"], (
-            f"{where} -> undocumented {response.status_code} {response.text}")
+            f"{where} -> undocumented {response.status_code} {response.text}"
+        )
     if response.status_code >= 400:
         assert response.headers.get("content-type", "").startswith("application/json"), where
         body = response.json()
@@ -269,27 +299,55 @@ def _check_raw(request: httpx.Request, response: httpx.Response) -> None:
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                max_size=4),
-    max_leaves=12)
-_bodies = (st.binary(max_size=64)
-           | _json_values.map(lambda v: json.dumps(v).encode())
-           | st.sampled_from([b"", b"{", b"null", b"[]", b"{}", b'{"provider": "sim"}',
-                              b"\xff\xfe", b'{"a": ' * 200, b'{"job_id": "x"}' + b" " * 70000]))
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_bodies = (
+    st.binary(max_size=64)
+    | _json_values.map(lambda v: json.dumps(v).encode())
+    | st.sampled_from(
+        [
+            b"",
+            b"{",
+            b"null",
+            b"[]",
+            b"{}",
+            b'{"provider": "sim"}',
+            b"\xff\xfe",
+            b'{"a": ' * 200,
+            b'{"job_id": "x"}' + b" " * 70000,
+        ]
+    )
+)
 
 
 def test_raw_requests_answer_as_documented(api: Api) -> None:
     @settings(_SETTINGS, max_examples=120)
     # HEAD is left to test_head_is_answered_and_the_daemon_goes_on, on a daemon of its own:
     # today it kills the daemon (see there), which would take every later example down with it.
-    @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
-           path=st.sampled_from([*_PATHS, "/", "/v1", "/v1/nope", "/v1/operations/fz-ok/x",
-                                 "/v1/operations/%00", "/v1/operations/%2F..%2F"]),
-           body=_bodies, json_type=st.booleans())
+    @given(
+        method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
+        path=st.sampled_from(
+            [
+                *_PATHS,
+                "/",
+                "/v1",
+                "/v1/nope",
+                "/v1/operations/fz-ok/x",
+                "/v1/operations/%00",
+                "/v1/operations/%2F..%2F",
+            ]
+        ),
+        body=_bodies,
+        json_type=st.booleans(),
+    )
     def fuzz(method: str, path: str, body: bytes, json_type: bool) -> None:
         headers = {"Content-Type": "application/json"} if json_type else {}
-        request = api.client.build_request(method, path, content=body if body else None,
-                                           headers=headers)
+        request = api.client.build_request(
+            method, path, content=body if body else None, headers=headers
+        )
         _check_raw(request, api.client.send(request))
 
     fuzz()
@@ -318,5 +376,6 @@ def test_head_is_answered_and_the_daemon_goes_on(tmp_path: Path) -> None:
                     operation = _documented(path, "HEAD")
                     assert operation is not None
                     assert str(response.status_code) in operation["responses"], (
-                        f"HEAD {path} -> undocumented {response.status_code}")
+                        f"HEAD {path} -> undocumented {response.status_code}"
+                    )
                     _assert_alive(Api(ws, d, client))

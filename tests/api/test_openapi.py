@@ -13,8 +13,8 @@ CHECKED_IN = Path(daemon.api.__file__).parent / "openapi.json"
 
 def test_the_checked_in_document_is_the_generated_one() -> None:
     assert CHECKED_IN.read_bytes() == openapi_document(), (
-        "daemon/api/openapi.json is stale: python -m daemon.api.openapi > "
-        "daemon/api/openapi.json")
+        "daemon/api/openapi.json is stale: python -m daemon.api.openapi > daemon/api/openapi.json"
+    )
 
 
 def test_every_route_and_every_schema_it_names_is_in_the_document() -> None:

@@ -83,14 +83,20 @@ def test_the_cli_sends_nothing_to_a_socket_another_user_answers(tmp_path: Path) 
         script.write_text(HOSTILE)
         script.chmod(0o644)
         path, got = home / "api.sock", home / "got"
-        server = subprocess.Popen(["/usr/bin/python3", str(script), str(path), str(got)],
-                                  user=hostile.uid, group=hostile.gid,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            ["/usr/bin/python3", str(script), str(path), str(got)],
+            user=hostile.uid,
+            group=hostile.gid,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             until(lambda: Path(f"{got}.ready").exists(), what="the hostile listener")
             with workspace(tmp_path, api=f'socket = "{path}"\ndaemon_user = "root"\n') as ws:
-                for command in (("status",), ("watch", "--provider", "sim", "--job", "j1",
-                                              "--operation", "op-secret")):
+                for command in (
+                    ("status",),
+                    ("watch", "--provider", "sim", "--job", "j1", "--operation", "op-secret"),
+                ):
                     out = ws.bide(*command)
                     assert out.returncode != 0, out.stdout + out.stderr
                     assert "runs as bidea-hostile" in out.stderr, out.stderr
@@ -109,8 +115,9 @@ async def _mcp_refusal(config: Path) -> str:
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "daemon.cli", "mcp", "--config", str(config)])
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "daemon.cli", "mcp", "--config", str(config)]
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
         await s.initialize()
         result = await s.call_tool("list_my_operations", {})
@@ -118,24 +125,29 @@ async def _mcp_refusal(config: Path) -> str:
         return " ".join(getattr(c, "text", "") for c in result.content)
 
 
-def test_the_daemon_s_own_user_is_no_approver_even_in_the_approvers_group(
-        tmp_path: Path) -> None:
+def test_the_daemon_s_own_user_is_no_approver_even_in_the_approvers_group(tmp_path: Path) -> None:
     # The daemon runs as root here, so root is the daemon's own user: in the approvers' group
     # and with allow_root_approval, it still never answers an escalation (as in the spool).
     groups = ("bidea-appr",)
     with unix_users({}, groups, root_in=groups):
-        config = '[spool]\nallow_root_approval = true\n'
-        with workspace(tmp_path, jobs={"odd": "mystery"}, config_extra=config,
-                       api='approvers_group = "bidea-appr"\nagents_group = ""\n'
-                           'allow_self_approval = true\n') as ws:
+        config = "[spool]\nallow_root_approval = true\n"
+        with workspace(
+            tmp_path,
+            jobs={"odd": "mystery"},
+            config_extra=config,
+            api='approvers_group = "bidea-appr"\nagents_group = ""\nallow_self_approval = true\n',
+        ) as ws:
             ws.start_daemon()
             with api(ws) as client:
                 watch(client, "op-odd", "odd")
                 view = client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
                 assert view["phase"] == "escalated"
                 with pytest.raises(ApiCallError) as refused:
-                    client.call("POST", "/v1/operations/op-odd/decision",
-                                body={"option": "abandon", "escalation_id": 1})
+                    client.call(
+                        "POST",
+                        "/v1/operations/op-odd/decision",
+                        body={"option": "abandon", "escalation_id": 1},
+                    )
                 assert refused.value.status == 403
                 assert "the daemon's own user is never an approver" in refused.value.detail
             assert ws.log().ops["op-odd"].phase == "escalated"
@@ -145,25 +157,36 @@ def test_root_approves_over_the_api_only_with_allow_root_approval(tmp_path: Path
     # The daemon runs as its own user here; root and that user are both in the approvers'
     # group, and neither may answer an escalation (root: allow_root_approval is off).
     groups = ("bidea-appr2",)
-    with unix_users({"bidea-daemon": groups}, groups, root_in=groups) as users, \
-            shared_dir() as shared:
+    with (
+        unix_users({"bidea-daemon": groups}, groups, root_in=groups) as users,
+        shared_dir() as shared,
+    ):
         daemon_user = users["bidea-daemon"]
         python = python_for_everyone(shared)
         root = shared / "ws"
         root.mkdir()
-        with workspace(root, jobs={"odd": "mystery"},
-                       api='approvers_group = "bidea-appr2"\nagents_group = ""\n'
-                           'allow_self_approval = true\nsocket_group = ""\n'
-                           'socket_mode = "0666"\n') as ws:
-            subprocess.run(["chown", "-R", f"{daemon_user.uid}:{daemon_user.gid}", str(root)],
-                           check=True)
+        with workspace(
+            root,
+            jobs={"odd": "mystery"},
+            api='approvers_group = "bidea-appr2"\nagents_group = ""\n'
+            'allow_self_approval = true\nsocket_group = ""\n'
+            'socket_mode = "0666"\n',
+        ) as ws:
+            subprocess.run(
+                ["chown", "-R", f"{daemon_user.uid}:{daemon_user.gid}", str(root)], check=True
+            )
             log_path = root / "daemon-as-user.log"
             with log_path.open("wb") as out:
                 proc = subprocess.Popen(
                     [str(python), "-m", "daemon.cli", "run", "--config", str(ws.config)],
-                    stdout=out, stderr=subprocess.STDOUT, cwd=root, user=daemon_user.uid,
-                    group=daemon_user.gid, extra_groups=daemon_user.groups,
-                    env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=root,
+                    user=daemon_user.uid,
+                    group=daemon_user.gid,
+                    extra_groups=daemon_user.groups,
+                    env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+                )
             daemon = Daemon(proc, log_path)
             ws.daemons.append(daemon)
             daemon.wait_ready()
@@ -173,12 +196,16 @@ def test_root_approves_over_the_api_only_with_allow_root_approval(tmp_path: Path
                 view = client.call("GET", "/v1/operations/op-odd", params={"wait": "20s"})
                 assert view["phase"] == "escalated"
                 with pytest.raises(ApiCallError) as refused:
-                    client.call("POST", "/v1/operations/op-odd/decision",
-                                body={"option": "abandon", "escalation_id": 1})
+                    client.call(
+                        "POST",
+                        "/v1/operations/op-odd/decision",
+                        body={"option": "abandon", "escalation_id": 1},
+                    )
                 assert refused.value.status == 403
                 assert "allow_root_approval" in refused.value.detail
-            own = as_user(ws, python, daemon_user, "decide", "op-odd", "abandon",
-                          "--escalation", "1")
+            own = as_user(
+                ws, python, daemon_user, "decide", "op-odd", "abandon", "--escalation", "1"
+            )
             assert own.returncode == 1, own.stdout + own.stderr
             assert "the daemon's own user is never an approver" in own.stdout
             with api(ws) as client:

@@ -23,12 +23,15 @@ WAITERS = 50
 DOCUMENTED = {0, 3, 4, 124, 69}
 
 
-def test_waiters_survive_a_sigkill_and_acknowledged_registrations_are_kept(
-        tmp_path: Path) -> None:
+def test_waiters_survive_a_sigkill_and_acknowledged_registrations_are_kept(tmp_path: Path) -> None:
     jobs = {f"j{i}": "running x30, succeeded with result" for i in range(WAITERS)}
     jobs.update({f"r{i}": "running" for i in range(400)})
-    with workspace(tmp_path, jobs=jobs, config_extra='\n[metrics]\nlisten = "127.0.0.1:0"\n',
-                   api="registrations_per_second = 1000\nregistrations_burst = 1000\n") as ws:
+    with workspace(
+        tmp_path,
+        jobs=jobs,
+        config_extra='\n[metrics]\nlisten = "127.0.0.1:0"\n',
+        api="registrations_per_second = 1000\nregistrations_burst = 1000\n",
+    ) as ws:
         # The waited jobs have the quota to themselves; the registrations go to another one.
         ws.write_profile(extra="[quota]\nrequests_per_second = 200\nmax_in_flight = 16\n")
         write_status_profile(ws, "other")
@@ -42,16 +45,32 @@ def test_waiters_survive_a_sigkill_and_acknowledged_registrations_are_kept(
             assert "inherited=True" in first.output()
             with ApiClient(path) as client:
                 for i in range(WAITERS):
-                    client.call("POST", "/v1/operations", body={
-                        "provider": "sim", "job_id": f"j{i}", "operation_id": f"op-{i}",
-                        "deadline_seconds": 120, "max_status_requests": 100})
-            waiters = [subprocess.Popen(
-                [*BIDE, "wait", f"op-{i}", "--timeout", "90s", "--config", str(ws.config)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for i in range(WAITERS)]
+                    client.call(
+                        "POST",
+                        "/v1/operations",
+                        body={
+                            "provider": "sim",
+                            "job_id": f"j{i}",
+                            "operation_id": f"op-{i}",
+                            "deadline_seconds": 120,
+                            "max_status_requests": 100,
+                        },
+                    )
+            waiters = [
+                subprocess.Popen(
+                    [*BIDE, "wait", f"op-{i}", "--timeout", "90s", "--config", str(ws.config)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for i in range(WAITERS)
+            ]
             url = metrics_url(first)
-            until(lambda: scrape(url).get("bide_api_waiters", 0) >= WAITERS, 60,
-                  "every waiter to be waiting in the daemon")
+            until(
+                lambda: scrape(url).get("bide_api_waiters", 0) >= WAITERS,
+                60,
+                "every waiter to be waiting in the daemon",
+            )
 
             acknowledged: list[str] = []
             stop = threading.Event()
@@ -62,9 +81,15 @@ def test_waiters_survive_a_sigkill_and_acknowledged_registrations_are_kept(
                         if stop.is_set():
                             return
                         try:
-                            client.call("POST", "/v1/operations", body={
-                                "provider": "other", "job_id": f"r{i}",
-                                "operation_id": f"reg-{i}"})
+                            client.call(
+                                "POST",
+                                "/v1/operations",
+                                body={
+                                    "provider": "other",
+                                    "job_id": f"r{i}",
+                                    "operation_id": f"reg-{i}",
+                                },
+                            )
                         except DaemonError:
                             return  # the daemon died under this call: not acknowledged
                         acknowledged.append(f"reg-{i}")
@@ -84,7 +109,8 @@ def test_waiters_survive_a_sigkill_and_acknowledged_registrations_are_kept(
             outputs = [w.communicate()[0] for w in waiters]
             assert set(codes) <= DOCUMENTED, (codes, outputs[:3])
             assert codes.count(0) == WAITERS, [
-                (c, o) for c, o in zip(codes, outputs, strict=True) if c != 0][:3]
+                (c, o) for c, o in zip(codes, outputs, strict=True) if c != 0
+            ][:3]
             log = ws.log()
             missing = [op for op in kept if op not in log.ops]
             assert not missing, f"acknowledged, then lost: {missing}"

@@ -27,14 +27,26 @@ def test_two_agents_may_both_use_one_id_and_neither_learns_of_the_other() -> Non
         python = python_for_everyone(shared)
         root = shared / "ws"
         root.mkdir()
-        with workspace(root, jobs={"j1": "running", "j2": "running"}, config_extra=CONFIG,
-                       api=API) as ws:
+        with workspace(
+            root, jobs={"j1": "running", "j2": "running"}, config_extra=CONFIG, api=API
+        ) as ws:
             (root / "bide.toml").chmod(0o644)
             ws.start_daemon()
 
             def watch(user: str, job: str) -> dict[str, object]:
-                out = as_user(ws, python, users[user], "watch", "--provider", "sim", "--job",
-                              job, "--operation", "nightly", "--json")
+                out = as_user(
+                    ws,
+                    python,
+                    users[user],
+                    "watch",
+                    "--provider",
+                    "sim",
+                    "--job",
+                    job,
+                    "--operation",
+                    "nightly",
+                    "--json",
+                )
                 assert out.returncode == 0, out.stdout + out.stderr
                 answer: dict[str, object] = json.loads(out.stdout)
                 return answer
@@ -59,8 +71,18 @@ def test_two_agents_may_both_use_one_id_and_neither_learns_of_the_other() -> Non
             assert "j2" in story
             assert "~u" not in story
 
-            reserved = as_user(ws, python, s1, "watch", "--provider", "sim", "--job", "j1",
-                               "--operation", f"nightly~u{s2.uid}")
+            reserved = as_user(
+                ws,
+                python,
+                s1,
+                "watch",
+                "--provider",
+                "sim",
+                "--job",
+                "j1",
+                "--operation",
+                f"nightly~u{s2.uid}",
+            )
             assert reserved.returncode != 0  # nobody takes another's scoped name
             assert "'~u' and a digit" in reserved.stdout + reserved.stderr
 
@@ -69,7 +91,6 @@ def test_two_agents_may_both_use_one_id_and_neither_learns_of_the_other() -> Non
             assert ops[f"nightly~u{s2.uid}"].registered_by_uid == s2.uid
             check = ws.bide("replay", "--check")
             assert check.returncode == 0, check.stdout + check.stderr
-
 
 
 def test_the_duplicate_submit_check_compares_only_the_caller_s_own() -> None:
@@ -86,15 +107,44 @@ def test_the_duplicate_submit_check_compares_only_the_caller_s_own() -> None:
             (root / "bide.toml").chmod(0o644)
             ws.start_daemon()
             # The duplicate-submit check compares the caller's own operations only.
-            submitted = as_user(ws, python, s1, "submit", "--provider", "sim", "--body",
-                                str(body), "--operation", "exp-1")
+            submitted = as_user(
+                ws,
+                python,
+                s1,
+                "submit",
+                "--provider",
+                "sim",
+                "--body",
+                str(body),
+                "--operation",
+                "exp-1",
+            )
             assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-            again = as_user(ws, python, s2, "submit", "--provider", "sim", "--body",
-                            str(body), "--operation", "exp-2")
+            again = as_user(
+                ws,
+                python,
+                s2,
+                "submit",
+                "--provider",
+                "sim",
+                "--body",
+                str(body),
+                "--operation",
+                "exp-2",
+            )
             assert again.returncode == 0, again.stdout + again.stderr
             assert "exp-1" not in again.stdout + again.stderr
-            own = as_user(ws, python, s1, "submit", "--provider", "sim", "--body",
-                          str(body), "--operation", "exp-3")
+            own = as_user(
+                ws,
+                python,
+                s1,
+                "submit",
+                "--provider",
+                "sim",
+                "--body",
+                str(body),
+                "--operation",
+                "exp-3",
+            )
             assert own.returncode != 0  # the caller's own live duplicate is still caught
             assert "duplicate submit: operation exp-1" in own.stdout + own.stderr
-

@@ -32,9 +32,12 @@ from tests.e2e.harness import Workspace, until, workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("bide-t-agents", "bide-t-approvers", "bide-t-api")
-USERS = {"bide-t-alice": GROUPS, "bide-t-bob": ("bide-t-agents", "bide-t-api"),
-         "bide-t-carol": ("bide-t-approvers", "bide-t-api"),
-         "bide-t-dave": ("bide-t-api",)}  # may reach the socket, has no role
+USERS = {
+    "bide-t-alice": GROUPS,
+    "bide-t-bob": ("bide-t-agents", "bide-t-api"),
+    "bide-t-carol": ("bide-t-approvers", "bide-t-api"),
+    "bide-t-dave": ("bide-t-api",),
+}  # may reach the socket, has no role
 
 
 def _why_not() -> str | None:
@@ -73,11 +76,17 @@ def users() -> Iterator[dict[str, User]]:
     try:
         for name, groups in USERS.items():
             subprocess.run(["userdel", name], capture_output=True, check=False)
-            _run("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--groups",
-                 ",".join(groups), name)
+            _run(
+                "useradd",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--groups",
+                ",".join(groups),
+                name,
+            )
             entry = pwd.getpwnam(name)
-            made[name] = User(name, entry.pw_uid, entry.pw_gid,
-                              os.getgrouplist(name, entry.pw_gid))
+            made[name] = User(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid))
         yield made
     finally:
         for name in USERS:
@@ -118,8 +127,12 @@ def _requirements(dist: str, extras: tuple[str, ...] = ()) -> set[str]:
                 continue
             m = re.match(r"\s*([A-Za-z0-9._-]+)(?:\[([^\]]*)\])?", requirement)
             if m:
-                todo.append((m.group(1), tuple(e.strip() for e in (m.group(2) or "").split(",")
-                                               if e.strip())))
+                todo.append(
+                    (
+                        m.group(1),
+                        tuple(e.strip() for e in (m.group(2) or "").split(",") if e.strip()),
+                    )
+                )
     return seen
 
 
@@ -132,8 +145,9 @@ def _python_for_everyone(where: Path, extras: tuple[str, ...] = ()) -> Path:
     _run(system, "-m", "venv", "--without-pip", str(env))
     site = next((env / "lib").glob("python*/site-packages"))
     for package in ("daemon", "eventlog", "replay"):
-        shutil.copytree(ROOT / package, site / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     for name in _requirements("bide", extras) - {"bide"}:
         dist = importlib.metadata.distribution(name)
         for file in dist.files or []:
@@ -147,13 +161,20 @@ def _python_for_everyone(where: Path, extras: tuple[str, ...] = ()) -> Path:
     return env / "bin" / "python"
 
 
-def as_user(ws: Workspace, python: Path, user: User, *args: str,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def as_user(
+    ws: Workspace, python: Path, user: User, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [str(python), "-m", "daemon.cli", *args, "--config", str(ws.config)],
-        capture_output=True, text=True, timeout=timeout, cwd="/", user=user.uid,
-        group=user.gid, extra_groups=user.groups,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+        user=user.uid,
+        group=user.gid,
+        extra_groups=user.groups,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+    )
     ws.outputs += [proc.stdout, proc.stderr]
     return proc
 
@@ -169,8 +190,9 @@ approvers_group = "bide-t-approvers"
 """
 
 
-def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
-                                                         shared_dir: Path) -> None:
+def test_three_users_their_own_operations_and_approvals(
+    users: dict[str, User], shared_dir: Path
+) -> None:
     python = _python_for_everyone(shared_dir)
     root = shared_dir / "ws"
     root.mkdir()
@@ -180,15 +202,39 @@ def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
         alice, bob, carol = (users[n] for n in ("bide-t-alice", "bide-t-bob", "bide-t-carol"))
         key = root / "keys" / "data.key"
         assert as_user(ws, python, alice, "status").returncode == 0  # no key needed
-        assert subprocess.run(["cat", str(key)], user=alice.uid, group=alice.gid,
-                              capture_output=True, check=False).returncode != 0
+        assert (
+            subprocess.run(
+                ["cat", str(key)], user=alice.uid, group=alice.gid, capture_output=True, check=False
+            ).returncode
+            != 0
+        )
 
-        first = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-odd",
-                        "--operation", "op-alice")
+        first = as_user(
+            ws,
+            python,
+            alice,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j-odd",
+            "--operation",
+            "op-alice",
+        )
         assert first.returncode == 0, first.stdout + first.stderr
         assert first.stdout.strip() == "op-alice"
-        again = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-odd",
-                        "--operation", "op-alice")
+        again = as_user(
+            ws,
+            python,
+            alice,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j-odd",
+            "--operation",
+            "op-alice",
+        )
         assert again.returncode == 0, again.stdout + again.stderr
         waited = as_user(ws, python, alice, "wait", "op-alice", "--timeout", "30s")
         assert waited.returncode == 3, waited.stdout + waited.stderr  # escalated
@@ -197,8 +243,9 @@ def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
         assert hidden.returncode == 2
         assert "no operation 'op-alice'" in hidden.stderr
         assert as_user(ws, python, bob, "escalations").stdout.strip() == "no open escalations"
-        not_approver = as_user(ws, python, bob, "decide", "op-alice", "abandon",
-                               "--escalation", "1")
+        not_approver = as_user(
+            ws, python, bob, "decide", "op-alice", "abandon", "--escalation", "1"
+        )
         assert not_approver.returncode == 1
         assert "approver role" in not_approver.stdout
 
@@ -211,11 +258,22 @@ def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
         assert own.returncode == 1
         assert "allow_self_approval" in own.stdout
 
-        decided = as_user(ws, python, carol, "decide", "op-alice", "abandon", "--escalation",
-                          "1", "--note", "provider console shows it failed")
+        decided = as_user(
+            ws,
+            python,
+            carol,
+            "decide",
+            "op-alice",
+            "abandon",
+            "--escalation",
+            "1",
+            "--note",
+            "provider console shows it failed",
+        )
         assert decided.returncode == 0, decided.stdout + decided.stderr
-        assert as_user(ws, python, alice, "wait", "op-alice", "--timeout", "10s"
-                       ).returncode == 4  # closed
+        assert (
+            as_user(ws, python, alice, "wait", "op-alice", "--timeout", "10s").returncode == 4
+        )  # closed
         story = as_user(ws, python, alice, "story", "op-alice").stdout
         assert "for bide-t-alice" in story  # who registered it, from the kernel
         assert "decision by bide-t-carol: abandon" in story
@@ -226,12 +284,14 @@ def test_three_users_their_own_operations_and_approvals(users: dict[str, User],
 
 
 def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
-        users: dict[str, User], shared_dir: Path) -> None:
+    users: dict[str, User], shared_dir: Path
+) -> None:
     python = _python_for_everyone(shared_dir)
     root = shared_dir / "ws"
     root.mkdir()
-    with workspace(root, jobs={"j1": "running", "j2": "running"}, config_extra=SPOOL,
-                   api=API) as ws:
+    with workspace(
+        root, jobs={"j1": "running", "j2": "running"}, config_extra=SPOOL, api=API
+    ) as ws:
         os.chmod(ws.config, 0o644)
         daemon = ws.start_daemon()
         bob = users["bide-t-bob"]
@@ -241,8 +301,9 @@ def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
         assert daemon.stop() == 0
         # The daemon is down: the registration goes to the spool (0730, bob's group may
         # write, not read) and says it is queued, with no permission error.
-        queued = as_user(ws, python, bob, "watch", "--provider", "sim", "--job", "j2",
-                         "--operation", "op-bob-2")
+        queued = as_user(
+            ws, python, bob, "watch", "--provider", "sim", "--job", "j2", "--operation", "op-bob-2"
+        )
         assert queued.returncode == 75, queued.stdout + queued.stderr
         assert "queued" in queued.stdout
         ws.start_daemon()
@@ -254,7 +315,8 @@ def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
 
 
 def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
-        users: dict[str, User], shared_dir: Path) -> None:
+    users: dict[str, User], shared_dir: Path
+) -> None:
     pytest.importorskip("mcp", reason="bide[mcp] is not installed")
     import anyio
     from mcp.client.session import ClientSession
@@ -267,15 +329,40 @@ def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
         os.chmod(ws.config, 0o644)
         ws.start_daemon()
         alice, bob = users["bide-t-alice"], users["bide-t-bob"]
-        assert as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j-a",
-                       "--operation", "op-alice").returncode == 0
+        assert (
+            as_user(
+                ws,
+                python,
+                alice,
+                "watch",
+                "--provider",
+                "sim",
+                "--job",
+                "j-a",
+                "--operation",
+                "op-alice",
+            ).returncode
+            == 0
+        )
 
         async def as_mcp(user: User) -> tuple[bool, str, list[str]]:
             params = StdioServerParameters(
                 command="setpriv",
-                args=[f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
-                      str(python), "-m", "daemon.cli", "mcp", "--config", str(ws.config)],
-                env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, cwd="/")
+                args=[
+                    f"--reuid={user.uid}",
+                    f"--regid={user.gid}",
+                    "--init-groups",
+                    "--",
+                    str(python),
+                    "-m",
+                    "daemon.cli",
+                    "mcp",
+                    "--config",
+                    str(ws.config),
+                ],
+                env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+                cwd="/",
+            )
             async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
                 await s.initialize()
                 got = await s.call_tool("get_operation", {"operation_id": "op-alice"})

@@ -56,11 +56,16 @@ def _others() -> float:
     return process_cpu_seconds(int(pid)) if pid else 0.0
 
 
-async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
-                token: str) -> dict[str, float]:
+async def _loop(
+    base: str, jobs: int, count: int, rate: float, concurrency: int, token: str
+) -> dict[str, float]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    headers = {"Accept": "application/json", "Accept-Encoding": "identity",
-               "Authorization": f"Bearer {token}", "User-Agent": "bare-loop"}
+    headers = {
+        "Accept": "application/json",
+        "Accept-Encoding": "identity",
+        "Authorization": f"Bearer {token}",
+        "User-Agent": "bare-loop",
+    }
     ok = 0
     sem = anyio.Semaphore(concurrency)
     async with httpx.AsyncClient(limits=limits, follow_redirects=False, trust_env=False) as c:
@@ -69,14 +74,16 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
             nonlocal ok
             async with sem:
                 url = f"{base}/jobs/j-{i % jobs:07d}"
-                async with c.stream("GET", url, headers=headers,
-                                    timeout=httpx.Timeout(5.0)) as resp:
+                async with c.stream(
+                    "GET", url, headers=headers, timeout=httpx.Timeout(5.0)
+                ) as resp:
                     body = b"".join([chunk async for chunk in resp.aiter_raw()])
                     ok += resp.status_code == 200 and bool(body)
 
         cpu, system, started = _cpu(), _system(), time.monotonic()
         machine, others = machine_busy_seconds(), _others()
         if rate <= 0:  # unpaced: CONCURRENCY workers, each one request after another
+
             async def worker(w: int) -> None:
                 for i in range(w, count, concurrency):
                     await one(i)
@@ -84,9 +91,14 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
             async with anyio.create_task_group() as tg:
                 for w in range(concurrency):
                     tg.start_soon(worker, w)
-            return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
-                    "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system,
-                    "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others)}
+            return {
+                "requests": count,
+                "ok": ok,
+                "seconds": time.monotonic() - started,
+                "cpu_seconds": _cpu() - cpu,
+                "system_seconds": _system() - system,
+                "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others),
+            }
         async with anyio.create_task_group() as tg:
             for i in range(count):
                 due = started + i / rate
@@ -94,9 +106,14 @@ async def _loop(base: str, jobs: int, count: int, rate: float, concurrency: int,
                 if delay > 0:
                     await anyio.sleep(delay)
                 tg.start_soon(one, i)
-        return {"requests": count, "ok": ok, "seconds": time.monotonic() - started,
-                "cpu_seconds": _cpu() - cpu, "system_seconds": _system() - system,
-                "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others)}
+        return {
+            "requests": count,
+            "ok": ok,
+            "seconds": time.monotonic() - started,
+            "cpu_seconds": _cpu() - cpu,
+            "system_seconds": _system() - system,
+            "machine_cpu_seconds": machine_busy_seconds() - machine - (_others() - others),
+        }
 
 
 def main(argv: list[str]) -> int:

@@ -25,14 +25,20 @@ from tests.bench import bench_floor, bench_many_floor
 PAYLOAD_BYTES = 256
 
 
-async def log_run(log_dir: Path, key_dir: Path, appenders: int, seconds: float,
-                  store: LineStore | None = None) -> int:
+async def log_run(
+    log_dir: Path, key_dir: Path, appenders: int, seconds: float, store: LineStore | None = None
+) -> int:
     """Records appended durably by ``appenders`` concurrent tasks for ``seconds``, each
     awaiting its own append before the next; ``store``: each round also committed there."""
     payload = os.urandom(PAYLOAD_BYTES)
     count = 0
-    async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
-                         checkpoint_every=1000, store=store) as log:
+    async with LogWriter(
+        log_dir,
+        keys.load_keyring(key_dir),
+        keys.load_signer(key_dir),
+        checkpoint_every=1000,
+        store=store,
+    ) as log:
         deadline = time.perf_counter() + seconds
 
         async def appender() -> None:
@@ -84,17 +90,27 @@ def run(work: Path, seconds: float) -> dict[str, object]:
     rows = []
     for appenders in (1, 100, 1000):
         n, t = log_throughput(work, appenders, seconds)
-        rows.append({"appenders": appenders, "records": n, "seconds": round(t, 3),
-                     "records_per_s": round(n / t), "ratio_vs_sqlite": round(n / t / base, 2)})
+        rows.append(
+            {
+                "appenders": appenders,
+                "records": n,
+                "seconds": round(t, 3),
+                "records_per_s": round(n / t),
+                "ratio_vs_sqlite": round(n / t / base, 2),
+            }
+        )
     many_floor: dict[str, float] = dict(bench_many_floor.run(PAYLOAD_BYTES, seconds))
     many_floor["ratio_vs_sqlite"] = round(many_floor["records_per_s"] / base, 2)
     return {
         "payload_bytes": PAYLOAD_BYTES,
         "floor": bench_floor.run(work, seconds),
         "many_floor": many_floor,
-        "sqlite": {"mode": "WAL, synchronous=FULL, one transaction per record, sequential "
-                           "(one connection, one thread)",
-                   "records": base_n, "seconds": round(base_t, 3),
-                   "records_per_s": round(base)},
+        "sqlite": {
+            "mode": "WAL, synchronous=FULL, one transaction per record, sequential "
+            "(one connection, one thread)",
+            "records": base_n,
+            "seconds": round(base_t, 3),
+            "records_per_s": round(base),
+        },
         "eventlog": rows,
     }

@@ -35,17 +35,21 @@ from eventlog.heads import HeadStore, read_heads
 from eventlog.writer import LogWriter
 
 
-async def _checkpoints(log_dir: Path, key_dir: Path, mode: str, n: int,
-                       heads: HeadStore | None = None) -> float:
+async def _checkpoints(
+    log_dir: Path, key_dir: Path, mode: str, n: int, heads: HeadStore | None = None
+) -> float:
     signer: keys.Signer | EpochSigning = keys.load_signer(key_dir)
     if mode != "single_key":
-        policy = EpochPolicy(every_checkpoints=1 if mode == "rotating" else 0,
-                             every_seconds=0)
-        signer = EpochSigning(keys.load_verify_key(key_dir / "verify.pub"),
-                              log_dir.parent / "epochs", policy=policy,
-                              root=keys.load_signer(key_dir))
-    async with LogWriter(log_dir, keys.load_keyring(key_dir), signer, heads=heads,
-                         checkpoint_interval=3600) as w:
+        policy = EpochPolicy(every_checkpoints=1 if mode == "rotating" else 0, every_seconds=0)
+        signer = EpochSigning(
+            keys.load_verify_key(key_dir / "verify.pub"),
+            log_dir.parent / "epochs",
+            policy=policy,
+            root=keys.load_signer(key_dir),
+        )
+    async with LogWriter(
+        log_dir, keys.load_keyring(key_dir), signer, heads=heads, checkpoint_interval=3600
+    ) as w:
         await w.append(b"x" * 256)
         started = time.perf_counter()
         for _ in range(n):
@@ -76,10 +80,13 @@ def witness_round_trip(work: Path, n: int) -> float:
     anyio.run(_checkpoints, root / "log", root / "keys", "epoch", n, store)
     heads = read_heads(root / "heads.jsonl")
     token = "bench-token-0123456789abcdef"
-    trust = {heads[0].log: Trusted(keys.load_verify_key(root / "keys" / "verify.pub").raw,
-                                   hashlib.sha256(token.encode()).digest())}
-    state = WitnessState(root / "witness.jsonl", load_or_create_key(root / "witness.key"),
-                         trust)
+    trust = {
+        heads[0].log: Trusted(
+            keys.load_verify_key(root / "keys" / "verify.pub").raw,
+            hashlib.sha256(token.encode()).digest(),
+        )
+    }
+    state = WitnessState(root / "witness.jsonl", load_or_create_key(root / "witness.key"), trust)
     server = make_server(state, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -89,7 +96,7 @@ def witness_round_trip(work: Path, n: int) -> float:
         with httpx.Client(headers={"authorization": f"Bearer {token}"}) as client:
             started = time.perf_counter()
             for i in range(len(heads)):
-                chain = heads[max(i - 1, 0):i + 1]
+                chain = heads[max(i - 1, 0) : i + 1]
                 body: dict[str, object] = {"heads": chain}
                 if i == 0:
                     body["proof"] = proof

@@ -136,8 +136,9 @@ def _through_kernel(root: Path, prewritten: bool, seconds: float) -> float:
 
 
 def _sqlite(root: Path) -> tuple[Op, Callable[[], None]]:
-    db = sqlite3.connect(root / f"state-{time.monotonic_ns()}.db", isolation_level=None,
-                         check_same_thread=False)
+    db = sqlite3.connect(
+        root / f"state-{time.monotonic_ns()}.db", isolation_level=None, check_same_thread=False
+    )
     assert db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
     db.execute("PRAGMA synchronous=FULL")
     db.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)")
@@ -175,8 +176,11 @@ def run(work: Path, seconds: float, rounds: int = 3) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="floor-", dir=work))
     rows: dict[str, list[float]] = {}
 
-    def measure(label: str, make: Callable[[], tuple[Op, Callable[[], None]]],
-                driver: Callable[[Op, float], float]) -> None:
+    def measure(
+        label: str,
+        make: Callable[[], tuple[Op, Callable[[], None]]],
+        driver: Callable[[Op, float], float],
+    ) -> None:
         op, close = make()
         try:
             rows.setdefault(label, []).append(driver(op, seconds))
@@ -196,10 +200,15 @@ def run(work: Path, seconds: float, rounds: int = 3) -> dict[str, object]:
             measure(f"write+fdatasync, {name}", make, _rate)
             measure(f"write+fdatasync, {name}, behind a hand-off", make, _behind_handoff)
             rows.setdefault(f"write+fdatasync, {name}, through the kernel", []).append(
-                _through_kernel(root, prewritten, seconds))
+                _through_kernel(root, prewritten, seconds)
+            )
     base = max(rows["sqlite, direct"])
-    return {label: {"records_per_s": round(max(rates)), "spread": [round(min(rates)),
-                                                                   round(max(rates))],
-                    "us_per_record": round(1e6 / max(rates), 1),
-                    "ratio_vs_sqlite": round(max(rates) / base, 2)}
-            for label, rates in rows.items()}
+    return {
+        label: {
+            "records_per_s": round(max(rates)),
+            "spread": [round(min(rates)), round(max(rates))],
+            "us_per_record": round(1e6 / max(rates), 1),
+            "ratio_vs_sqlite": round(max(rates) / base, 2),
+        }
+        for label, rates in rows.items()
+    }

@@ -26,10 +26,16 @@ import anyio
 import httpx
 
 BODY = b'{"state":"running","progress":0.5}'
-RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-            % (len(BODY), BODY))
-HEADERS = {"User-Agent": "bench-http", "Accept": "application/json",
-           "Accept-Encoding": "identity", "Authorization": "Bearer not-a-secret"}
+RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    len(BODY),
+    BODY,
+)
+HEADERS = {
+    "User-Agent": "bench-http",
+    "Accept": "application/json",
+    "Accept-Encoding": "identity",
+    "Authorization": "Bearer not-a-secret",
+}
 CONCURRENCY = 8
 
 
@@ -71,8 +77,9 @@ async def _round(base: str, requests: int, through_client: bool) -> dict[str, fl
             return len(b"".join([chunk async for chunk in resp.aiter_raw()]))
 
     async def by_transport(url: str) -> int:
-        request = httpx.Request("GET", url, headers=HEADERS,
-                                extensions={"timeout": timeout.as_dict()})
+        request = httpx.Request(
+            "GET", url, headers=HEADERS, extensions={"timeout": timeout.as_dict()}
+        )
         resp = await transport.handle_async_request(request)
         async with contextlib.aclosing(resp):
             return len(b"".join([chunk async for chunk in resp.aiter_raw()]))
@@ -95,13 +102,18 @@ async def _round(base: str, requests: int, through_client: bool) -> dict[str, fl
     await client.aclose()
     await transport.aclose()
     assert received == requests * len(BODY), "a response came back short"
-    return {"cpu_us_per_request": round(cpu / requests * 1e6, 1),
-            "requests_per_s": round(requests / seconds)}
+    return {
+        "cpu_us_per_request": round(cpu / requests * 1e6, 1),
+        "requests_per_s": round(requests / seconds),
+    }
 
 
 def run(requests: int = 20_000, rounds: int = 3) -> dict[str, object]:
-    server = subprocess.Popen([sys.executable, "-m", "tests.bench.bench_http", "--serve"],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.bench_http", "--serve"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         base = f"http://127.0.0.1:{int(server.stdout.readline())}"
@@ -115,25 +127,36 @@ def run(requests: int = 20_000, rounds: int = 3) -> dict[str, object]:
         server.wait(10)
     best_client = min(r["cpu_us_per_request"] for r in client)
     best_transport = min(r["cpu_us_per_request"] for r in transport)
-    return {"requests_per_round": requests, "concurrency": CONCURRENCY,
-            "client": client, "transport": transport,
-            "client_layer_us_per_request": round(best_client - best_transport, 1),
-            "transport_vs_client_cpu": round(best_transport / best_client, 3)}
+    return {
+        "requests_per_round": requests,
+        "concurrency": CONCURRENCY,
+        "client": client,
+        "transport": transport,
+        "client_layer_us_per_request": round(best_client - best_transport, 1),
+        "transport_vs_client_cpu": round(best_transport / best_client, 3),
+    }
 
 
 def print_table(r: dict[str, object]) -> None:
-    print(f"\nhttpx's client layer, {r['requests_per_round']} GETs per round, "
-          f"{r['concurrency']} in flight, one process, alternating")
-    print(f"  {'round':<8}{'AsyncClient us/req':>20}{'req/s':>8}{'transport us/req':>18}"
-          f"{'req/s':>8}")
+    print(
+        f"\nhttpx's client layer, {r['requests_per_round']} GETs per round, "
+        f"{r['concurrency']} in flight, one process, alternating"
+    )
+    print(
+        f"  {'round':<8}{'AsyncClient us/req':>20}{'req/s':>8}{'transport us/req':>18}{'req/s':>8}"
+    )
     client, transport = r["client"], r["transport"]
     assert isinstance(client, list)
     assert isinstance(transport, list)
     for i, (c, t) in enumerate(zip(client, transport, strict=True), start=1):
-        print(f"  {i:<8}{c['cpu_us_per_request']:>20}{c['requests_per_s']:>8}"
-              f"{t['cpu_us_per_request']:>18}{t['requests_per_s']:>8}")
-    print(f"  the client layer, best rounds: {r['client_layer_us_per_request']} us per request "
-          f"(transport / client CPU {r['transport_vs_client_cpu']})")
+        print(
+            f"  {i:<8}{c['cpu_us_per_request']:>20}{c['requests_per_s']:>8}"
+            f"{t['cpu_us_per_request']:>18}{t['requests_per_s']:>8}"
+        )
+    print(
+        f"  the client layer, best rounds: {r['client_layer_us_per_request']} us per request "
+        f"(transport / client CPU {r['transport_vs_client_cpu']})"
+    )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:

@@ -51,7 +51,7 @@ def framing_rate(payload_bytes: int, seconds: float) -> float:
     deadline = started + seconds
     while time.perf_counter() < deadline:
         for at in range(0, 12 * ROUND, 12):
-            nonce = nonces[at:at + 12]
+            nonce = nonces[at : at + 12]
             aad = associated_data_from(prefix, seq + 1, prev_raw, kid_raw)
             ct = aead.encrypt(nonce, payload, aad)
             line = encode_record(SealedEvent(seq + 1, prev_raw.hex(), log_id, kid, nonce, ct))
@@ -97,6 +97,10 @@ def wakeup_rate(seconds: float) -> float:
 def run(payload_bytes: int, seconds: float) -> dict[str, float]:
     framing = framing_rate(payload_bytes, seconds)
     wakeups = wakeup_rate(seconds)
-    return {"framing_records_per_s": round(framing), "framing_us": round(1e6 / framing, 2),
-            "wakeup_records_per_s": round(wakeups), "wakeup_us": round(1e6 / wakeups, 2),
-            "records_per_s": round(1 / (1 / framing + 1 / wakeups))}
+    return {
+        "framing_records_per_s": round(framing),
+        "framing_us": round(1e6 / framing, 2),
+        "wakeup_records_per_s": round(wakeups),
+        "wakeup_us": round(1e6 / wakeups, 2),
+        "records_per_s": round(1 / (1 / framing + 1 / wakeups)),
+    }

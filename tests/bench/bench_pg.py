@@ -47,8 +47,9 @@ def fresh_schema(dsn: str) -> Iterator[str]:
             admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-async def _pg_run(log_dir: Path, key_dir: Path, dsn: str, appenders: int,
-                  seconds: float) -> tuple[int, int]:
+async def _pg_run(
+    log_dir: Path, key_dir: Path, dsn: str, appenders: int, seconds: float
+) -> tuple[int, int]:
     with pgstore.connect(pgstore.PgSettings(dsn)) as conn:
         epoch = pgstore.take_lease(conn, "bench", 3600)
     assert epoch is not None
@@ -60,14 +61,12 @@ async def _pg_run(log_dir: Path, key_dir: Path, dsn: str, appenders: int,
     return count, store.commits
 
 
-def pg_throughput(work: Path, dsn: str, appenders: int, seconds: float
-                  ) -> tuple[int, float, int]:
+def pg_throughput(work: Path, dsn: str, appenders: int, seconds: float) -> tuple[int, float, int]:
     root = Path(tempfile.mkdtemp(prefix=f"pg-{appenders}-", dir=work))
     keys.generate(root / "keys")
     with fresh_schema(dsn) as scoped:
         started = time.perf_counter()
-        count, commits = anyio.run(_pg_run, root / "log", root / "keys", scoped, appenders,
-                                   seconds)
+        count, commits = anyio.run(_pg_run, root / "log", root / "keys", scoped, appenders, seconds)
         return count, time.perf_counter() - started, commits
 
 
@@ -78,18 +77,28 @@ def appends(work: Path, dsn: str, seconds: float) -> dict[str, Any]:
     for appenders in (1, 100, 1000):
         fn, ft = bench_append.log_throughput(work, appenders, seconds)
         pn, pt, commits = pg_throughput(work, dsn, appenders, seconds)
-        rows.append({"appenders": appenders,
-                     "files_per_s": round(fn / ft), "postgres_per_s": round(pn / pt),
-                     "postgres_commits": commits,
-                     "postgres_vs_files": round((pn / pt) / (fn / ft), 2),
-                     "postgres_vs_sqlite": round((pn / pt) / base, 2)})
+        rows.append(
+            {
+                "appenders": appenders,
+                "files_per_s": round(fn / ft),
+                "postgres_per_s": round(pn / pt),
+                "postgres_commits": commits,
+                "postgres_vs_files": round((pn / pt) / (fn / ft), 2),
+                "postgres_vs_sqlite": round((pn / pt) / base, 2),
+            }
+        )
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SHOW synchronous_commit").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
-    return {"payload_bytes": PAYLOAD_BYTES, "sqlite_per_s": round(base),
-            "server": {"synchronous_commit": row[0] if row else "?",
-                       "fsync": fsync[0] if fsync else "?"},
-            "rows": rows}
+    return {
+        "payload_bytes": PAYLOAD_BYTES,
+        "sqlite_per_s": round(base),
+        "server": {
+            "synchronous_commit": row[0] if row else "?",
+            "fsync": fsync[0] if fsync else "?",
+        },
+        "rows": rows,
+    }
 
 
 JOBS: dict[str, str | list[object]] = {f"long-{i}": "running" for i in range(4)}
@@ -114,11 +123,19 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
     host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
     out: dict[str, Any] = {"lease_seconds": LEASE}
     root = Path(tempfile.mkdtemp(prefix="takeover-", dir=work)).resolve()
-    with fresh_schema(dsn) as scoped, proxy_to(host, port) as pa, proxy_to(host, port) as pb, \
-            workspace(root, jobs=JOBS) as ws:
+    with (
+        fresh_schema(dsn) as scoped,
+        proxy_to(host, port) as pa,
+        proxy_to(host, port) as pb,
+        workspace(root, jobs=JOBS) as ws,
+    ):
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        nodes = [node_config(ws, name, psycopg.conninfo.make_conninfo(
-            scoped, host="127.0.0.1", port=str(p.port))) for name, p in (("a", pa), ("b", pb))]
+        nodes = [
+            node_config(
+                ws, name, psycopg.conninfo.make_conninfo(scoped, host="127.0.0.1", port=str(p.port))
+            )
+            for name, p in (("a", pa), ("b", pb))
+        ]
         proxies = {"a": pa, "b": pb}
         for n in nodes:
             start(ws, n)
@@ -144,8 +161,7 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
                     current.daemon.kill()
                 else:
                     proxies[current.name].cut()
-                until(partial(_took_over, others, took), LEASE + 20,
-                      "the other node to take over")
+                until(partial(_took_over, others, took), LEASE + 20, "the other node to take over")
                 nxt = next(n for n in others if _count(n, TOOK) > took[n.name])
                 after = len(ws.sim.requests(kind="status"))
                 ws.sim.wait_for_requests(after + 1, kind="status", timeout=10)
@@ -155,12 +171,14 @@ def takeovers(work: Path, dsn: str, runs: int) -> dict[str, Any]:
                     until(partial(_stood_by, current, 0), 30, "a restarted standby")
                 else:
                     proxies[current.name].restore()
-                    until(partial(_stood_by, current, stood), 30,
-                          "the cut node to stand by again")
+                    until(partial(_stood_by, current, stood), 30, "the cut node to stand by again")
                 current = nxt
-            out[kind] = {"runs": runs, "median_s": round(statistics.median(times), 3),
-                         "max_s": round(max(times), 3),
-                         "all_s": [round(t, 3) for t in times]}
+            out[kind] = {
+                "runs": runs,
+                "median_s": round(statistics.median(times), 3),
+                "max_s": round(max(times), 3),
+                "all_s": [round(t, 3) for t in times],
+            }
         for n in nodes:
             if n is not current and n.daemon is not None:
                 n.daemon.stop()
@@ -194,18 +212,25 @@ def run(work: Path, seconds: float, dsn: str | None, runs: int) -> dict[str, Any
 
 def print_table(r: dict[str, Any]) -> None:
     a = r["appends"]
-    print(f"\ndurable appends to PostgreSQL, {a['payload_bytes']}-byte payloads (server: "
-          f"synchronous_commit={a['server']['synchronous_commit']}, "
-          f"fsync={a['server']['fsync']}); sqlite txn/record: {a['sqlite_per_s']}/s")
-    print(f"  {'appenders':>9}{'files/s':>10}{'postgres/s':>12}{'commits':>9}{'pg/files':>10}"
-          f"{'pg/sqlite':>11}")
+    print(
+        f"\ndurable appends to PostgreSQL, {a['payload_bytes']}-byte payloads (server: "
+        f"synchronous_commit={a['server']['synchronous_commit']}, "
+        f"fsync={a['server']['fsync']}); sqlite txn/record: {a['sqlite_per_s']}/s"
+    )
+    print(
+        f"  {'appenders':>9}{'files/s':>10}{'postgres/s':>12}{'commits':>9}{'pg/files':>10}"
+        f"{'pg/sqlite':>11}"
+    )
     for row in a["rows"]:
-        print(f"  {row['appenders']:>9}{row['files_per_s']:>10}{row['postgres_per_s']:>12}"
-              f"{row['postgres_commits']:>9}{row['postgres_vs_files']:>9}x"
-              f"{row['postgres_vs_sqlite']:>10}x")
+        print(
+            f"  {row['appenders']:>9}{row['files_per_s']:>10}{row['postgres_per_s']:>12}"
+            f"{row['postgres_commits']:>9}{row['postgres_vs_files']:>9}x"
+            f"{row['postgres_vs_sqlite']:>10}x"
+        )
     t = r["takeover"]
     print(f"\ntakeover time (to the other node's first request), lease {t['lease_seconds']}s")
     for kind in ("sigkill", "lost_link"):
         row = t[kind]
-        print(f"  {kind:<10} median {row['median_s']}s  max {row['max_s']}s  "
-              f"over {row['runs']} runs")
+        print(
+            f"  {kind:<10} median {row['median_s']}s  max {row['max_s']}s  over {row['runs']} runs"
+        )

@@ -49,8 +49,9 @@ GOAL = 1.2
 def _daemon(out: Path, window: float, operations: int, dsn: str | None) -> dict[str, Any]:
     """One saturated daemon run; the file store's also times the bare loop unpaced."""
     if dsn is None:
-        return bench_scale.run_one(out, operations, window, RATE, CONCURRENCY, 0,
-                                   bare_saturated=True)
+        return bench_scale.run_one(
+            out, operations, window, RATE, CONCURRENCY, 0, bare_saturated=True
+        )
     with fresh_schema(dsn) as scoped:
         return bench_scale.run_one(out, operations, window, RATE, CONCURRENCY, 0, dsn=scoped)
 
@@ -58,51 +59,68 @@ def _daemon(out: Path, window: float, operations: int, dsn: str | None) -> dict[
 def _per_request(row: dict[str, Any], prefix: str) -> dict[str, float]:
     cpu = float(row["daemon_cpu_per_request_us"])
     loop = float(row["daemon_loop_thread_per_request_us"])
-    return {f"{prefix}_cpu_us": cpu, f"{prefix}_loop_us": loop,
-            f"{prefix}_other_us": round(cpu - loop, 1),
-            f"{prefix}_bare_us": float(row["bare_loop"]["cpu_per_request_us"]),
-            f"{prefix}_req_s": float(row["requests_per_s"]),
-            f"{prefix}_flushes": float(row["log_flushes_per_request"])}
+    return {
+        f"{prefix}_cpu_us": cpu,
+        f"{prefix}_loop_us": loop,
+        f"{prefix}_other_us": round(cpu - loop, 1),
+        f"{prefix}_bare_us": float(row["bare_loop"]["cpu_per_request_us"]),
+        f"{prefix}_req_s": float(row["requests_per_s"]),
+        f"{prefix}_flushes": float(row["log_flushes_per_request"]),
+    }
 
 
 def summary(files: dict[str, Any], pg: dict[str, Any]) -> dict[str, float]:
     """One repeat's figures and ratios from its two daemon runs."""
-    r = {**_per_request(files, "files"), **_per_request(pg, "pg"),
-         "pg_db_us": float(pg.get("db_backend_cpu_per_request_us", "nan")),
-         "bare_req_s": float(files["bare_saturated"]["requests_per_s"])}
+    r = {
+        **_per_request(files, "files"),
+        **_per_request(pg, "pg"),
+        "pg_db_us": float(pg.get("db_backend_cpu_per_request_us", "nan")),
+        "bare_req_s": float(files["bare_saturated"]["requests_per_s"]),
+    }
     r["pg_with_db_us"] = round(r["pg_cpu_us"] + r["pg_db_us"], 1)
 
     def ratio(a: str, b: str) -> float:
         return round(r[a] / r[b], 2) if r[b] else float("nan")
 
-    r |= {"pg_vs_files_cpu": ratio("pg_cpu_us", "files_cpu_us"),
-          "pg_vs_files_loop": ratio("pg_loop_us", "files_loop_us"),
-          "pg_vs_files_other": ratio("pg_other_us", "files_other_us"),
-          "pg_vs_files_req_s": ratio("pg_req_s", "files_req_s"),
-          "pg_with_db_vs_files": ratio("pg_with_db_us", "files_cpu_us"),
-          "files_vs_bare": ratio("files_cpu_us", "files_bare_us"),
-          "pg_vs_bare": ratio("pg_cpu_us", "pg_bare_us"),
-          "files_req_vs_bare": ratio("files_req_s", "bare_req_s"),
-          "pg_req_vs_bare": ratio("pg_req_s", "bare_req_s")}
+    r |= {
+        "pg_vs_files_cpu": ratio("pg_cpu_us", "files_cpu_us"),
+        "pg_vs_files_loop": ratio("pg_loop_us", "files_loop_us"),
+        "pg_vs_files_other": ratio("pg_other_us", "files_other_us"),
+        "pg_vs_files_req_s": ratio("pg_req_s", "files_req_s"),
+        "pg_with_db_vs_files": ratio("pg_with_db_us", "files_cpu_us"),
+        "files_vs_bare": ratio("files_cpu_us", "files_bare_us"),
+        "pg_vs_bare": ratio("pg_cpu_us", "pg_bare_us"),
+        "files_req_vs_bare": ratio("files_req_s", "bare_req_s"),
+        "pg_req_vs_bare": ratio("pg_req_s", "bare_req_s"),
+    }
     r["goal_ratio"] = round(r["pg_vs_bare"] / r["files_vs_bare"], 2)
     return r
 
 
-def run(out: Path, repeat: int, window: float, dsn: str | None = None,
-        operations: int = OPERATIONS) -> dict[str, Any]:
+def run(
+    out: Path, repeat: int, window: float, dsn: str | None = None, operations: int = OPERATIONS
+) -> dict[str, Any]:
     dsn = dsn or base_dsn()
     runs, rows = [], []
     for i in range(repeat):
         order = [None, dsn] if i % 2 == 0 else [dsn, None]
-        got = {("files" if d is None else "postgresql"): _daemon(out, window, operations, d)
-               for d in order}
+        got = {
+            ("files" if d is None else "postgresql"): _daemon(out, window, operations, d)
+            for d in order
+        }
         rows.append(got)
         runs.append(summary(got["files"], got["postgresql"]))
-        print(f"  pg-cpu run {i + 1}/{repeat} ({' then '.join(got)}): {runs[-1]}",
-              file=sys.stderr)
-    return {"operations": operations, "rate": RATE, "concurrency": CONCURRENCY,
-            "lease_seconds": bench_scale.PG_LEASE, "renew_seconds": bench_scale.PG_RENEW,
-            "goal": GOAL, "runs": runs, "rows": rows}
+        print(f"  pg-cpu run {i + 1}/{repeat} ({' then '.join(got)}): {runs[-1]}", file=sys.stderr)
+    return {
+        "operations": operations,
+        "rate": RATE,
+        "concurrency": CONCURRENCY,
+        "lease_seconds": bench_scale.PG_LEASE,
+        "renew_seconds": bench_scale.PG_RENEW,
+        "goal": GOAL,
+        "runs": runs,
+        "rows": rows,
+    }
 
 
 #: (label, key, which repeat is best) per printed row.
@@ -137,8 +155,10 @@ ROWS: tuple[tuple[str, str, Callable[..., float]], ...] = (
 
 def print_table(r: dict[str, Any]) -> None:
     runs = r["runs"]
-    print(f"\nCPU per status request, log in PostgreSQL vs files, {r['operations']} operations "
-          f"saturated ({r['rate']:g}/s target), lease {r['lease_seconds']:g} s renewed every "
-          f"{r['renew_seconds']:g} s; {len(runs)} run(s): best (spread), all from the same runs")
+    print(
+        f"\nCPU per status request, log in PostgreSQL vs files, {r['operations']} operations "
+        f"saturated ({r['rate']:g}/s target), lease {r['lease_seconds']:g} s renewed every "
+        f"{r['renew_seconds']:g} s; {len(runs)} run(s): best (spread), all from the same runs"
+    )
     for label, key, best in ROWS:
         print(f"  {label:<56}{span(runs, key, best):>24}")

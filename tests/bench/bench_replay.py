@@ -95,17 +95,25 @@ def bench_contract() -> Contract:
     return Contract(
         provider="sim",
         states=StateTable(pending=("queued", "running"), success=("succeeded",)),
-        state_pointer="/status", job_id_pointer="/id", backoff_base_seconds=30.0,
-        backoff_cap_seconds=60.0, rate_limited_delay_seconds=120.0,
-        default_max_status_requests=1000, default_deadline_seconds=86400.0,
+        state_pointer="/status",
+        job_id_pointer="/id",
+        backoff_base_seconds=30.0,
+        backoff_cap_seconds=60.0,
+        rate_limited_delay_seconds=120.0,
+        default_max_status_requests=1000,
+        default_deadline_seconds=86400.0,
     )
 
 
 def op_events(i: int, contract: Contract, t0: float, rng: random.Random) -> list[bytes]:
     """The events one operation writes: registered, then two poll cycles, as decided."""
-    reg = Registration(operation_id=f"op-{i:07d}", provider="sim",
-                       provider_job_id=f"job-{i:07d}", deadline_at=t0 + 86400.0,
-                       first_poll_after_seconds=rng.uniform(0, 60))
+    reg = Registration(
+        operation_id=f"op-{i:07d}",
+        provider="sim",
+        provider_job_id=f"job-{i:07d}",
+        deadline_at=t0 + 86400.0,
+        first_poll_after_seconds=rng.uniform(0, 60),
+    )
     events = list(register(reg, contract, t0))
     op = evolve(None, events[0])
     now = op.next_poll_at
@@ -114,10 +122,15 @@ def op_events(i: int, contract: Contract, t0: float, rng: random.Random) -> list
         assert isinstance(intent, StatusRequestIntended)
         op = evolve(op, intent)
         fact = StatusResponseReceived(
-            operation_id=op.operation_id, at=now + 0.05, request_number=intent.request_number,
-            status_code=200, headers=ResponseHeaders(request_id=f"req-{i}-{intent.request_number}",
-                                                     content_type="application/json"),
-            body=b'{"id": "job-%07d", "status": "running", "progress": 0.42}' % i)
+            operation_id=op.operation_id,
+            at=now + 0.05,
+            request_number=intent.request_number,
+            status_code=200,
+            headers=ResponseHeaders(
+                request_id=f"req-{i}-{intent.request_number}", content_type="application/json"
+            ),
+            body=b'{"id": "job-%07d", "status": "running", "progress": 0.42}' % i,
+        )
         op = evolve(op, fact)
         decided = decide(op, fact, now + 0.05, rng.random())
         for ev in decided:
@@ -133,8 +146,9 @@ async def _generate(log_dir: Path, key_dir: Path, records: int) -> None:
     rng = random.Random(8)
     t0 = time.time()
     pending: list[bytes] = []
-    async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
-                         checkpoint_every=1000) as log:
+    async with LogWriter(
+        log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir), checkpoint_every=1000
+    ) as log:
         for i in range(records // EVENTS_PER_OP):
             pending += op_events(i, contract, t0, rng)
             if len(pending) >= BATCH:
@@ -192,13 +206,14 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
 
     def start(snapshot: Path | None) -> Callable[[], int]:
         def run() -> int:
-            snap = (load_snapshot(snapshot, keyring, SnapshotKeys(root=signer)) if snapshot
-                    else None)
-            report = verify_log(log_dir, verify_key, writer_live=False,
-                                resume=snap.position if snap else None)
+            snap = load_snapshot(snapshot, keyring, SnapshotKeys(root=signer)) if snapshot else None
+            report = verify_log(
+                log_dir, verify_key, writer_live=False, resume=snap.position if snap else None
+            )
             assert report.damage is None
             assert snap is None or report.resumed_at == snap.position.seq
             return replay_log(log_dir, keyring, snap, jobs=1).events  # the daemon: threaded
+
         return run
 
     # What the offline readers load (`replay --check`, `story --offline`: every event, or one
@@ -207,32 +222,49 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
 
     def story(only: str | None, jobs: int | None) -> Callable[[], int]:
         def run() -> int:
-            log = (load_log(log_dir, keyring, jobs=jobs) if only is None
-                   else load_operation(log_dir, keyring, only, jobs=jobs))
+            log = (
+                load_log(log_dir, keyring, jobs=jobs)
+                if only is None
+                else load_operation(log_dir, keyring, only, jobs=jobs)
+            )
             assert len(events_of(log, story_op)) == EVENTS_PER_OP
             return replayed.events
+
         return run
 
     stages: dict[str, object] = {}
-    for name, fn in (("chain", chain), ("decrypt", decrypt), ("decode", decode),
-                     ("replay, 1 process (the daemon)", replay(1)),
-                     ("replay, every core (offline readers)", replay(None)),
-                     ("load_log, 1 process", story(None, 1)),
-                     ("load_log, every core", story(None, None)),
-                     ("story --offline, 1 process", story(story_op, 1)),
-                     ("story --offline, every core", story(story_op, None)),
-                     ("start, no snapshot", start(None)),
-                     ("start, snapshot at the head", start(snapshots["head"])),
-                     (f"start, snapshot {behind} behind", start(snapshots["behind"]))):
+    for name, fn in (
+        ("chain", chain),
+        ("decrypt", decrypt),
+        ("decode", decode),
+        ("replay, 1 process (the daemon)", replay(1)),
+        ("replay, every core (offline readers)", replay(None)),
+        ("load_log, 1 process", story(None, 1)),
+        ("load_log, every core", story(None, None)),
+        ("story --offline, 1 process", story(story_op, 1)),
+        ("story --offline, every core", story(story_op, None)),
+        ("start, no snapshot", start(None)),
+        ("start, snapshot at the head", start(snapshots["head"])),
+        (f"start, snapshot {behind} behind", start(snapshots["behind"])),
+    ):
         n, seconds = _best(fn, runs)
-        stages[name] = {"events": n, "seconds": round(seconds, 3),
-                        "events_per_s": round(n / seconds)}
+        stages[name] = {
+            "events": n,
+            "seconds": round(seconds, 3),
+            "events_per_s": round(n / seconds),
+        }
     floor = c_floor(log_dir, keyring, runs)
     live = sum(op.phase == "live" for op in replayed.ops.values())
-    return {"events": replayed.events, "operations": len(replayed.ops), "live": live,
-            "log_bytes": sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl")),
-            "snapshot_bytes": snapshots["head"].stat().st_size,
-            "goal_events_per_s": 300_000, "stages": stages, "floor": floor}
+    return {
+        "events": replayed.events,
+        "operations": len(replayed.ops),
+        "live": live,
+        "log_bytes": sum(p.stat().st_size for p in log_dir.glob("seg-*.jsonl")),
+        "snapshot_bytes": snapshots["head"].stat().st_size,
+        "goal_events_per_s": 300_000,
+        "stages": stages,
+        "floor": floor,
+    }
 
 
 def c_floor(log_dir: Path, keyring: KeyRing, runs: int = 3) -> dict[str, object]:
@@ -257,8 +289,10 @@ def c_floor(log_dir: Path, keyring: KeyRing, runs: int = 3) -> dict[str, object]
     raw_nonces = [binascii.a2b_base64(n, strict_mode=True) for n in nonces]
     raw_cts = [binascii.a2b_base64(c, strict_mode=True) for c in cts]
     prefix, kid = aad_prefix(events[0].log), events[0].kid
-    aads = [associated_data_from(prefix, r.seq, bytes.fromhex(r.prev), kid.encode("ascii"))
-            for r in events]
+    aads = [
+        associated_data_from(prefix, r.seq, bytes.fromhex(r.prev), kid.encode("ascii"))
+        for r in events
+    ]
     aead = AESGCMSIV(keyring.get(kid))  # what Sealer.open calls, without its wrapper
     plaintexts = list(map(aead.decrypt, raw_nonces, raw_cts, aads))
     a2b = binascii.a2b_base64
@@ -284,14 +318,21 @@ def c_floor(log_dir: Path, keyring: KeyRing, runs: int = 3) -> dict[str, object]
     total = sum(per_event.values())
     cores = os.cpu_count() or 1
     in_order = per_event["decode the events (msgspec)"] + fold_us
-    return {"events": len(events), "us_per_event": per_event, "total_us": round(total, 3),
-            "cap_one_core": round(1e6 / total), "cores": cores,
-            "cap_every_core": round(cores * 1e6 / total),
-            "fold_us": round(fold_us, 3),
-            "cap_every_core_with_fold": round(cores * 1e6 / (total + fold_us)),
-            "in_order_us": round(in_order, 3), "cap_in_order": round(1e6 / in_order),
-            "group": GROUP, "grouped_framing_us": round(grouped_us, 3),
-            "cap_grouped_every_core": round(cores * 1e6 / (grouped_us + in_order))}
+    return {
+        "events": len(events),
+        "us_per_event": per_event,
+        "total_us": round(total, 3),
+        "cap_one_core": round(1e6 / total),
+        "cores": cores,
+        "cap_every_core": round(cores * 1e6 / total),
+        "fold_us": round(fold_us, 3),
+        "cap_every_core_with_fold": round(cores * 1e6 / (total + fold_us)),
+        "in_order_us": round(in_order, 3),
+        "cap_in_order": round(1e6 / in_order),
+        "group": GROUP,
+        "grouped_framing_us": round(grouped_us, 3),
+        "cap_grouped_every_core": round(cores * 1e6 / (grouped_us + in_order)),
+    }
 
 
 #: Events per sealed record in :func:`grouped_framing`'s what-if: what a group commit of a
@@ -324,11 +365,19 @@ def grouped_framing(plaintexts: list[bytes], runs: int) -> float:
     lines = []
     for at in range(0, len(plaintexts), GROUP):
         nonce = os.urandom(12)
-        body = b"[" + b",".join(plaintexts[at:at + GROUP]) + b"]"
-        lines.append(encode_record(EventRecord(
-            seq=at, prev=ZERO_HASH, log="0" * 32, kid="what-if",
-            nonce=binascii.b2a_base64(nonce, newline=False).decode("ascii"),
-            ct=binascii.b2a_base64(aead.encrypt(nonce, body, aad), newline=False).decode())))
+        body = b"[" + b",".join(plaintexts[at : at + GROUP]) + b"]"
+        lines.append(
+            encode_record(
+                EventRecord(
+                    seq=at,
+                    prev=ZERO_HASH,
+                    log="0" * 32,
+                    kid="what-if",
+                    nonce=binascii.b2a_base64(nonce, newline=False).decode("ascii"),
+                    ct=binascii.b2a_base64(aead.encrypt(nonce, body, aad), newline=False).decode(),
+                )
+            )
+        )
     data = b"\n".join(lines) + b"\n"
     a2b, split = binascii.a2b_base64, msgspec.json.Decoder(list[msgspec.Raw]).decode
 
@@ -337,8 +386,10 @@ def grouped_framing(plaintexts: list[bytes], runs: int) -> float:
         record_hashes(lines)
         for rec in recs:
             assert isinstance(rec, EventRecord)
-            split(aead.decrypt(a2b(rec.nonce, strict_mode=True),
-                               a2b(rec.ct, strict_mode=True), aad))
+            split(
+                aead.decrypt(a2b(rec.nonce, strict_mode=True), a2b(rec.ct, strict_mode=True), aad)
+            )
+
     return _best_us(read, runs, len(plaintexts))
 
 
@@ -365,8 +416,15 @@ def _state_at(log_dir: Path, keyring: KeyRing, events: int) -> tuple[LogPosition
                 ledger.apply(decode_log_event(reader.decrypt(stored)))
                 if ledger.events == events:
                     return LogPosition(
-                        log_id=rec.log, seq=rec.seq, hash=stored.hash, segment=index,
-                        line_start=start, end=offset, last_cp_seq=last_cp[0],
-                        last_cp_hash=last_cp[1], checkpoint_every=every, unsigned_run=run,
+                        log_id=rec.log,
+                        seq=rec.seq,
+                        hash=stored.hash,
+                        segment=index,
+                        line_start=start,
+                        end=offset,
+                        last_cp_seq=last_cp[0],
+                        last_cp_hash=last_cp[1],
+                        checkpoint_every=every,
+                        unsigned_run=run,
                     ), ledger
     raise ValueError(f"the log holds fewer than {events} events")

@@ -131,8 +131,7 @@ def _job(i: int) -> str:
     return f"j-{i:07d}"
 
 
-def _workspace(root: Path, n: int, cap: float, concurrency: int,
-               dsn: str | None = None) -> None:
+def _workspace(root: Path, n: int, cap: float, concurrency: int, dsn: str | None = None) -> None:
     keys.generate(root / "keys")
     (root / "creds").mkdir(mode=0o700)
     token = root / "creds" / "sim.token"
@@ -149,11 +148,15 @@ def _workspace(root: Path, n: int, cap: float, concurrency: int,
 def _config(dsn: str | None) -> str:
     """The daemon's config: the file store, or a PostgreSQL node (one signing key: epoch keys
     cannot follow a takeover)."""
-    text = ('[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
-            'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 1000\n')
+    text = (
+        '[paths]\nstate_dir = "state"\nkeys_dir = "keys"\nprofiles_dir = "profiles"\n'
+        'credentials_dir = "creds"\n\n[log]\ncheckpoint_every = 1000\n'
+    )
     if dsn is not None:
-        text += (f"forward_secure = false\n\n[postgres]\ndsn = {json.dumps(dsn)}\n"
-                 f'lease_seconds = {PG_LEASE}\nrenew_seconds = {PG_RENEW}\nnode = "bench"\n')
+        text += (
+            f"forward_secure = false\n\n[postgres]\ndsn = {json.dumps(dsn)}\n"
+            f'lease_seconds = {PG_LEASE}\nrenew_seconds = {PG_RENEW}\nnode = "bench"\n'
+        )
     return text + '\n[metrics]\nlisten = "127.0.0.1:0"\n'
 
 
@@ -168,23 +171,32 @@ def _profile(root: Path, base_url: str, cap: float, concurrency: int) -> Path:
         f"rate_limited_delay_seconds = {2 * cap + 1}\nmin_hint_seconds = 0.05\n"
         f"default_deadline_seconds = 86400\ndefault_max_status_requests = 1000000\n"
         f"limit_status_requests = 1000000\n\n"
-        f'[contract.states]\npending = ["queued", "running"]\nsuccess = ["succeeded"]\n')
+        f'[contract.states]\npending = ["queued", "running"]\nsuccess = ["succeeded"]\n'
+    )
     return path
 
 
-async def _generate(root: Path, profile: Path, n: int, lead: float, cap: float,
-                    store: LineStore | None = None) -> None:
+async def _generate(
+    root: Path, profile: Path, n: int, lead: float, cap: float, store: LineStore | None = None
+) -> None:
     contract = load_profile(profile).contract
     rng = random.Random(n)
     now = time.time()
     batch: list[bytes] = []
-    async with LogWriter(root / "state" / "log", keys.load_keyring(root / "keys"),
-                         keys.load_signer(root / "keys"), checkpoint_every=1000,
-                         store=store) as log:
+    async with LogWriter(
+        root / "state" / "log",
+        keys.load_keyring(root / "keys"),
+        keys.load_signer(root / "keys"),
+        checkpoint_every=1000,
+        store=store,
+    ) as log:
         for i in range(n):
-            reg = Registration(operation_id=f"op-{i:07d}", provider="sim",
-                               provider_job_id=_job(i),
-                               first_poll_after_seconds=lead + cap * rng.uniform(0.5, 1.0))
+            reg = Registration(
+                operation_id=f"op-{i:07d}",
+                provider="sim",
+                provider_job_id=_job(i),
+                first_poll_after_seconds=lead + cap * rng.uniform(0.5, 1.0),
+            )
             [registered] = register(reg, contract, now)
             assert isinstance(registered, OperationRegistered), registered
             batch.append(encode_event(registered))
@@ -195,8 +207,9 @@ async def _generate(root: Path, profile: Path, n: int, lead: float, cap: float,
             await log.append_many(batch)
 
 
-def _generate_into(root: Path, profile: Path, n: int, lead: float, cap: float,
-                   dsn: str | None) -> None:
+def _generate_into(
+    root: Path, profile: Path, n: int, lead: float, cap: float, dsn: str | None
+) -> None:
     """The log of ``n`` registrations: in the segment files, or (``dsn``) committed to
     PostgreSQL as well under a lease taken for it and handed over after, as a node would."""
     if dsn is None:
@@ -246,8 +259,12 @@ def _lateness(root: Path, start: float, end: float) -> dict[str, float | int]:
     def q(p: float) -> float:
         return round(late[min(len(late) - 1, int(p * len(late)))] * 1000, 1)
 
-    return {"intents": len(late), "p50_ms": q(0.50), "p99_ms": q(0.99),
-            "max_ms": round(late[-1] * 1000, 1)}
+    return {
+        "intents": len(late),
+        "p50_ms": q(0.50),
+        "p99_ms": q(0.99),
+        "max_ms": round(late[-1] * 1000, 1),
+    }
 
 
 def _empty_rss(work: Path) -> int:
@@ -256,8 +273,7 @@ def _empty_rss(work: Path) -> int:
     try:
         _workspace(root, 0, 1.0, 8)
         _profile(root, "http://127.0.0.1:9", 1.0, 8)
-        daemon = _start([*BIDE, "run", "--config", str(root / "bide.toml")],
-                        root / "daemon.log")
+        daemon = _start([*BIDE, "run", "--config", str(root / "bide.toml")], root / "daemon.log")
         try:
             daemon.wait_for(r"msg=ready", 60)
             time.sleep(1.0)
@@ -268,9 +284,18 @@ def _empty_rss(work: Path) -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
-            empty_rss: int, keep: bool = False, profile_to: Path | None = None,
-            bare_saturated: bool = False, dsn: str | None = None) -> dict[str, object]:
+def run_one(
+    work: Path,
+    n: int,
+    seconds: float,
+    rate: float,
+    concurrency: int,
+    empty_rss: int,
+    keep: bool = False,
+    profile_to: Path | None = None,
+    bare_saturated: bool = False,
+    dsn: str | None = None,
+) -> dict[str, object]:
     """One daemon at ``n`` operations; with ``bare_saturated`` also what the bare loop
     reaches unpaced (``concurrency`` in flight, as fast as it goes) against the same
     simulator: the ceiling the daemon's saturation is compared with. With ``dsn`` (a schema
@@ -278,8 +303,17 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
     root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-", dir=work))
     cap = round(n / rate / 0.75, 3)
     _workspace(root, n, cap, concurrency, dsn)
-    sim = _start([*BIDE, "simulate", "--script", str(root / "sim.toml"), "--token-file",
-                  str(root / "creds" / "sim.token")], root / "sim.out")
+    sim = _start(
+        [
+            *BIDE,
+            "simulate",
+            "--script",
+            str(root / "sim.toml"),
+            "--token-file",
+            str(root / "creds" / "sim.token"),
+        ],
+        root / "sim.out",
+    )
     daemon: Proc | None = None
     try:
         base = sim.wait_for(r"listening on (http://\S+)", 120).group(1)
@@ -291,10 +325,12 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         polls_from = time.time() + lead - generated
 
         popen = time.monotonic()
-        prefix = BIDE if profile_to is None else [
-            sys.executable, "-m", "cProfile", "-o", str(profile_to), "-m", "daemon.cli"]
-        daemon = _start([*prefix, "run", "--config", str(root / "bide.toml")],
-                        root / "daemon.log")
+        prefix = (
+            BIDE
+            if profile_to is None
+            else [sys.executable, "-m", "cProfile", "-o", str(profile_to), "-m", "daemon.cli"]
+        )
+        daemon = _start([*prefix, "run", "--config", str(root / "bide.toml")], root / "daemon.log")
         daemon.wait_for(r"msg=ready", 600)
         ready = time.monotonic() - popen
         replayed = daemon.wait_for(r"msg=replayed .*seconds=([\d.]+)", 5).group(1)
@@ -312,7 +348,9 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         if out := os.environ.get("BIDE_BENCH_PYSPY"):  # the window's samples: see profile.py
             spy = subprocess.Popen(
                 [*_py_spy(out), "-d", str(int(seconds)), "-p", str(daemon.proc.pid)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         time.sleep(seconds)
         if spy is not None:
             spy.wait(timeout=60)
@@ -327,30 +365,52 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
         sent = int(m1["bide_status_requests_sent_total"] - m0["bide_status_requests_sent_total"])
         achieved = sent / (w1 - w0)
         cpu_per_req = (c1 - c0) / max(sent, 1)
-        bare = json.loads(subprocess.run(
-            [sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
-             str(max(sent, 1)), str(max(achieved, 1.0)), str(concurrency),
-             str(root / "creds" / "sim.token")],
-            capture_output=True, text=True, check=True, timeout=3600,
-            env={**os.environ, "BIDE_BENCH_SIM_PID": str(sim.proc.pid)}).stdout)
+        bare = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.bench.bare_loop",
+                    base,
+                    str(max(n, 1)),
+                    str(max(sent, 1)),
+                    str(max(achieved, 1.0)),
+                    str(concurrency),
+                    str(root / "creds" / "sim.token"),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=3600,
+                env={**os.environ, "BIDE_BENCH_SIM_PID": str(sim.proc.pid)},
+            ).stdout
+        )
         bare_per_req = bare["cpu_seconds"] / bare["requests"]
         # The machine's busy CPU less the simulator's, for the daemon's window and for the
         # bare loop's run: kernel workers included (an AIO fdatasync runs in one).
         machine_per_req = ((a1 - a0) - (s1 - s0)) / max(sent, 1)
         bare_machine_per_req = bare["machine_cpu_seconds"] / bare["requests"]
         ceiling = _bare_ceiling(base, n, sent, concurrency, root) if bare_saturated else None
-        hist = {k: v1 - m0.get(k, 0.0) for k, v1 in m1.items()
-                if k.startswith("bide_wakeup_lateness_seconds_bucket")}
+        hist = {
+            k: v1 - m0.get(k, 0.0)
+            for k, v1 in m1.items()
+            if k.startswith("bide_wakeup_lateness_seconds_bucket")
+        }
         return {
             "store": "files" if dsn is None else "postgresql",
-            "operations": n, "target_rate": rate, "backoff_cap_s": cap,
+            "operations": n,
+            "target_rate": rate,
+            "backoff_cap_s": cap,
             "concurrency": concurrency,
-            "ready_s": round(ready, 2), "replay_s": float(replayed),
+            "ready_s": round(ready, 2),
+            "replay_s": float(replayed),
             "restart": restart,
             "generate_s": round(generated, 2),
-            "window_s": round(w1 - w0, 2), "requests": sent,
+            "window_s": round(w1 - w0, 2),
+            "requests": sent,
             "requests_per_s": round(achieved, 1),
-            "rss_ready_mib": round(rss_ready / 1024, 1), "rss_end_mib": round(rss_end / 1024, 1),
+            "rss_ready_mib": round(rss_ready / 1024, 1),
+            "rss_end_mib": round(rss_end / 1024, 1),
             "rss_empty_mib": round(empty_rss / 1024, 1),
             "rss_per_op_ready_kib": round((rss_ready - empty_rss) / max(n, 1), 2),
             "rss_per_op_end_kib": round((rss_end - empty_rss) / max(n, 1), 2),
@@ -362,20 +422,34 @@ def run_one(work: Path, n: int, seconds: float, rate: float, concurrency: int,
             "daemon_cpu_per_request_us": round(cpu_per_req * 1e6, 1),
             "daemon_system_per_request_us": round((k1 - k0) / max(sent, 1) * 1e6, 1),
             "daemon_loop_thread_per_request_us": round((l1 - l0) / max(sent, 1) * 1e6, 1),
-            **({"db_backends": len(b1), "db_backend_cpu_per_request_us": round(
-                sum(b1[p] - b0[p] for p in b1 if p in b0) / max(sent, 1) * 1e6, 1)}
-               if backends else {}),
+            **(
+                {
+                    "db_backends": len(b1),
+                    "db_backend_cpu_per_request_us": round(
+                        sum(b1[p] - b0[p] for p in b1 if p in b0) / max(sent, 1) * 1e6, 1
+                    ),
+                }
+                if backends
+                else {}
+            ),
             "log_flushes_per_request": round(
-                (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2),
+                (m1["bide_log_flushes_total"] - m0["bide_log_flushes_total"]) / max(sent, 1), 2
+            ),
             "bare_loop": {**bare, "cpu_per_request_us": round(bare_per_req * 1e6, 1)},
             "cpu_ratio_vs_bare": round(cpu_per_req / bare_per_req, 2) if bare_per_req else None,
             "machine_cpu_per_request_us": round(machine_per_req * 1e6, 1),
             "bare_machine_cpu_per_request_us": round(bare_machine_per_req * 1e6, 1),
             "machine_cpu_ratio_vs_bare": round(machine_per_req / bare_machine_per_req, 2)
-            if bare_machine_per_req > 0 else None,
-            **({"bare_saturated": ceiling,
-                "saturation_vs_bare": round(achieved / ceiling["requests_per_s"], 2)}
-               if ceiling else {}),
+            if bare_machine_per_req > 0
+            else None,
+            **(
+                {
+                    "bare_saturated": ceiling,
+                    "saturation_vs_bare": round(achieved / ceiling["requests_per_s"], 2),
+                }
+                if ceiling
+                else {}
+            ),
         }
     finally:
         if daemon is not None:
@@ -396,14 +470,18 @@ def _db_backends(dsn: str, pid: int) -> list[int]:
         with contextlib.suppress(OSError):
             target = os.readlink(fd)
             if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    ports = [int(f[1].rsplit(":", 1)[1], 16)
-             for f in (line.split() for line in
-                       Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:])
-             if f[9] in inodes]
+                inodes.add(target[len("socket:[") : -1])
+    ports = [
+        int(f[1].rsplit(":", 1)[1], 16)
+        for f in (
+            line.split() for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+        )
+        if f[9] in inodes
+    ]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)",
-                            (ports,)).fetchall()
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", (ports,)
+        ).fetchall()
     return [int(r[0]) for r in rows]
 
 
@@ -418,25 +496,53 @@ def _cpu_of(pids: list[int]) -> dict[int, float]:
 
 def _py_spy(out: str) -> list[str]:
     """py-spy recording raw samples into ``out`` the way ``tests.bench.profile`` reads them."""
-    return [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--gil",
-            "-f", "raw", "-r", "250", "-o", out]
+    return [
+        str(Path(sys.executable).with_name("py-spy")),
+        "record",
+        "--nonblocking",
+        "--gil",
+        "-f",
+        "raw",
+        "-r",
+        "250",
+        "-o",
+        out,
+    ]
 
 
-def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path
-                  ) -> dict[str, float]:
+def _bare_ceiling(base: str, n: int, count: int, concurrency: int, root: Path) -> dict[str, float]:
     """The bare loop with no pacing: requests/s and CPU per request at its own saturation
     (with ``BIDE_BENCH_PYSPY=FILE``, profiled into ``FILE.bare`` as the daemon is into FILE)."""
-    spy = ([*_py_spy(f"{profile_to}.bare"), "--"]
-           if (profile_to := os.environ.get("BIDE_BENCH_PYSPY")) else [])
+    spy = (
+        [*_py_spy(f"{profile_to}.bare"), "--"]
+        if (profile_to := os.environ.get("BIDE_BENCH_PYSPY"))
+        else []
+    )
     printed = subprocess.run(
-        [*spy, sys.executable, "-m", "tests.bench.bare_loop", base, str(max(n, 1)),
-         str(max(count, 1)), "0", str(concurrency), str(root / "creds" / "sim.token")],
-        capture_output=True, text=True, check=True, timeout=3600).stdout
+        [
+            *spy,
+            sys.executable,
+            "-m",
+            "tests.bench.bare_loop",
+            base,
+            str(max(n, 1)),
+            str(max(count, 1)),
+            "0",
+            str(concurrency),
+            str(root / "creds" / "sim.token"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    ).stdout
     # py-spy prints its own lines to the same stdout; the loop's is the one JSON line.
     out = json.loads(next(line for line in printed.splitlines() if line.startswith("{")))
-    return {"requests": out["requests"],
-            "requests_per_s": round(out["requests"] / out["seconds"], 1),
-            "cpu_per_request_us": round(out["cpu_seconds"] / out["requests"] * 1e6, 1)}
+    return {
+        "requests": out["requests"],
+        "requests_per_s": round(out["requests"] / out["seconds"], 1),
+        "cpu_per_request_us": round(out["cpu_seconds"] / out["requests"] * 1e6, 1),
+    }
 
 
 def _restart(root: Path) -> dict[str, float]:
@@ -447,12 +553,19 @@ def _restart(root: Path) -> dict[str, float]:
     try:
         daemon.wait_for(r"msg=ready", 600)
         ready = time.monotonic() - popen
-        m = daemon.wait_for(r"msg=replayed events=(\d+) .*from_snapshot=(\d+) "
-                            r"seconds=([\d.]+)", 5)
+        m = daemon.wait_for(
+            r"msg=replayed events=(\d+) .*from_snapshot=(\d+) "
+            r"seconds=([\d.]+)",
+            5,
+        )
     finally:
         daemon.stop()
-    return {"ready_s": round(ready, 2), "events": int(m.group(1)),
-            "from_snapshot": int(m.group(2)), "replay_s": float(m.group(3))}
+    return {
+        "ready_s": round(ready, 2),
+        "events": int(m.group(1)),
+        "from_snapshot": int(m.group(2)),
+        "replay_s": float(m.group(3)),
+    }
 
 
 def _hist_quantile(buckets: dict[str, float], q: float) -> str | None:
@@ -471,8 +584,14 @@ def _hist_quantile(buckets: dict[str, float], q: float) -> str | None:
     return None
 
 
-def run(work: Path, scales: list[int], seconds: float, rates: list[float],
-        concurrency: int = 8, keep: bool = False) -> dict[str, object]:
+def run(
+    work: Path,
+    scales: list[int],
+    seconds: float,
+    rates: list[float],
+    concurrency: int = 8,
+    keep: bool = False,
+) -> dict[str, object]:
     empty = _empty_rss(work)
     rows = []
     for n in scales:
@@ -480,6 +599,12 @@ def run(work: Path, scales: list[int], seconds: float, rates: list[float],
             row = run_one(work, n, seconds, rate, concurrency, empty, keep)
             rows.append(row)
             print(f"  {n} operations at {rate:g}/s: {json.dumps(row)}", file=sys.stderr)
-    return {"goals": {"rss_per_op_kib": 2.0, "p99_lateness_ms": 100,
-                      "at_requests_per_s": 2000, "cpu_ratio_vs_bare": 1.5},
-            "rows": rows}
+    return {
+        "goals": {
+            "rss_per_op_kib": 2.0,
+            "p99_lateness_ms": 100,
+            "at_requests_per_s": 2000,
+            "cpu_ratio_vs_bare": 1.5,
+        },
+        "rows": rows,
+    }

@@ -24,8 +24,9 @@ BATCH = 10_000
 
 async def _generate(log_dir: Path, key_dir: Path, records: int) -> None:
     payload = os.urandom(PAYLOAD_BYTES)
-    async with LogWriter(log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir),
-                         checkpoint_every=1000) as log:
+    async with LogWriter(
+        log_dir, keys.load_keyring(key_dir), keys.load_signer(key_dir), checkpoint_every=1000
+    ) as log:
         for start in range(0, records, BATCH):
             await log.append_many([payload] * min(BATCH, records - start))
 
@@ -40,8 +41,7 @@ def _best_of(cmd: list[str], runs: int, ok: tuple[int, ...] = (0,)) -> float:
     best = float("inf")
     for _ in range(runs):
         started = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              check=False)
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
         elapsed = time.perf_counter() - started
         if proc.returncode not in ok:
             raise RuntimeError(f"{cmd[:3]}… exited {proc.returncode}: {proc.stderr.decode()}")
@@ -56,7 +56,9 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
     bide = str(Path(sys.executable).with_name("bide"))
     sha = _best_of(["sha256sum", *files], runs)
     results: dict[str, object] = {
-        "records": records, "bytes": total_bytes, "segments": len(files),
+        "records": records,
+        "bytes": total_bytes,
+        "segments": len(files),
         "sha256sum_seconds": round(sha, 3),
         "sha256sum_mb_per_s": round(total_bytes / sha / 1e6, 1),
     }
@@ -64,8 +66,9 @@ def run(work: Path, records: int, runs: int = 3) -> dict[str, object]:
         cmd = [bide, "verify", str(log_dir), "--verify-key", str(verify_pub), "--jobs", str(jobs)]
         t = _best_of(cmd, runs)
         results[f"verify_jobs{jobs}"] = {
-            "command": " ".join(["bide", "verify", "LOG", "--verify-key", "verify.pub",
-                                 "--jobs", str(jobs)]),
+            "command": " ".join(
+                ["bide", "verify", "LOG", "--verify-key", "verify.pub", "--jobs", str(jobs)]
+            ),
             "seconds": round(t, 3),
             "records_per_s": round(records / t),
             "mb_per_s": round(total_bytes / t / 1e6, 1),

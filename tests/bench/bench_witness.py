@@ -47,9 +47,8 @@ def largest_post(root: Path) -> int:
     """Bytes of a publisher POST of MAX_HEADS_PER_POST heads (plus the head before)."""
     keys.generate(root / "keys")
     store = HeadStore(root / "heads.jsonl")
-    anyio.run(_checkpoints, root / "log", root / "keys", "epoch", MAX_HEADS_PER_POST + 1,
-              store)
-    heads = read_heads(root / "heads.jsonl")[:MAX_HEADS_PER_POST + 1]
+    anyio.run(_checkpoints, root / "log", root / "keys", "epoch", MAX_HEADS_PER_POST + 1, store)
+    heads = read_heads(root / "heads.jsonl")[: MAX_HEADS_PER_POST + 1]
     return len(msgspec.json.encode({"heads": heads}))
 
 
@@ -58,13 +57,18 @@ def _refused(url: str, token: str, i: int, client: httpx.Client) -> int:
     if kind == 0:
         r = client.post(f"{url}/v1/heads", content=b'{"heads": []}')
     elif kind == 1:
-        r = client.post(f"{url}/v1/heads", content=b'{"heads": []}',
-                        headers={"authorization": "Bearer wrong-token-0123456789abcdef"})
+        r = client.post(
+            f"{url}/v1/heads",
+            content=b'{"heads": []}',
+            headers={"authorization": "Bearer wrong-token-0123456789abcdef"},
+        )
     elif kind == 2:  # announces a body over the limit (refused before any is read)
         host, _, port = url.removeprefix("http://").rpartition(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(f"POST /v1/heads HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer "
-                      f"{token}\r\ncontent-length: {MAX_BODY + 1}\r\n\r\n".encode())
+            s.sendall(
+                f"POST /v1/heads HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer "
+                f"{token}\r\ncontent-length: {MAX_BODY + 1}\r\n\r\n".encode()
+            )
             return int(s.makefile("rb").readline().split()[1])
     else:
         r = client.get(f"{url}/nothing/here")
@@ -79,10 +83,26 @@ def run(work: Path, requests: int = 10_000) -> dict[str, float]:
     write_token(trust / "token")
     token = (trust / "token").read_text().strip()
     proc = subprocess.Popen(
-        [*BIDE, "witness", "serve", "--listen", "127.0.0.1:0", "--state",
-         str(work / "state.jsonl"), "--key", str(work / "witness.key"), "--trust-dir",
-         str(work / "trust"), "--rate", "1000000", "--burst", "100000"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            *BIDE,
+            "witness",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--state",
+            str(work / "state.jsonl"),
+            "--key",
+            str(work / "witness.key"),
+            "--trust-dir",
+            str(work / "trust"),
+            "--rate",
+            "1000000",
+            "--burst",
+            "100000",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         url = "http://" + json.loads(proc.stdout.readline())["listening"]
@@ -112,8 +132,9 @@ def run(work: Path, requests: int = 10_000) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--requests", type=int, default=10_000)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:

@@ -24,7 +24,9 @@ def cached_log(work: Path, name: str, records: int, generate: Generate) -> Path:
         keys.generate(root / "keys")
         started = time.perf_counter()
         anyio.run(generate, root / "log", root / "keys", records)
-        print(f"  generated a {records}-record {name} in {time.perf_counter() - started:.1f} s",
-              file=sys.stderr)
+        print(
+            f"  generated a {records}-record {name} in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
         done.write_text("ok\n")
     return root

@@ -43,8 +43,9 @@ OPERATIONS = 10_000
 RATE = 2_000.0
 
 
-def _one(out: Path, seconds: float, window: float, operations: int, replay_records: int
-         ) -> dict[str, float]:
+def _one(
+    out: Path, seconds: float, window: float, operations: int, replay_records: int
+) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="goals-", dir=out))
     try:
         append = bench_append.run(work, seconds)
@@ -73,8 +74,7 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         "bare_req_s": float(ceiling["requests_per_s"]),
         "saturation_ratio": float(scale["saturation_vs_bare"]),  # type: ignore[arg-type]
         "http_client_us": float(http["client"][0]["cpu_us_per_request"]),  # type: ignore[index]
-        "http_transport_us": float(
-            http["transport"][0]["cpu_us_per_request"]),  # type: ignore[index]
+        "http_transport_us": float(http["transport"][0]["cpu_us_per_request"]),  # type: ignore[index]
         "http_transport_ratio": float(http["transport_vs_client_cpu"]),  # type: ignore[arg-type]
         "append_1": float(rows[1]["records_per_s"]),
         "append_1000": float(rows[1000]["records_per_s"]),
@@ -84,21 +84,24 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
         # One appender's floor (bench_floor), each against SQLite direct in its own rounds.
         "floor_sqlite_handoff": float(floor["sqlite, behind a hand-off"]["ratio_vs_sqlite"]),
         "floor_growing_handoff": float(
-            floor["write+fdatasync, growing, behind a hand-off"]["ratio_vs_sqlite"]),
+            floor["write+fdatasync, growing, behind a hand-off"]["ratio_vs_sqlite"]
+        ),
         "floor_prewritten_handoff": float(
-            floor["write+fdatasync, pre-written, behind a hand-off"]["ratio_vs_sqlite"]),
+            floor["write+fdatasync, pre-written, behind a hand-off"]["ratio_vs_sqlite"]
+        ),
         "floor_growing_kernel": float(
-            floor["write+fdatasync, growing, through the kernel"]["ratio_vs_sqlite"]),
+            floor["write+fdatasync, growing, through the kernel"]["ratio_vs_sqlite"]
+        ),
         "floor_prewritten_kernel": float(
-            floor["write+fdatasync, pre-written, through the kernel"]["ratio_vs_sqlite"]),
+            floor["write+fdatasync, pre-written, through the kernel"]["ratio_vs_sqlite"]
+        ),
         # Many appenders' floor (bench_many_floor): a record's CPU on one GIL, no disk.
         "many_floor": float(append["many_floor"]["records_per_s"]),  # type: ignore[index]
         "many_floor_ratio": float(append["many_floor"]["ratio_vs_sqlite"]),  # type: ignore[index]
         "append_1_vs_sqlite_handoff": float(rows[1]["records_per_s"])
         / float(floor["sqlite, behind a hand-off"]["records_per_s"]),
         "replay_ev_s": float(replay["replay, 1 process (the daemon)"]["events_per_s"]),
-        "replay_cores_ev_s": float(
-            replay["replay, every core (offline readers)"]["events_per_s"]),
+        "replay_cores_ev_s": float(replay["replay, every core (offline readers)"]["events_per_s"]),
         # What the format's C calls alone allow, nothing else running (bench_replay.c_floor).
         "replay_floor_ev_s": float(replay_floor["cap_one_core"]),
         "replay_floor_cores_ev_s": float(replay_floor["cap_every_core"]),
@@ -112,8 +115,14 @@ def _one(out: Path, seconds: float, window: float, operations: int, replay_recor
     }
 
 
-def run(out: Path, repeat: int, seconds: float, window: float, operations: int = OPERATIONS,
-        replay_records: int = 1_000_000) -> dict[str, Any]:
+def run(
+    out: Path,
+    repeat: int,
+    seconds: float,
+    window: float,
+    operations: int = OPERATIONS,
+    replay_records: int = 1_000_000,
+) -> dict[str, Any]:
     runs = []
     for i in range(repeat):
         runs.append(_one(out, seconds, window, operations, replay_records))
@@ -135,45 +144,178 @@ def print_table(r: dict[str, Any]) -> None:
     runs = r["runs"]
     print(f"\nissue 17 goals, {len(runs)} run(s): best (spread); baselines from the same runs")
     rows = [
-        (f"daemon CPU per request, us ({r['operations']} ops, saturated)", "cpu_us", min,
-         "bare httpx", "bare_cpu_us", "cpu_ratio", "<= 1.5x"),
-        ("  the same, the whole machine less the simulator", "machine_us", min,
-         "bare httpx", "bare_machine_us", "machine_ratio", "(kernel workers counted)"),
-        ("requests/s at saturation", "req_s", max, "bare, unpaced", "bare_req_s",
-         "saturation_ratio", ">= 0.85x"),
-        ("  httpx transport (as the daemon sends), us/request", "http_transport_us", min,
-         "AsyncClient", "http_client_us", "http_transport_ratio", "(bench_http)"),
-        ("durable appends/s, 1 appender", "append_1", max, "SQLite", "sqlite",
-         "append_1_ratio", ">= 1.0x"),
-        ("  the same against SQLite behind the same thread hand-off", "append_1", max,
-         "", "", "append_1_vs_sqlite_handoff", "(the design's own baseline)"),
-        ("  floor: SQLite behind a hand-off / SQLite", "", max, "", "", "floor_sqlite_handoff",
-         "(bench_floor)"),
-        ("  floor: write+fdatasync behind a hand-off / SQLite", "", max, "", "",
-         "floor_growing_handoff", "(growing file, no framing)"),
-        ("  the same on a pre-written file / SQLite", "", max, "", "",
-         "floor_prewritten_handoff", "(as SQLite's WAL)"),
-        ("  floor: write + kernel fdatasync, no thread / SQLite", "", max, "", "",
-         "floor_growing_kernel", "(growing file, eventlog.aio)"),
-        ("  the same on a pre-written file / SQLite", "", max, "", "",
-         "floor_prewritten_kernel", "(as SQLite's WAL)"),
-        ("durable appends/s, 1000 appenders", "append_1000", max, "SQLite", "sqlite",
-         "append_1000_ratio", ">= 10x"),
-        ("  floor: framing + the loop's wake-ups, one GIL, no disk", "many_floor", max,
-         "SQLite", "sqlite", "many_floor_ratio", "(bench_many_floor)"),
+        (
+            f"daemon CPU per request, us ({r['operations']} ops, saturated)",
+            "cpu_us",
+            min,
+            "bare httpx",
+            "bare_cpu_us",
+            "cpu_ratio",
+            "<= 1.5x",
+        ),
+        (
+            "  the same, the whole machine less the simulator",
+            "machine_us",
+            min,
+            "bare httpx",
+            "bare_machine_us",
+            "machine_ratio",
+            "(kernel workers counted)",
+        ),
+        (
+            "requests/s at saturation",
+            "req_s",
+            max,
+            "bare, unpaced",
+            "bare_req_s",
+            "saturation_ratio",
+            ">= 0.85x",
+        ),
+        (
+            "  httpx transport (as the daemon sends), us/request",
+            "http_transport_us",
+            min,
+            "AsyncClient",
+            "http_client_us",
+            "http_transport_ratio",
+            "(bench_http)",
+        ),
+        (
+            "durable appends/s, 1 appender",
+            "append_1",
+            max,
+            "SQLite",
+            "sqlite",
+            "append_1_ratio",
+            ">= 1.0x",
+        ),
+        (
+            "  the same against SQLite behind the same thread hand-off",
+            "append_1",
+            max,
+            "",
+            "",
+            "append_1_vs_sqlite_handoff",
+            "(the design's own baseline)",
+        ),
+        (
+            "  floor: SQLite behind a hand-off / SQLite",
+            "",
+            max,
+            "",
+            "",
+            "floor_sqlite_handoff",
+            "(bench_floor)",
+        ),
+        (
+            "  floor: write+fdatasync behind a hand-off / SQLite",
+            "",
+            max,
+            "",
+            "",
+            "floor_growing_handoff",
+            "(growing file, no framing)",
+        ),
+        (
+            "  the same on a pre-written file / SQLite",
+            "",
+            max,
+            "",
+            "",
+            "floor_prewritten_handoff",
+            "(as SQLite's WAL)",
+        ),
+        (
+            "  floor: write + kernel fdatasync, no thread / SQLite",
+            "",
+            max,
+            "",
+            "",
+            "floor_growing_kernel",
+            "(growing file, eventlog.aio)",
+        ),
+        (
+            "  the same on a pre-written file / SQLite",
+            "",
+            max,
+            "",
+            "",
+            "floor_prewritten_kernel",
+            "(as SQLite's WAL)",
+        ),
+        (
+            "durable appends/s, 1000 appenders",
+            "append_1000",
+            max,
+            "SQLite",
+            "sqlite",
+            "append_1000_ratio",
+            ">= 10x",
+        ),
+        (
+            "  floor: framing + the loop's wake-ups, one GIL, no disk",
+            "many_floor",
+            max,
+            "SQLite",
+            "sqlite",
+            "many_floor_ratio",
+            "(bench_many_floor)",
+        ),
         ("full replay, no snapshot, events/s", "replay_ev_s", max, "", "", "", ">= 300,000"),
-        ("full replay, every core (offline readers), events/s", "replay_cores_ev_s", max, "",
-         "", "", ">= 300,000"),
-        ("  floor: the format's C calls alone, one core, events/s", "replay_floor_ev_s", max,
-         "", "", "", "(bench_replay.c_floor)"),
-        ("  the same on every core, events/s", "replay_floor_cores_ev_s", max, "", "", "",
-         "(no fold, no hand-off)"),
-        ("  + the fold, every core, shared perfectly, events/s", "replay_fold_cores_ev_s",
-         max, "", "", "", "(this format's ceiling)"),
-        ("  decode + fold, in order, one process, events/s", "replay_in_order_ev_s", max, "",
-         "", "", "(any framing)"),
-        (f"  what-if: {bench_replay.GROUP} events per sealed record, every core",
-         "replay_grouped_cores_ev_s", max, "", "", "", "(bench_replay.grouped_framing)"),
+        (
+            "full replay, every core (offline readers), events/s",
+            "replay_cores_ev_s",
+            max,
+            "",
+            "",
+            "",
+            ">= 300,000",
+        ),
+        (
+            "  floor: the format's C calls alone, one core, events/s",
+            "replay_floor_ev_s",
+            max,
+            "",
+            "",
+            "",
+            "(bench_replay.c_floor)",
+        ),
+        (
+            "  the same on every core, events/s",
+            "replay_floor_cores_ev_s",
+            max,
+            "",
+            "",
+            "",
+            "(no fold, no hand-off)",
+        ),
+        (
+            "  + the fold, every core, shared perfectly, events/s",
+            "replay_fold_cores_ev_s",
+            max,
+            "",
+            "",
+            "",
+            "(this format's ceiling)",
+        ),
+        (
+            "  decode + fold, in order, one process, events/s",
+            "replay_in_order_ev_s",
+            max,
+            "",
+            "",
+            "",
+            "(any framing)",
+        ),
+        (
+            f"  what-if: {bench_replay.GROUP} events per sealed record, every core",
+            "replay_grouped_cores_ev_s",
+            max,
+            "",
+            "",
+            "",
+            "(bench_replay.grouped_framing)",
+        ),
         ("start with no snapshot, events/s", "start_ev_s", max, "", "", "", ""),
         ("start from the snapshot, events/s", "snapshot_ev_s", max, "", "", "", ""),
     ]

@@ -27,17 +27,19 @@ from pathlib import Path
 
 #: (stage, patterns of the innermost frame's file), first match wins.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("bide's HTTP wrapper: headers, credential, the deadline scope, the fact",
-     ("daemon/http.py", "daemon/connections.py")),
-    ("the log: framing, AEAD, hashing, writes, the kernel's fdatasync",
-     ("eventlog/",)),
+    (
+        "bide's HTTP wrapper: headers, credential, the deadline scope, the fact",
+        ("daemon/http.py", "daemon/connections.py"),
+    ),
+    ("the log: framing, AEAD, hashing, writes, the kernel's fdatasync", ("eventlog/",)),
     ("the model: decide, evolve, encoding and checking events", ("replay/",)),
     ("the poll loop: supervisor, timers, quota, metrics", ("daemon/",)),
-    ("httpx, httpcore, h11: the HTTP exchange", ("httpx/", "httpcore/", "h11/", "idna/",
-                                                  "urllib/")),
+    (
+        "httpx, httpcore, h11: the HTTP exchange",
+        ("httpx/", "httpcore/", "h11/", "idna/", "urllib/"),
+    ),
     ("anyio: tasks, cancel scopes, locks, semaphores", ("anyio/", "sniffio/")),
-    ("asyncio: the event loop, transports, selectors", ("asyncio/", "selectors.py",
-                                                          "socket.py")),
+    ("asyncio: the event loop, transports, selectors", ("asyncio/", "selectors.py", "socket.py")),
 )
 OTHER = "the rest of the standard library (contextlib, abc, typing, ...)"
 _FILE = re.compile(r"\(([^():]+):\d+\)\s*$")
@@ -54,17 +56,25 @@ def stages(lines: list[str]) -> tuple[int, Counter[str]]:
         total += n
         match = _FILE.search(stack.rsplit(";", 1)[-1])
         path = match.group(1) if match else ""
-        found[next((name for name, patterns in STAGES
-                    if any(p in path for p in patterns)), OTHER)] += n
+        found[
+            next((name for name, patterns in STAGES if any(p in path for p in patterns)), OTHER)
+        ] += n
     return total, found
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.bench.profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tests.bench.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file", type=Path, help="raw output of py-spy record -f raw")
-    p.add_argument("--us-per-request", type=float, required=True,
-                   help="the measured CPU per request the samples are scaled to")
+    p.add_argument(
+        "--us-per-request",
+        type=float,
+        required=True,
+        help="the measured CPU per request the samples are scaled to",
+    )
     args = p.parse_args(argv)
     try:
         total, found = stages(args.file.read_text().splitlines())
@@ -72,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
     if total == 0:
-        print(f"{args.file} holds no samples (py-spy's raw format: 'frames;... count')",
-              file=sys.stderr)
+        print(
+            f"{args.file} holds no samples (py-spy's raw format: 'frames;... count')",
+            file=sys.stderr,
+        )
         return 2
     print(f"{total} samples, scaled to {args.us_per_request:g} us per request")
     for name, n in found.most_common():

@@ -123,8 +123,9 @@ class Workspace:
     def config(self) -> Path:
         return self.root / "bide.toml"
 
-    def write_profile(self, name: str = "sim", contract: str = DEFAULT_CONTRACT,
-                      extra: str = "") -> Path:
+    def write_profile(
+        self, name: str = "sim", contract: str = DEFAULT_CONTRACT, extra: str = ""
+    ) -> Path:
         path = self.root / "profiles" / f"{name}.toml"
         path.write_text(
             f'[status]\nurl = "{self.sim.base_url}/jobs/{{job_id}}"\ntimeout_seconds = 2\n'
@@ -134,13 +135,23 @@ class Workspace:
         return path
 
     def bide(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([*BIDE, *args, "--config", str(self.config)], capture_output=True,
-                              text=True, timeout=timeout, cwd=self.root)
+        proc = subprocess.run(
+            [*BIDE, *args, "--config", str(self.config)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
+        )
         self.outputs += [proc.stdout, proc.stderr]
         return proc
 
-    def start_daemon(self, env: dict[str, str] | None = None, *, ready: bool = True,
-                     listen: socket.socket | None = None) -> Daemon:
+    def start_daemon(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        ready: bool = True,
+        listen: socket.socket | None = None,
+    ) -> Daemon:
         """Start ``bide run``; with ``listen``, as systemd's socket activation would: the
         socket as fd 3, ``LISTEN_FDS=1`` and ``LISTEN_PID`` the daemon's own pid."""
         log_path = self.root / f"daemon-{len(self.daemons)}.log"
@@ -153,9 +164,14 @@ class Workspace:
             extra["LISTEN_FDS"] = "1"
             activation = {"pass_fds": (3,), "preexec_fn": lambda: os.dup2(fd, 3)}
         with log_path.open("wb") as out:
-            proc = subprocess.Popen(command, stdout=out,  # type: ignore[call-overload]
-                                    stderr=subprocess.STDOUT, cwd=self.root,
-                                    env={**os.environ, **extra}, **activation)
+            proc = subprocess.Popen(
+                command,
+                stdout=out,  # type: ignore[call-overload]
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                env={**os.environ, **extra},
+                **activation,
+            )
         daemon = Daemon(proc, log_path)
         self.daemons.append(daemon)
         if ready:
@@ -170,8 +186,7 @@ class Workspace:
 
         def took() -> bool:
             if daemon.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {daemon.proc.returncode}:\n"
-                                     f"{daemon.output()}")
+                raise AssertionError(f"daemon exited {daemon.proc.returncode}:\n{daemon.output()}")
             return TOOK_LEASE in daemon.output()
 
         until(took, timeout, "the node to take the lease")
@@ -217,7 +232,7 @@ def _contains(path: Path, needle: bytes) -> bool:
         while chunk := f.read(1024 * 1024):
             if needle in tail + chunk:
                 return True
-            tail = chunk[-len(needle):]
+            tail = chunk[-len(needle) :]
     return False
 
 
@@ -236,24 +251,33 @@ class LeaseTimes:
 SHORT_LEASE = LeaseTimes(seconds=2.0, renew=0.5, margin=0.2)
 
 
-def config_text(*, state_dir: str = "state", log_extra: str = "", postgres: str = "",
-                api: str = "allow_self_approval = true\n") -> str:
+def config_text(
+    *,
+    state_dir: str = "state",
+    log_extra: str = "",
+    postgres: str = "",
+    api: str = "allow_self_approval = true\n",
+) -> str:
     """A ``bide.toml`` over the workspace's keys, profiles and credentials; ``postgres`` is
     the ``[postgres]`` table (:func:`postgres_table`), empty for the log in files."""
     if postgres:
         log_extra = "forward_secure = false\n" + log_extra  # required with PostgreSQL
-    return (f'[paths]\nstate_dir = "{state_dir}"\nkeys_dir = "keys"\n'
-            'profiles_dir = "profiles"\ncredentials_dir = "creds"\n\n[log]\n'
-            "checkpoint_every = 50\ncheckpoint_interval_seconds = 5\n"
-            f"{log_extra}\n{postgres}\n[api]\n{api}")
+    return (
+        f'[paths]\nstate_dir = "{state_dir}"\nkeys_dir = "keys"\n'
+        'profiles_dir = "profiles"\ncredentials_dir = "creds"\n\n[log]\n'
+        "checkpoint_every = 50\ncheckpoint_interval_seconds = 5\n"
+        f"{log_extra}\n{postgres}\n[api]\n{api}"
+    )
 
 
 def postgres_table(dsn: str, lease: LeaseTimes | None = None, node: str = "") -> str:
     """The config's ``[postgres]`` table; without ``lease``, the daemon's default timings."""
     text = f"[postgres]\ndsn = {_toml(dsn)}\n"
     if lease is not None:
-        text += (f"lease_seconds = {lease.seconds}\nrenew_seconds = {lease.renew}\n"
-                 f"request_margin_seconds = {lease.margin}\n")
+        text += (
+            f"lease_seconds = {lease.seconds}\nrenew_seconds = {lease.renew}\n"
+            f"request_margin_seconds = {lease.margin}\n"
+        )
     return text + (f"node = {_toml(node)}\n" if node else "")
 
 
@@ -263,26 +287,39 @@ def _toml(text: str) -> str:
 
 def init_log(dsn: str) -> None:
     """``bide log init``: the schema a daemon needs before it starts on ``dsn``."""
-    out = subprocess.run([*BIDE, "log", "init", "--dsn", dsn], capture_output=True, text=True,
-                         check=False, timeout=60)
+    out = subprocess.run(
+        [*BIDE, "log", "init", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 @contextmanager
-def workspace(tmp: Path, jobs: Mapping[str, str | Sequence[object]] | None = None,
-              server: dict[str, object] | None = None,
-              config_extra: str = "",
-              scenarios: dict[str, object] | None = None,
-              api: str = "allow_self_approval = true\n",
-              store: str = "files",
-              lease: LeaseTimes | None = None) -> Iterator[Workspace]:
+def workspace(
+    tmp: Path,
+    jobs: Mapping[str, str | Sequence[object]] | None = None,
+    server: dict[str, object] | None = None,
+    config_extra: str = "",
+    scenarios: dict[str, object] | None = None,
+    api: str = "allow_self_approval = true\n",
+    store: str = "files",
+    lease: LeaseTimes | None = None,
+) -> Iterator[Workspace]:
     """A workspace; ``api`` is the body of the config's ``[api]`` table (by default the one
     person running the tests may answer their own escalations); ``config_extra`` goes into
     ``[log]``. With ``store="postgres"`` the log is in a fresh schema (initialized, dropped
     after; the test skips where there is no server) and ``lease`` sets the node's timings."""
     assert store in STORES, store
-    script = script_from_dict({"server": server or {}, "scenarios": scenarios or {},
-                               "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()}})
+    script = script_from_dict(
+        {
+            "server": server or {},
+            "scenarios": scenarios or {},
+            "jobs": {k: {"steps": v} for k, v in (jobs or {}).items()},
+        }
+    )
     (tmp / "profiles").mkdir()
     (tmp / "creds").mkdir(mode=0o700)
     token = tmp / "creds" / "sim.token"
@@ -295,8 +332,9 @@ def workspace(tmp: Path, jobs: Mapping[str, str | Sequence[object]] | None = Non
             dsn = stack.enter_context(contextmanager(schema_dsn)())
             init_log(dsn)
         postgres = postgres_table(dsn, lease) if dsn is not None else ""
-        (tmp / "bide.toml").write_text(config_text(log_extra=config_extra, postgres=postgres,
-                                                   api=api))
+        (tmp / "bide.toml").write_text(
+            config_text(log_extra=config_extra, postgres=postgres, api=api)
+        )
         sim = stack.enter_context(run_in_thread(script, token=TOKEN))
         ws = Workspace(tmp, sim, dsn)
         ws.write_profile()
@@ -311,9 +349,15 @@ def workspace(tmp: Path, jobs: Mapping[str, str | Sequence[object]] | None = Non
 # -- helpers for the behaviour and crash suites (additive) ---------------------------------
 
 
-def write_status_profile(ws: Workspace, name: str, *, contract: str = DEFAULT_CONTRACT,
-                         timeout_seconds: float = 2.0, max_body_bytes: int = 65536,
-                         extra: str = "") -> Path:
+def write_status_profile(
+    ws: Workspace,
+    name: str,
+    *,
+    contract: str = DEFAULT_CONTRACT,
+    timeout_seconds: float = 2.0,
+    max_body_bytes: int = 65536,
+    extra: str = "",
+) -> Path:
     """Like :meth:`Workspace.write_profile`, with the ``[status]`` timeout and size cap chosen."""
     path = ws.root / "profiles" / f"{name}.toml"
     path.write_text(
@@ -342,8 +386,15 @@ class RegistrationFields(TypedDict, total=False):
     first_poll_after_seconds: float | None
 
 
-def drop_registration(ws: Workspace, op: str, job: str, *, provider: str = "sim",
-                      spool: Spool | None = None, **fields: Unpack[RegistrationFields]) -> str:
+def drop_registration(
+    ws: Workspace,
+    op: str,
+    job: str,
+    *,
+    provider: str = "sim",
+    spool: Spool | None = None,
+    **fields: Unpack[RegistrationFields],
+) -> str:
     """Register a job through the spool, as ``bide watch`` does, without a subprocess.
 
     ``fields`` are any other :class:`~replay.observations.Registration` fields (absolute times
@@ -352,15 +403,17 @@ def drop_registration(ws: Workspace, op: str, job: str, *, provider: str = "sim"
     ``spool`` is another node's (default: the workspace config's).
     """
     rid = new_request_id()
-    reg = msgspec.convert({"operation_id": op, "provider": provider, "provider_job_id": job,
-                           **fields}, Registration)
+    reg = msgspec.convert(
+        {"operation_id": op, "provider": provider, "provider_job_id": job, **fields}, Registration
+    )
     spool = spool or Spool(load_config(str(ws.config)).spool_dir)
     spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
     return rid
 
 
-def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op: str, *,
-                               strict: bool = True) -> list[StatusRequestIntended]:
+def assert_provider_invariants(
+    log: LoadedLog, received: list[RequestRecord], op: str, *, strict: bool = True
+) -> list[StatusRequestIntended]:
     """What the provider saw is covered, request by request, by what bide recorded first.
 
     * The operation's intents are numbered 1..n in log order, each within the budget in force.
@@ -398,15 +451,19 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
     assert numbers == list(range(1, len(intents) + 1)), f"{op}: intents numbered {numbers}"
     for intent in intents:
         assert intent.request_number <= intent.max_status_requests, (
-            f"{op}: intent {intent.request_number} beyond the budget {intent.max_status_requests}")
+            f"{op}: intent {intent.request_number} beyond the budget {intent.max_status_requests}"
+        )
     # An intent recorded as never sent (too near its deadline once durable) has no request.
-    sent = [(i, g) for i, g in zip(intents, guidance, strict=True)
-            if i.request_number not in unsent]
+    sent = [
+        (i, g) for i, g in zip(intents, guidance, strict=True) if i.request_number not in unsent
+    ]
     assert len(received) <= len(sent), (
-        f"{op}: the provider received {len(received)} requests, bide intended {len(sent)}")
+        f"{op}: the provider received {len(received)} requests, bide intended {len(sent)}"
+    )
     if strict:
         assert len(received) == len(sent), (
-            f"{op}: {len(sent)} intents sent but {len(received)} requests arrived (no crash)")
+            f"{op}: {len(sent)} intents sent but {len(received)} requests arrived (no crash)"
+        )
     last = -1
     for arrival, record in enumerate(received):
         candidates = [k for k, (i, _) in enumerate(sent) if i.at <= record.wall]
@@ -414,17 +471,20 @@ def assert_provider_invariants(log: LoadedLog, received: list[RequestRecord], op
         k = candidates[-1]
         assert k > last, (
             f"{op}: request {arrival + 1} (at {record.wall:.3f}) has no intent of its own; "
-            f"intent {k + 1} already covers an earlier request")
+            f"intent {k + 1} already covers an earlier request"
+        )
         if strict:
             assert k == arrival, f"{op}: request {arrival + 1} arrived as intent {k + 1}"
         last = k
         intent, promised_before = sent[k]
         assert record.wall <= intent.deadline_at, (
             f"{op}: request {intent.request_number} arrived {record.wall - intent.deadline_at:.3f}"
-            " s after the deadline")
+            " s after the deadline"
+        )
         assert record.wall >= promised_before, (
             f"{op}: request {intent.request_number} arrived {promised_before - record.wall:.3f} s "
-            "before the time bide had scheduled (Retry-After, hint or backoff)")
+            "before the time bide had scheduled (Retry-After, hint or backoff)"
+        )
     return intents
 
 
@@ -432,8 +492,9 @@ def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
     """The snapshot on disk holds exactly what folding the whole log gives; its event count."""
     cfg = load_config(str(ws.config))
     keyring = open_keyring(cfg)
-    snap = load_snapshot(cfg.snapshot_path, keyring,
-                         snapshot_keys(cfg, keys.keys_directory(cfg.keys_dir)))
+    snap = load_snapshot(
+        cfg.snapshot_path, keyring, snapshot_keys(cfg, keys.keys_directory(cfg.keys_dir))
+    )
     assert snap is not None
     full = replay_log(cfg.log_dir, keyring)
     assert snap.ledger.ops == full.ops
@@ -456,9 +517,13 @@ def exported(dsn: str, ws: Workspace, name: str) -> Path:
 
 def verify_database(ws: Workspace, dsn: str) -> None:
     """The auditor's check of the chain in the database, with ``verify.pub`` alone."""
-    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--verify-key",
-                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
-                         text=True, check=False, timeout=120)
+    out = subprocess.run(
+        [*BIDE, "verify", "--dsn", dsn, "--verify-key", str(ws.root / "keys" / "verify.pub")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -473,7 +538,8 @@ def assert_log_verifies(ws: Workspace) -> None:
     verify_database(ws, ws.dsn)
     export = exported(ws.dsn, ws, "final")
     assert _segments(load_config(str(ws.config)).log_dir) == _segments(export), (
-        "the state dir's copy of the log is not the database's")
+        "the state dir's copy of the log is not the database's"
+    )
 
 
 def _segments(log_dir: Path) -> dict[str, bytes]:

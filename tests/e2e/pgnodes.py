@@ -37,21 +37,25 @@ class Node:
     daemon: Daemon | None = None
 
 
-def node_config(ws: Workspace, name: str, dsn: str, *,
-                lease: LeaseTimes = SHORT_LEASE) -> Node:
+def node_config(ws: Workspace, name: str, dsn: str, *, lease: LeaseTimes = SHORT_LEASE) -> Node:
     state = ws.root / f"state-{name}"
     path = ws.root / f"node-{name}.toml"
-    path.write_text(config_text(state_dir=f"state-{name}",
-                                postgres=postgres_table(dsn, lease, node=name)))
+    path.write_text(
+        config_text(state_dir=f"state-{name}", postgres=postgres_table(dsn, lease, node=name))
+    )
     return Node(name, path, state)
 
 
 def start(ws: Workspace, node: Node, env: dict[str, str] | None = None) -> Daemon:
     log_path = ws.root / f"{node.name}-{len(ws.daemons)}.log"
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([*BIDE, "run", "--config", str(node.config)], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=ws.root,
-                                env=None if env is None else {**os.environ, **env})
+        proc = subprocess.Popen(
+            [*BIDE, "run", "--config", str(node.config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ws.root,
+            env=None if env is None else {**os.environ, **env},
+        )
     node.daemon = Daemon(proc, log_path)
     ws.daemons.append(node.daemon)
     return node.daemon
@@ -82,8 +86,11 @@ def wait_active(nodes: list[Node], timeout: float = 20.0) -> Node:
     found: list[Node] = []
 
     def one() -> bool:
-        found[:] = [n for n in nodes if n.daemon is not None and n.daemon.proc.poll() is None
-                    and active(n.daemon)]
+        found[:] = [
+            n
+            for n in nodes
+            if n.daemon is not None and n.daemon.proc.poll() is None and active(n.daemon)
+        ]
         return bool(found)
 
     until(one, timeout, "a node to become active")
@@ -104,8 +111,10 @@ def epochs_of(dsn: str) -> dict[int, int]:
 def epoch_starts(dsn: str) -> dict[int, float]:
     """epoch -> when its first record was committed (the database's clock, POSIX seconds)."""
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT epoch, EXTRACT(EPOCH FROM min(committed_at))::float8 "
-                            "FROM bide_records GROUP BY epoch").fetchall()
+        rows = conn.execute(
+            "SELECT epoch, EXTRACT(EPOCH FROM min(committed_at))::float8 "
+            "FROM bide_records GROUP BY epoch"
+        ).fetchall()
     return {int(e): float(t) for e, t in rows}
 
 

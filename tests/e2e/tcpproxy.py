@@ -85,8 +85,12 @@ class Proxy:
             s.close()
         self.listener.close()
 
-    def _connect(self, client: socket.socket, sel: selectors.BaseSelector,
-                 peers: dict[socket.socket, socket.socket]) -> None:
+    def _connect(
+        self,
+        client: socket.socket,
+        sel: selectors.BaseSelector,
+        peers: dict[socket.socket, socket.socket],
+    ) -> None:
         try:
             upstream = socket.create_connection(self.target, timeout=3)
         except OSError:

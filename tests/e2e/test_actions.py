@@ -15,17 +15,27 @@ BODY = b'{"scenario": "quick"}'
 QUICK = {"scenarios": {"quick": {"steps": "running, succeeded with result"}}}
 
 
-def submit_profile(ws: Workspace, *, idempotent: bool = False, job_id_from: str = "location",
-                   cancel: bool = False, fetch_cap: int = 1_000_000) -> None:
-    extra = (f'[submit]\nurl = "{ws.sim.base_url}/jobs"\ntimeout_seconds = 1\n'
-             f'job_id_from = "{job_id_from}"\n'
-             + ('job_id_pointer = "/id"\n' if job_id_from == "body" else "")
-             + ('idempotency_header = "Idempotency-Key"\n' if idempotent else "")
-             + f"\n[fetch]\nmax_bytes = {fetch_cap}\ntimeout_seconds = 5\n\n"
-             + (f'[cancel]\nurl = "{ws.sim.base_url}/jobs/{{job_id}}/cancel"\n\n'
-                if cancel else ""))
-    contract = (DEFAULT_CONTRACT + f"idempotent_submit = {str(idempotent).lower()}\n"
-                + f"cancel_documented = {str(cancel).lower()}\n")
+def submit_profile(
+    ws: Workspace,
+    *,
+    idempotent: bool = False,
+    job_id_from: str = "location",
+    cancel: bool = False,
+    fetch_cap: int = 1_000_000,
+) -> None:
+    extra = (
+        f'[submit]\nurl = "{ws.sim.base_url}/jobs"\ntimeout_seconds = 1\n'
+        f'job_id_from = "{job_id_from}"\n'
+        + ('job_id_pointer = "/id"\n' if job_id_from == "body" else "")
+        + ('idempotency_header = "Idempotency-Key"\n' if idempotent else "")
+        + f"\n[fetch]\nmax_bytes = {fetch_cap}\ntimeout_seconds = 5\n\n"
+        + (f'[cancel]\nurl = "{ws.sim.base_url}/jobs/{{job_id}}/cancel"\n\n' if cancel else "")
+    )
+    contract = (
+        DEFAULT_CONTRACT
+        + f"idempotent_submit = {str(idempotent).lower()}\n"
+        + f"cancel_documented = {str(cancel).lower()}\n"
+    )
     ws.write_profile(contract=contract, extra=extra)
 
 
@@ -44,8 +54,17 @@ def test_submit_202_location_polled_to_success_then_fetched(tmp_path: Path) -> N
     with workspace(tmp_path, server={"result_size": 5000}, **QUICK) as ws:  # type: ignore[arg-type]
         submit_profile(ws)
         ws.start_daemon()
-        out = ws.bide("submit", "--provider", "sim", "--body", _body(tmp_path),
-                      "--operation", "exp", "--deadline", "1m")
+        out = ws.bide(
+            "submit",
+            "--provider",
+            "sim",
+            "--body",
+            _body(tmp_path),
+            "--operation",
+            "exp",
+            "--deadline",
+            "1m",
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         [submit] = ws.sim.requests(kind="submit")
         [intent] = _actions(ws, ActionIntended)
@@ -115,20 +134,24 @@ def test_duplicate_submit_refused_unless_forced(tmp_path: Path) -> None:
         submit_profile(ws)
         ws.start_daemon()
         body = _body(tmp_path)
-        assert ws.bide("submit", "--provider", "sim", "--body", body,
-                       "--operation", "d1").returncode == 0
+        assert (
+            ws.bide("submit", "--provider", "sim", "--body", body, "--operation", "d1").returncode
+            == 0
+        )
         again = ws.bide("submit", "--provider", "sim", "--body", body, "--operation", "d2")
         assert again.returncode == 1
         assert "duplicate submit: operation d1" in again.stdout
-        forced = ws.bide("submit", "--provider", "sim", "--body", body, "--operation", "d3",
-                         "--force")
+        forced = ws.bide(
+            "submit", "--provider", "sim", "--body", body, "--operation", "d3", "--force"
+        )
         assert forced.returncode == 0
         assert len(ws.sim.requests(kind="submit")) == 2
 
 
 def test_fetch_over_the_cap_leaves_no_file(tmp_path: Path) -> None:
-    with workspace(tmp_path, {"big": "succeeded with result"},
-                   server={"result_size": 50_000}) as ws:
+    with workspace(
+        tmp_path, {"big": "succeeded with result"}, server={"result_size": 50_000}
+    ) as ws:
         submit_profile(ws, fetch_cap=10_000)
         ws.start_daemon()
         assert ws.watch("big", "big").returncode == 0
@@ -188,8 +211,17 @@ def test_sigkill_between_submit_intent_and_answer_is_not_repeated(tmp_path: Path
         path = ws.root / "profiles" / "sim.toml"
         path.write_text(path.read_text().replace("timeout_seconds = 1\n", "timeout_seconds = 60\n"))
         daemon = ws.start_daemon()
-        dropped = ws.bide("submit", "--provider", "sim", "--body", _body(tmp_path),
-                          "--operation", "k", "--wait-seconds", "0.5")
+        dropped = ws.bide(
+            "submit",
+            "--provider",
+            "sim",
+            "--body",
+            _body(tmp_path),
+            "--operation",
+            "k",
+            "--wait-seconds",
+            "0.5",
+        )
         assert dropped.returncode == 75
         ws.sim.wait_for_requests(1, kind="submit", timeout=10)
         daemon.kill()

@@ -116,32 +116,44 @@ SCENARIOS: dict[str, Scenario] = {
     "404-past-grace": Scenario([{"status": 404}], budgets={"max_status_requests": 40}),
     "401": Scenario([{"status": 401}, "succeeded with result"]),
     "403": Scenario([{"status": 403}, "succeeded with result"]),
-    "500": Scenario([{"status": 500}],
-                    budgets={"max_transport_failures": 2}),
+    "500": Scenario([{"status": 500}], budgets={"max_transport_failures": 2}),
     "reset": Scenario([{"fault": "reset"}, "succeeded with result"]),
-    "slow": Scenario([{"delay": 1.5, "state": "running"}, "succeeded with result"],
-                     provider="tight"),
+    "slow": Scenario(
+        [{"delay": 1.5, "state": "running"}, "succeeded with result"], provider="tight"
+    ),
     "oversize": Scenario([{"fault": "oversize", "size": 20_000}], provider="tight"),
-    "oversize-chunked": Scenario([{"fault": "oversize", "size": 20_000, "chunked": True}],
-                                 provider="tight"),
+    "oversize-chunked": Scenario(
+        [{"fault": "oversize", "size": 20_000, "chunked": True}], provider="tight"
+    ),
     "malformed": Scenario([{"fault": "malformed"}, "succeeded with result"]),
     "unknown-state": Scenario("queued, manual_review, succeeded with result"),
     "no-result": Scenario("queued, succeeded"),
     "past-expiry": Scenario([{"state": "running", "expires_in": -60}, "succeeded with result"]),
-    "hint-poll-after": Scenario([{"state": "running", "poll_after_seconds": 1},
-                                 "succeeded with result"]),
-    "hint-next-check": Scenario([{"state": "running", "next_check_in": 1.2},
-                                 "succeeded with result"]),
-    "hint-negative": Scenario([{"state": "running", "poll_after_seconds": -5},
-                               {"state": "running", "next_check_in": -30},
-                               "succeeded with result"]),
-    "hint-absurd": Scenario([{"state": "running", "next_check_in": 30 * 86400},
-                             {"state": "running", "poll_after_seconds": 1e9},
-                             {"state": "running", "poll_after_seconds": 40},
-                             {"state": "running", "next_check_at": "next tuesday"},
-                             "succeeded with result"]),
-    "redirect": Scenario([{"status": 302, "redirect": "http://localhost:{port}/jobs/{id}"},
-                          "succeeded with result"]),
+    "hint-poll-after": Scenario(
+        [{"state": "running", "poll_after_seconds": 1}, "succeeded with result"]
+    ),
+    "hint-next-check": Scenario(
+        [{"state": "running", "next_check_in": 1.2}, "succeeded with result"]
+    ),
+    "hint-negative": Scenario(
+        [
+            {"state": "running", "poll_after_seconds": -5},
+            {"state": "running", "next_check_in": -30},
+            "succeeded with result",
+        ]
+    ),
+    "hint-absurd": Scenario(
+        [
+            {"state": "running", "next_check_in": 30 * 86400},
+            {"state": "running", "poll_after_seconds": 1e9},
+            {"state": "running", "poll_after_seconds": 40},
+            {"state": "running", "next_check_at": "next tuesday"},
+            "succeeded with result",
+        ]
+    ),
+    "redirect": Scenario(
+        [{"status": 302, "redirect": "http://localhost:{port}/jobs/{id}"}, "succeeded with result"]
+    ),
     "deadline": Scenario("running", deadline=2.5, budgets={"max_status_requests": 40}),
     "budget": Scenario("running", budgets={"max_status_requests": 3}),
 }
@@ -181,8 +193,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, store: str) -> Iterator[Run]:
     tmp: Path = tmp_path_factory.mktemp(f"behaviours-{store}")
     with workspace(tmp, {name: s.steps for name, s in SCENARIOS.items()}, store=store) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA)
-        write_status_profile(ws, "tight", contract=CONTRACT, extra=QUOTA,
-                             timeout_seconds=TIGHT_TIMEOUT, max_body_bytes=TIGHT_CAP)
+        write_status_profile(
+            ws,
+            "tight",
+            contract=CONTRACT,
+            extra=QUOTA,
+            timeout_seconds=TIGHT_TIMEOUT,
+            max_body_bytes=TIGHT_CAP,
+        )
         daemon = ws.start_daemon()
         now = time.time()
         rids = []
@@ -402,8 +420,9 @@ def test_unknown_state_stops_with_the_state_named(run: Run) -> None:
     [raised] = run.events("unknown-state", EscalationRaised)
     assert "manual_review" in raised.context.detail
     assert raised.context.last_state == "manual_review"
-    outcomes = [(c.job_state, c.job_outcome) for c in run.events("unknown-state",
-                                                                  ResponseClassified)]
+    outcomes = [
+        (c.job_state, c.job_outcome) for c in run.events("unknown-state", ResponseClassified)
+    ]
     assert outcomes == [("queued", "pending"), ("manual_review", "unknown")]
     assert [r.step_label for r in received] == ["queued", "manual_review"]  # never polled on
 
@@ -461,8 +480,9 @@ def test_valid_next_check_at_hint_is_honoured(run: Run) -> None:
 def test_negative_and_past_hints_are_rejected_and_backoff_used(run: Run) -> None:
     op, received = run.checked("hint-negative")
     assert op.phase == "succeeded"
-    rejected = [(h.request_number, h.hint, h.reason)
-                for h in run.events("hint-negative", HintRejected)]
+    rejected = [
+        (h.request_number, h.hint, h.reason) for h in run.events("hint-negative", HintRejected)
+    ]
     assert rejected == [(1, "poll_after_seconds", "negative"), (2, "next_check_at", "in the past")]
     sources = [p.delay_source for p in run.events("hint-negative", PollScheduled)]
     assert sources == ["local_backoff", "local_backoff"]
@@ -473,10 +493,15 @@ def test_negative_and_past_hints_are_rejected_and_backoff_used(run: Run) -> None
 def test_absurd_and_unparseable_hints_are_rejected_and_backoff_used(run: Run) -> None:
     op, received = run.checked("hint-absurd")
     assert op.phase == "succeeded"
-    rejected = [(h.request_number, h.hint, h.reason)
-                for h in run.events("hint-absurd", HintRejected)]
-    assert [r[:2] for r in rejected] == [(1, "next_check_at"), (2, "poll_after_seconds"),
-                                         (3, "poll_after_seconds"), (4, "next_check_at")]
+    rejected = [
+        (h.request_number, h.hint, h.reason) for h in run.events("hint-absurd", HintRejected)
+    ]
+    assert [r[:2] for r in rejected] == [
+        (1, "next_check_at"),
+        (2, "poll_after_seconds"),
+        (3, "poll_after_seconds"),
+        (4, "next_check_at"),
+    ]
     assert "horizon" in rejected[0][2]
     assert "horizon" in rejected[1][2]
     assert "deadline" in rejected[2][2]  # 40 s: inside the horizon, past the 20 s deadline
@@ -505,7 +530,8 @@ def test_redirect_to_another_origin_is_not_followed(run: Run) -> None:
     assert only.header("Authorization") == "<redacted>"  # the credential went to its own origin
     for record in run.ws.sim.requests():
         assert not (record.header("Host") or "").startswith("localhost"), (
-            "a request reached the other origin")
+            "a request reached the other origin"
+        )
 
 
 # -- deadline and budget (S9, S13, S16, S17) ---------------------------------------------------
@@ -531,7 +557,8 @@ def test_budget_exhausted_after_exactly_the_budget(run: Run) -> None:
 
 
 def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
-        tmp_path: Path, store: str) -> None:
+    tmp_path: Path, store: str
+) -> None:
     """S33: the provider's slot is held only for the request. While it is taken, as many
     intents as it has slots (here one) are made durable ahead of it, never more; one that
     waited for the slot past its deadline is not sent."""
@@ -558,8 +585,11 @@ def test_no_request_after_the_deadline_while_waiting_for_an_in_flight_slot(
         log = ws.log()
         for name in ("late", "next"):
             op = log.ops[name]
-            intents = [e for _, e in log.events
-                       if e.operation_id == name and isinstance(e, StatusRequestIntended)]
+            intents = [
+                e
+                for _, e in log.events
+                if e.operation_id == name and isinstance(e, StatusRequestIntended)
+            ]
             assert op.stop_reason == "deadline_exceeded"
             assert all(i.at < op.deadline_at for i in intents)
             received = ws.sim.requests(kind="status", job_id=name)
@@ -591,17 +621,33 @@ def test_the_invariant_check_catches_what_it_claims_to() -> None:
     """The provider-side check fails on an uncovered, an early, a late or a duplicate request."""
 
     def intent(seq: int, n: int, at: float) -> tuple[int, Event]:
-        return seq, StatusRequestIntended(operation_id="x", at=at, request_number=n,
-                                        deadline_at=100.0, max_status_requests=5)
+        return seq, StatusRequestIntended(
+            operation_id="x", at=at, request_number=n, deadline_at=100.0, max_status_requests=5
+        )
 
     def record(seq: int, wall: float) -> RequestRecord:
-        return RequestRecord(seq=seq, wall=wall, monotonic=wall, method="GET", target="/jobs/x",
-                             headers=[], kind="status", job_id="x")
+        return RequestRecord(
+            seq=seq,
+            wall=wall,
+            monotonic=wall,
+            method="GET",
+            target="/jobs/x",
+            headers=[],
+            kind="status",
+            job_id="x",
+        )
 
-    scheduled = PollScheduled(operation_id="x", at=10.5, next_poll_at=20.0,
-                              delay_source="local_backoff", raw_delay=9.5, delay=9.5)
-    log = LoadedLog(events=[intent(1, 1, 10.0), (2, scheduled), intent(3, 2, 20.0)], ops={},
-                    head_seq=3)
+    scheduled = PollScheduled(
+        operation_id="x",
+        at=10.5,
+        next_poll_at=20.0,
+        delay_source="local_backoff",
+        raw_delay=9.5,
+        delay=9.5,
+    )
+    log = LoadedLog(
+        events=[intent(1, 1, 10.0), (2, scheduled), intent(3, 2, 20.0)], ops={}, head_seq=3
+    )
     assert_provider_invariants(log, [record(1, 10.1), record(2, 20.1)], "x")
     bad = {
         "invisible extra request": [record(1, 10.1), record(2, 10.2)],
@@ -616,8 +662,9 @@ def test_the_invariant_check_catches_what_it_claims_to() -> None:
         except AssertionError:
             continue
         pytest.fail(f"not caught: {what}")
-    early = LoadedLog(events=[intent(1, 1, 10.0), (2, scheduled), intent(3, 2, 15.0)], ops={},
-                      head_seq=3)
+    early = LoadedLog(
+        events=[intent(1, 1, 10.0), (2, scheduled), intent(3, 2, 15.0)], ops={}, head_seq=3
+    )
     with pytest.raises(AssertionError, match="before the time bide had scheduled"):
         assert_provider_invariants(early, [record(1, 10.1), record(2, 15.1)], "x")
     assert_provider_invariants(log, [record(1, 10.1)], "x", strict=False)  # an intent that died

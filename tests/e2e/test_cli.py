@@ -16,31 +16,42 @@ def test_profile_change_reloads_and_an_invalid_one_keeps_the_last_good(tmp_path:
         daemon = ws.start_daemon()
         assert ws.watch("a", "a").returncode == 0
         digest_a = ws.log().ops["a"].contract_digest
-        ws.write_profile(contract=DEFAULT_CONTRACT.replace("backoff_cap_seconds = 0.4",
-                                                           "backoff_cap_seconds = 0.5"))
-        until(lambda: daemon.output().count("msg=\"profile loaded\"") >= 2,
-              what="the changed profile to load")
+        ws.write_profile(
+            contract=DEFAULT_CONTRACT.replace(
+                "backoff_cap_seconds = 0.4", "backoff_cap_seconds = 0.5"
+            )
+        )
+        until(
+            lambda: daemon.output().count('msg="profile loaded"') >= 2,
+            what="the changed profile to load",
+        )
         assert ws.watch("b", "b").returncode == 0
         log = ws.log()
         assert log.ops["b"].contract_digest != digest_a  # new operations get the new profile
         assert log.ops["a"].contract_digest == digest_a  # ... existing ones keep theirs
         profile = tmp_path / "profiles" / "sim.toml"
-        profile.write_text(profile.read_text().replace('state_pointer = "/status"',
-                                                       'state_pointer = 7'))
+        profile.write_text(
+            profile.read_text().replace('state_pointer = "/status"', "state_pointer = 7")
+        )
         daemon.proc.send_signal(signal.SIGHUP)
-        until(lambda: "keeping the last good version" in daemon.output(),
-              what="the invalid profile to be refused")
+        until(
+            lambda: "keeping the last good version" in daemon.output(),
+            what="the invalid profile to be refused",
+        )
         assert ws.watch("a", "c").returncode == 0  # still served by the last good profile
 
 
 def test_check_profile_names_file_line_and_key(tmp_path: Path) -> None:
     """S19: a status call with an unsafe method (POST) is refused, naming file, line, key."""
     bad = tmp_path / "acme.toml"
-    bad.write_text('[status]\nurl = "https://x.example/{job_id}"\nmethod = "POST"\n\n'
-                   '[contract]\nstate_pointer = "/status"\n[contract.states]\n'
-                   'success = ["done"]\n')
-    out = subprocess.run([*BIDE, "check-profile", str(bad)], capture_output=True, text=True,
-                         timeout=30)
+    bad.write_text(
+        '[status]\nurl = "https://x.example/{job_id}"\nmethod = "POST"\n\n'
+        '[contract]\nstate_pointer = "/status"\n[contract.states]\n'
+        'success = ["done"]\n'
+    )
+    out = subprocess.run(
+        [*BIDE, "check-profile", str(bad)], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 1
     assert f"{bad}:3: status.method" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
@@ -72,23 +83,32 @@ def test_wait_times_out_with_124(tmp_path: Path) -> None:
 
 
 def test_missing_config_and_keys_name_the_path_and_the_fix(tmp_path: Path) -> None:
-    missing = subprocess.run([*BIDE, "status", "--config", str(tmp_path / "none.toml")],
-                             capture_output=True, text=True, timeout=30)
+    missing = subprocess.run(
+        [*BIDE, "status", "--config", str(tmp_path / "none.toml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert missing.returncode == 2
     assert "none.toml does not exist" in missing.stderr
     assert "--config" in missing.stderr
     cfg = tmp_path / "bide.toml"
     cfg.write_text('[paths]\nstate_dir = "state"\nkeys_dir = "keys"\n')
     (tmp_path / "state" / "log").mkdir(parents=True)
-    nokeys = subprocess.run([*BIDE, "status", "--offline", "--config", str(cfg)],
-                            capture_output=True, text=True, timeout=30)
+    nokeys = subprocess.run(
+        [*BIDE, "status", "--offline", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert nokeys.returncode == 2
     assert "data.key does not exist" in nokeys.stderr
     assert "bide keygen" in nokeys.stderr
     typo = tmp_path / "typo.toml"
     typo.write_text('[paths]\nstate_dir = "s"\nstate_dri = "x"\n')
-    bad = subprocess.run([*BIDE, "status", "--config", str(typo)], capture_output=True,
-                         text=True, timeout=30)
+    bad = subprocess.run(
+        [*BIDE, "status", "--config", str(typo)], capture_output=True, text=True, timeout=30
+    )
     assert bad.returncode == 2
     assert "state_dri" in bad.stderr
     for out in (missing, nokeys, bad):
@@ -99,9 +119,12 @@ def test_every_command_has_help_with_an_example() -> None:
     from daemon.cli import COMMANDS
 
     for name in COMMANDS:
-        out = subprocess.run([sys.executable, "-m", "daemon.cli", name, "--help"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [sys.executable, "-m", "daemon.cli", name, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, name
         assert "bide " + name in out.stdout, name
         assert "example" in out.stdout.lower(), name
-

@@ -118,7 +118,8 @@ def _kill_moment(rng: random.Random, ws: Workspace, daemon: Daemon) -> str:
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
-        tmp_path: Path, store: str) -> None:
+    tmp_path: Path, store: str
+) -> None:
     """S31: every meaningful event is durable before the next step, so a SIGKILL at any moment
     loses nothing acknowledged and repeats no request the log does not explain."""
     rng = random.Random(SEED)
@@ -131,8 +132,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
     started = time.monotonic()
 
     # Frequent snapshots: most restarts fold a snapshot plus the events after it.
-    with workspace(tmp_path, jobs, config_extra="snapshot_every = 30\n", store=store,
-                   lease=SHORT_LEASE) as ws:
+    with workspace(
+        tmp_path, jobs, config_extra="snapshot_every = 30\n", store=store, lease=SHORT_LEASE
+    ) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)
         spool = Spool(load_config(str(ws.config)).spool_dir)
 
@@ -156,8 +158,11 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
 
         final = ws.start_daemon()
         register(len(pending))
-        until(lambda: all(spool.read_receipt(r) for r in rids.values()), timeout=30,
-              what="a receipt for every registration")
+        until(
+            lambda: all(spool.read_receipt(r) for r in rids.values()),
+            timeout=30,
+            what="a receipt for every registration",
+        )
 
         def ended() -> bool:
             ops = ws.log().ops
@@ -183,8 +188,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
         registered = Counter(e.operation_id for e in events if isinstance(e, OperationRegistered))
         assert set(registered) == set(plan)
         assert all(n == 1 for n in registered.values()), registered.most_common(3)
-        polled_by = Counter(e.provider_job_id for e in events
-                            if isinstance(e, OperationRegistered))
+        polled_by = Counter(e.provider_job_id for e in events if isinstance(e, OperationRegistered))
         assert all(n == 1 for n in polled_by.values())
         for op_name, rid in rids.items():
             receipt = spool.read_receipt(rid)
@@ -204,8 +208,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
                 continue
             assert op.phase == "escalated", f"{op_id} ended {op.phase}"
             assert op.stop_reason is not None
-            assert any(isinstance(e, OperationStopped) and e.reason == op.stop_reason
-                       for e in mine)
+            assert any(isinstance(e, OperationStopped) and e.reason == op.stop_reason for e in mine)
             assert isinstance(mine[-1], EscalationRaised)
             assert mine[-1].reason == op.stop_reason
             outcomes[op.stop_reason] += 1
@@ -224,14 +227,18 @@ def test_sigkill_at_random_moments_loses_nothing_and_duplicates_nothing(
         unknown = sum(isinstance(e, RequestOutcomeUnknown) for e in events)
         torn = sum("torn log tail quarantined" in d.output() for d in ws.daemons)
         undecided = sum(d.output().count("decided a fact left undecided") for d in ws.daemons)
-        print(f"\ncrash suite ({store}, seed {SEED}): {KILLS} SIGKILLs "
-              f"({dict(sorted(moments.items()))}), {len(ws.daemons)} daemon starts, "
-              f"{len(plan)} operations, {loop_seconds:.0f} s")
+        print(
+            f"\ncrash suite ({store}, seed {SEED}): {KILLS} SIGKILLs "
+            f"({dict(sorted(moments.items()))}), {len(ws.daemons)} daemon starts, "
+            f"{len(plan)} operations, {loop_seconds:.0f} s"
+        )
         print(f"  outcomes: {dict(outcomes.most_common())}")
-        print(f"  status requests: {received_total} received by the provider, {intended_total} "
-              f"intended; {unknown} outcomes recorded unknown after a kill; "
-              f"{undecided} facts decided after a kill between the two appends; "
-              f"{torn} torn log tails quarantined; {resumed} starts resumed from a snapshot")
+        print(
+            f"  status requests: {received_total} received by the provider, {intended_total} "
+            f"intended; {unknown} outcomes recorded unknown after a kill; "
+            f"{undecided} facts decided after a kill between the two appends; "
+            f"{torn} torn log tails quarantined; {resumed} starts resumed from a snapshot"
+        )
         print(f"  mix: {dict(Counter(plan.values()).most_common())}")
 
 
@@ -241,14 +248,17 @@ def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path, store: str) ->
     The Retry-After (4 s) outlasts the restart, a PostgreSQL node's wait for the killed one's
     lease included, so the restarted daemon is up while it still runs."""
     jobs: dict[str, str | list[object]] = {
-        "ra": [{"status": 503, "retry_after": 4}, "succeeded with result"]}
+        "ra": [{"status": 503, "retry_after": 4}, "succeeded with result"]
+    }
     with workspace(tmp_path, jobs, store=store, lease=SHORT_LEASE) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)
         daemon = ws.start_daemon()
         drop_registration(ws, "ra", "ra")
         [first] = ws.sim.wait_for_requests(1, kind="status", job_id="ra", timeout=10)
-        until(lambda: ws.committed_log().ops["ra"].not_before is not None,
-              what="the Retry-After recorded")
+        until(
+            lambda: ws.committed_log().ops["ra"].not_before is not None,
+            what="the Retry-After recorded",
+        )
         daemon.kill()
         ws.start_daemon()
         restarted = time.time()
@@ -263,8 +273,7 @@ def test_retry_after_is_honoured_across_a_sigkill(tmp_path: Path, store: str) ->
         assert_provider_invariants(log, [first, second], "ra")
 
 
-def test_deadline_passed_while_down_stops_without_a_request(tmp_path: Path,
-                                                            store: str) -> None:
+def test_deadline_passed_while_down_stops_without_a_request(tmp_path: Path, store: str) -> None:
     """Killed, restarted after the deadline: a stop, never a late request (S9, S16)."""
     with workspace(tmp_path, {"slowpoke": "running"}, store=store, lease=SHORT_LEASE) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, extra=QUOTA, timeout_seconds=TIMEOUT)

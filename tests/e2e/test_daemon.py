@@ -22,8 +22,11 @@ from tests.e2e.harness import Workspace, until, workspace
 
 
 def _intents(ws: Workspace, op: str) -> list[StatusRequestIntended]:
-    return [e for _, e in ws.log().events
-            if isinstance(e, StatusRequestIntended) and e.operation_id == op]
+    return [
+        e
+        for _, e in ws.log().events
+        if isinstance(e, StatusRequestIntended) and e.operation_id == op
+    ]
 
 
 def assert_intents_precede_requests(ws: Workspace, op: str, job: str) -> None:
@@ -83,8 +86,9 @@ def test_escalation_answered_with_decide(tmp_path: Path) -> None:
         assert bogus.returncode == 1
         assert "not offered" in bogus.stdout  # the API answered with the reason at once
 
-        chosen = ws.bide("decide", "review-me", "abandon", "--note", "needs a human",
-                        "--escalation", "1")
+        chosen = ws.bide(
+            "decide", "review-me", "abandon", "--note", "needs a human", "--escalation", "1"
+        )
         assert chosen.returncode == 0, chosen.stdout + chosen.stderr
         assert ws.bide("wait", "review-me", "--timeout", "10s").returncode == 4  # closed
         events = [e for _, e in ws.log().events if e.operation_id == "review-me"]
@@ -112,9 +116,12 @@ def test_extend_decision_resumes_with_new_budget_and_counters_kept(tmp_path: Pat
 def test_restart_with_overdue_operations_polls_each_exactly_once(tmp_path: Path) -> None:
     with workspace(tmp_path, {f"job-{i}": "running" for i in range(3)}) as ws:
         # Slow backoff: a second request inside the check window would be a catch-up burst.
-        ws.write_profile(contract=(
-            'state_pointer = "/status"\nbackoff_base_seconds = 5\nbackoff_cap_seconds = 10\n'
-            "rate_limited_delay_seconds = 30\nfirst_poll_after_seconds = 2\n"))
+        ws.write_profile(
+            contract=(
+                'state_pointer = "/status"\nbackoff_base_seconds = 5\nbackoff_cap_seconds = 10\n'
+                "rate_limited_delay_seconds = 30\nfirst_poll_after_seconds = 2\n"
+            )
+        )
         daemon = ws.start_daemon()
         spool = Spool(tmp_path / "state" / "spool")
         rids = [_drop_registration(spool, f"job-{i}", f"op-{i}") for i in range(3)]
@@ -147,8 +154,10 @@ def test_intent_without_outcome_is_recorded_unknown_and_stays_counted(tmp_path: 
         ws.sim.wait_for_requests(1, kind="status", job_id="slow", timeout=10)
         daemon.kill()  # SIGKILL while the request is in flight
         ws.start_daemon()
-        until(lambda: any(isinstance(e, RequestOutcomeUnknown) for _, e in ws.log().events),
-              what="the unknown outcome to be recorded")
+        until(
+            lambda: any(isinstance(e, RequestOutcomeUnknown) for _, e in ws.log().events),
+            what="the unknown outcome to be recorded",
+        )
         status = json.loads(ws.bide("status", "crashy", "--json").stdout)
         assert status["status_requests_used"] >= 1  # the reservation was kept (S11, S13)
         [unknown] = [e for _, e in ws.log().events if isinstance(e, RequestOutcomeUnknown)]

@@ -14,8 +14,9 @@ BIDE = [sys.executable, "-m", "daemon.cli"]
 
 def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
     keep = tmp_path / "demo"
-    run = subprocess.run([*BIDE, "demo", "--keep", str(keep)], capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [*BIDE, "demo", "--keep", str(keep)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     for scenario in SCENARIOS:
         [row] = [line for line in run.stdout.splitlines() if line.startswith(scenario.name + " ")]
@@ -25,8 +26,7 @@ def test_demo_keep_then_every_reader_command(tmp_path: Path) -> None:
     config = ["--config", str(keep / "bide.toml")]
 
     def bide(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*BIDE, *args, *config], capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run([*BIDE, *args, *config], capture_output=True, text=True, timeout=60)
 
     # The demo's daemon has stopped: the readers read the log itself, with its keys.
     status = json.loads(bide("status", "--json", "--offline").stdout)
@@ -51,7 +51,7 @@ def test_readme_shows_every_demo_scenario() -> None:
     block = readme.split("## What `make demo` shows", 1)[1].split("```", 2)[1].splitlines()
     header = next(i for i, line in enumerate(block) if line.startswith("scenario "))
     rows = []
-    for line in block[header + 1:]:
+    for line in block[header + 1 :]:
         if not line.strip():
             break
         rows.append(line)

@@ -38,17 +38,22 @@ def _run_and_stop(ws: Workspace) -> None:
 
 
 def test_a_forged_record_in_the_unsigned_tail_is_quarantined_and_never_acted_on(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     with workspace(tmp_path, {"job-0": "running", "job-forged": "running"}) as ws:
         _run_and_stop(ws)
         cfg = load_config(str(ws.config))
         keyring = open_keyring(cfg)
         # The attacker copies op-0's registration, points it at another job, and appends it
         # after the final checkpoint: chained and encrypted correctly, with the data key only.
-        registered = next(ev for _, p in read_payloads(cfg.log_dir, keyring)
-                          if isinstance(ev := decode_log_event(p), OperationRegistered))
-        forged = msgspec.structs.replace(registered, operation_id="op-forged",
-                                         provider_job_id="job-forged")
+        registered = next(
+            ev
+            for _, p in read_payloads(cfg.log_dir, keyring)
+            if isinstance(ev := decode_log_event(p), OperationRegistered)
+        )
+        forged = msgspec.structs.replace(
+            registered, operation_id="op-forged", provider_job_id="job-forged"
+        )
         forged_seq = forge_event(cfg.log_dir, keyring, encode_event(forged))
 
         audit = ws.bide("verify", "--json")
@@ -64,8 +69,7 @@ def test_a_forged_record_in_the_unsigned_tail_is_quarantined_and_never_acted_on(
         log = ws.log()
         assert "op-forged" not in log.ops
         assert "op-0" in log.ops
-        cuts = [s.record for s in LogReader(cfg.log_dir).poll()
-                if isinstance(s.record, Recovery)]
+        cuts = [s.record for s in LogReader(cfg.log_dir).poll() if isinstance(s.record, Recovery)]
         assert [(c.seq, c.reason) for c in cuts] == [(forged_seq, "unsealed")]
         assert (cfg.log_dir / cuts[0].quarantine).stat().st_size == cuts[0].cut_len
         audit = ws.bide("verify")
@@ -73,7 +77,8 @@ def test_a_forged_record_in_the_unsigned_tail_is_quarantined_and_never_acted_on(
 
 
 def test_a_snapshot_rewritten_with_the_data_key_is_refused_and_the_log_replayed(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     with workspace(tmp_path, {"job-0": "running"}) as ws:
         _run_and_stop(ws)
         cfg = load_config(str(ws.config))

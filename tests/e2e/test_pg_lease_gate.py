@@ -28,14 +28,15 @@ from tests.e2e.harness import (
 def _default_timeout_profile(ws_root: Path, url: str, name: str) -> None:
     (ws_root / "profiles" / f"{name}.toml").write_text(
         f'[status]\nurl = "{url}/jobs/{{job_id}}"\n\n'
-        f'[credential]\nfile = "sim.token"\n\n[contract]\n{DEFAULT_CONTRACT}\n{STATES}')
+        f'[credential]\nfile = "sim.token"\n\n[contract]\n{DEFAULT_CONTRACT}\n{STATES}'
+    )
 
 
-def test_a_profile_whose_timeout_outlasts_the_lease_is_refused_on_reload(
-        tmp_path: Path) -> None:
-    jobs: dict[str, str | list[object]] = {"slow-timeout": "running",
-                                           "fits": ["running", "running",
-                                                    "succeeded with result"]}
+def test_a_profile_whose_timeout_outlasts_the_lease_is_refused_on_reload(tmp_path: Path) -> None:
+    jobs: dict[str, str | list[object]] = {
+        "slow-timeout": "running",
+        "fits": ["running", "running", "succeeded with result"],
+    }
     with workspace(tmp_path, jobs, store="postgres") as ws:
         write_status_profile(ws, "sim", timeout_seconds=6)  # 6 + 1 <= 10 - 3
         daemon = ws.start_daemon()
@@ -52,13 +53,17 @@ def test_a_profile_whose_timeout_outlasts_the_lease_is_refused_on_reload(
         spool = Spool(load_config(str(ws.config)).spool_dir)
         rejected = drop_registration(ws, "never", "slow-timeout", provider="default-timeout")
         accepted = drop_registration(ws, "ok", "fits")
-        until(lambda: spool.read_receipt(rejected) and spool.read_receipt(accepted),
-              what="both receipts")
+        until(
+            lambda: spool.read_receipt(rejected) and spool.read_receipt(accepted),
+            what="both receipts",
+        )
         receipt = spool.read_receipt(rejected)
         assert receipt is not None
         assert receipt.status == "rejected"
         assert "no profile for provider 'default-timeout'" in receipt.reason
-        until(lambda: "ok" in ws.log().ops and ws.log().ops["ok"].phase == "succeeded",
-              what="the job of the profile kept at its last good version to succeed")
+        until(
+            lambda: "ok" in ws.log().ops and ws.log().ops["ok"].phase == "succeeded",
+            what="the job of the profile kept at its last good version to succeed",
+        )
         assert daemon.stop() == 0
         assert ws.sim.requests(kind="status", job_id="slow-timeout") == []

@@ -20,8 +20,7 @@ BIDE = [sys.executable, "-m", "daemon.cli"]
 
 
 def bide(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*BIDE, *args], capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([*BIDE, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture
@@ -34,7 +33,8 @@ def _files(log_dir: Path) -> dict[str, bytes]:
 
 
 def test_import_export_and_verify_with_a_read_only_role(
-        pg_dsn: str, auditor_dsn: str, tmp_path: Path) -> None:
+    pg_dsn: str, auditor_dsn: str, tmp_path: Path
+) -> None:
     ks = make_keys(tmp_path / "keys")
     build_log(tmp_path / "log", ks, 50)
     auditor = auditor_dsn.split("user=")[1].split()[0]
@@ -49,8 +49,9 @@ def test_import_export_and_verify_with_a_read_only_role(
     again = bide("log", "init", "--dsn", pg_dsn)
     assert "nothing to upgrade" in again.stdout
 
-    out = bide("log", "import", str(tmp_path / "log"), "--verify-key", str(ks.verify_pub),
-               "--dsn", pg_dsn)
+    out = bide(
+        "log", "import", str(tmp_path / "log"), "--verify-key", str(ks.verify_pub), "--dsn", pg_dsn
+    )
     assert out.returncode == 0, out.stderr
 
     out = bide("log", "export", str(tmp_path / "export"), "--dsn", auditor_dsn)
@@ -62,8 +63,15 @@ def test_import_export_and_verify_with_a_read_only_role(
     assert "intact" in out.stdout
 
     # The auditor's role reads, and may not write.
-    refused = bide("log", "import", str(tmp_path / "log"), "--verify-key", str(ks.verify_pub),
-                   "--dsn", auditor_dsn)
+    refused = bide(
+        "log",
+        "import",
+        str(tmp_path / "log"),
+        "--verify-key",
+        str(ks.verify_pub),
+        "--dsn",
+        auditor_dsn,
+    )
     assert refused.returncode != 0
 
 
@@ -82,8 +90,9 @@ def test_import_refuses_a_damaged_log(pg_dsn: str, tmp_path: Path) -> None:
     data[200] ^= 1
     seg.write_bytes(bytes(data))
     assert bide("log", "init", "--dsn", pg_dsn).returncode == 0
-    out = bide("log", "import", str(tmp_path / "log"), "--verify-key", str(ks.verify_pub),
-               "--dsn", pg_dsn)
+    out = bide(
+        "log", "import", str(tmp_path / "log"), "--verify-key", str(ks.verify_pub), "--dsn", pg_dsn
+    )
     assert out.returncode == 2
     assert "nothing copied" in out.stderr
 
@@ -98,21 +107,34 @@ def _user(dsn: str) -> str:
 
 
 def test_log_init_as_documented_leaves_the_daemons_role_only_the_checked_functions(
-        pg_dsn: str, writer_dsn: str, auditor_dsn: str) -> None:
-    out = bide("log", "init", "--dsn", pg_dsn, "--writer-role", _user(writer_dsn),
-               "--reader-role", _user(auditor_dsn))
+    pg_dsn: str, writer_dsn: str, auditor_dsn: str
+) -> None:
+    out = bide(
+        "log",
+        "init",
+        "--dsn",
+        pg_dsn,
+        "--writer-role",
+        _user(writer_dsn),
+        "--reader-role",
+        _user(auditor_dsn),
+    )
     assert out.returncode == 0, out.stderr
     assert "warning" not in out.stderr
     with psycopg.connect(writer_dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
-                         "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)")
+            conn.execute(
+                "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
+                "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)"
+            )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE bide_lease SET epoch = 9223372036854775807")
         row = conn.execute("SELECT taken_epoch FROM bide_take_lease('node-a', 5)").fetchone()
         assert row == (1,)
-    with (psycopg.connect(auditor_dsn, autocommit=True) as conn,  # reads, never takes
-          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+    with (
+        psycopg.connect(auditor_dsn, autocommit=True) as conn,  # reads, never takes
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
         conn.execute("SELECT * FROM bide_take_lease('auditor', 5)")
     # A daemons' role the database cannot fence is named, with the fix.
     out = bide("log", "init", "--dsn", pg_dsn, "--writer-role", "postgres")

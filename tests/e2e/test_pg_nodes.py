@@ -80,8 +80,13 @@ def node_dsn(pg_dsn: str) -> Iterator[str]:
     so every run below is also fenced by the database itself."""
     name = f"bidep_node_{secrets.token_hex(4)}"
     with contextmanager(role)(pg_dsn, name) as dsn:
-        out = subprocess.run([*BIDE, "log", "init", "--dsn", pg_dsn, "--writer-role", name],
-                             capture_output=True, text=True, check=False, timeout=60)
+        out = subprocess.run(
+            [*BIDE, "log", "init", "--dsn", pg_dsn, "--writer-role", name],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         yield dsn
 
@@ -104,13 +109,29 @@ def _check_run(ws: Workspace, dsn: str, name: str) -> dict[int, int]:
 def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, int]]:
     """The invariants of the docstring; (arrival, epoch of its intent) of every request."""
     export, log = loaded(dsn, ws, name)
-    out = subprocess.run([*BIDE, "verify", str(export), "--verify-key",
-                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
-                         text=True, check=False, timeout=120)
+    out = subprocess.run(
+        [*BIDE, "verify", str(export), "--verify-key", str(ws.root / "keys" / "verify.pub")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    out = subprocess.run([*BIDE, "verify", "--dsn", dsn, "--json", "--verify-key",
-                          str(ws.root / "keys" / "verify.pub")], capture_output=True,
-                         text=True, check=False, timeout=120)
+    out = subprocess.run(
+        [
+            *BIDE,
+            "verify",
+            "--dsn",
+            dsn,
+            "--json",
+            "--verify-key",
+            str(ws.root / "keys" / "verify.pub"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     epochs, starts = epochs_of(dsn), epoch_starts(dsn)
     # Every term began with a signed takeover record naming its epoch, committed under it.
@@ -124,8 +145,11 @@ def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, 
         op = f"op-{job}"
         received = ws.sim.requests(kind="status", job_id=job)
         assert_provider_invariants(log, received, op, strict=False)
-        intents = [(seq, ev) for seq, ev in log.events
-                   if isinstance(ev, StatusRequestIntended) and ev.operation_id == op]
+        intents = [
+            (seq, ev)
+            for seq, ev in log.events
+            if isinstance(ev, StatusRequestIntended) and ev.operation_id == op
+        ]
         for record in received:
             seq, _ = [(s, i) for s, i in intents if i.at <= record.wall][-1]
             epoch = epochs[seq]
@@ -133,24 +157,33 @@ def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, 
             later = starts.get(epoch + 1)
             assert later is None or record.wall < later, (
                 f"{op}: a request made under epoch {epoch} arrived "
-                f"{record.wall - later:.3f}s after epoch {epoch + 1} began")
+                f"{record.wall - later:.3f}s after epoch {epoch + 1} began"
+            )
     return arrivals
 
 
 def _replay_check(ws: Workspace, node: Node) -> None:
-    out = subprocess.run([*BIDE, "replay", "--check", "--config", str(node.config)],
-                         capture_output=True, text=True, check=False, timeout=120,
-                         cwd=ws.root)
+    out = subprocess.run(
+        [*BIDE, "replay", "--check", "--config", str(node.config)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=ws.root,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize(("count", "kills"), [
-    pytest.param(2, 3, id="2-nodes-3-kills"),
-    pytest.param(3, 10, id="3-nodes-10-kills", marks=pytest.mark.slow),
-])
-def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, node_dsn: str,
-                                                      tmp_path: Path, count: int,
-                                                      kills: int) -> None:
+@pytest.mark.parametrize(
+    ("count", "kills"),
+    [
+        pytest.param(2, 3, id="2-nodes-3-kills"),
+        pytest.param(3, 10, id="3-nodes-10-kills", marks=pytest.mark.slow),
+    ],
+)
+def test_sigkill_the_active_node_a_standby_takes_over(
+    pg_dsn: str, node_dsn: str, tmp_path: Path, count: int, kills: int
+) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         nodes = [node_config(ws, "abcdefgh"[i], node_dsn) for i in range(count)]
@@ -176,9 +209,13 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, node_dsn: str
             restarted = start(ws, current)  # the killed node comes back, as a standby
             until(partial(standby, restarted), 20, "the restarted node to stand by")
             current = nxt
-        status = subprocess.run([*BIDE, "status", "--node", "--json", "--config",
-                                 str(current.config)], capture_output=True, text=True,
-                                check=False, timeout=60)
+        status = subprocess.run(
+            [*BIDE, "status", "--node", "--json", "--config", str(current.config)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
         assert status.returncode == 0, status.stderr
         info = json.loads(status.stdout)
         assert info["active_node"].startswith(f"{current.name}/")
@@ -196,9 +233,11 @@ def test_sigkill_the_active_node_a_standby_takes_over(pg_dsn: str, node_dsn: str
         assert current.daemon.stop() == 0
         per_epoch = _check_run(ws, pg_dsn, "kills")
         _replay_check(ws, current)
-        print(f"\ntakeover after SIGKILL (kill -> first request by the new node), lease "
-              f"{LEASE}s: median {statistics.median(takeovers):.2f}s, max "
-              f"{max(takeovers):.2f}s over {len(takeovers)}; requests per epoch {per_epoch}")
+        print(
+            f"\ntakeover after SIGKILL (kill -> first request by the new node), lease "
+            f"{LEASE}s: median {statistics.median(takeovers):.2f}s, max "
+            f"{max(takeovers):.2f}s over {len(takeovers)}; requests per epoch {per_epoch}"
+        )
         assert len(per_epoch) >= kills  # every takeover polled
         for t in takeovers:
             assert t < LEASE + 5
@@ -216,7 +255,8 @@ def _a_active_b_standing_by_jobs_polled(ws: Workspace, a: Node, b: Node) -> None
 
 
 def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
-        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
+    pg_dsn: str, node_dsn: str, tmp_path: Path
+) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
@@ -243,8 +283,11 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
         by_seq = epochs_of(pg_dsn)
         for job in JOBS:
             op = f"op-{job}"
-            intents = [(s, e) for s, e in log.events
-                       if isinstance(e, StatusRequestIntended) and e.operation_id == op]
+            intents = [
+                (s, e)
+                for s, e in log.events
+                if isinstance(e, StatusRequestIntended) and e.operation_id == op
+            ]
             for record in ws.sim.requests(kind="status", job_id=job):
                 if record.wall >= resumed:
                     seq = [s for s, i in intents if i.at <= record.wall][-1]
@@ -254,7 +297,8 @@ def test_a_paused_node_sends_nothing_after_resuming_and_rejoins_as_standby(
 
 
 def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
-        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
+    pg_dsn: str, node_dsn: str, tmp_path: Path
+) -> None:
     """With a 20 s lease and a 30 s standby poll, only NOTIFY can make the standby's copy
     keep up and let it take over within seconds of a SIGTERM."""
     with workspace(tmp_path, jobs=JOBS) as ws:
@@ -262,8 +306,11 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
         long = LeaseTimes(seconds=20.0, renew=0.5, margin=0.2)
         a, b = (node_config(ws, name, node_dsn, lease=long) for name in "ab")
         for n in (a, b):
-            n.config.write_text(n.config.read_text().replace(
-                "[postgres]\n", "[postgres]\nstandby_poll_seconds = 30\n"))
+            n.config.write_text(
+                n.config.read_text().replace(
+                    "[postgres]\n", "[postgres]\nstandby_poll_seconds = 30\n"
+                )
+            )
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         with psycopg.connect(pg_dsn) as conn:
             row = conn.execute("SELECT max(seq) FROM bide_records").fetchone()
@@ -287,40 +334,56 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
         assert b.daemon.stop() == 0
         per_epoch = _check_run(ws, pg_dsn, "handover")
         _replay_check(ws, b)
-        print(f"\ngraceful handover (SIGTERM -> the standby active): {handover:.2f}s; "
-              f"requests per epoch {per_epoch}")
+        print(
+            f"\ngraceful handover (SIGTERM -> the standby active): {handover:.2f}s; "
+            f"requests per epoch {per_epoch}"
+        )
         assert sorted(per_epoch) == [1, 2]
         # An administrator who rewrites the epoch column (past the append-only trigger) is
         # caught: the chain's takeover records say which epoch each term's records are under.
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE bide_records DISABLE TRIGGER bide_records_append_only")
-            row = conn.execute("UPDATE bide_records SET epoch = 1 WHERE seq = (SELECT max(seq) "
-                               "FROM bide_records) RETURNING seq").fetchone()
+            row = conn.execute(
+                "UPDATE bide_records SET epoch = 1 WHERE seq = (SELECT max(seq) "
+                "FROM bide_records) RETURNING seq"
+            ).fetchone()
         assert row is not None
-        out = subprocess.run([*BIDE, "verify", "--dsn", pg_dsn, "--verify-key",
-                              str(ws.root / "keys" / "verify.pub")], capture_output=True,
-                             text=True, check=False, timeout=120)
+        out = subprocess.run(
+            [
+                *BIDE,
+                "verify",
+                "--dsn",
+                pg_dsn,
+                "--verify-key",
+                str(ws.root / "keys" / "verify.pub"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         assert out.returncode == 1, out.stdout + out.stderr
         assert f"record {row[0]}" in out.stdout
         assert "epoch column was altered" in out.stdout
 
 
 def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_database(
-        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
+    pg_dsn: str, node_dsn: str, tmp_path: Path
+) -> None:
     """Node b never held the log, so it has no snapshot of its own: after node a is killed,
     b replays from the snapshot a kept in bide_snapshots, plus the records after it."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
         for n in (a, b):
-            n.config.write_text(n.config.read_text().replace("[log]\n",
-                                                             "[log]\nsnapshot_every = 20\n"))
+            n.config.write_text(
+                n.config.read_text().replace("[log]\n", "[log]\nsnapshot_every = 20\n")
+            )
         _a_active_b_standing_by_jobs_polled(ws, a, b)
 
         def kept() -> int:
             with psycopg.connect(pg_dsn) as conn:
-                row = conn.execute("SELECT seq FROM bide_snapshots WHERE name = 'state'"
-                                   ).fetchone()
+                row = conn.execute("SELECT seq FROM bide_snapshots WHERE name = 'state'").fetchone()
             return -1 if row is None else int(row[0])
 
         until(lambda: kept() >= 0, 20, "node a to keep a snapshot in the database")
@@ -329,7 +392,7 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
         assert b.daemon is not None
         a.daemon.kill()
         wait_active([b], timeout=LEASE + 15)
-        replayed = [ln for ln in b.daemon.output().splitlines() if 'msg=replayed' in ln]
+        replayed = [ln for ln in b.daemon.output().splitlines() if "msg=replayed" in ln]
         assert replayed, b.daemon.output()
         from_snapshot = int(replayed[-1].split("from_snapshot=")[1].split()[0])
         assert from_snapshot > 0, replayed[-1]
@@ -340,16 +403,21 @@ def test_a_node_taking_over_starts_from_the_snapshot_the_last_one_kept_in_the_da
         _replay_check(ws, b)
 
 
-def test_a_second_node_on_the_same_state_directory_is_refused(pg_dsn: str,
-                                                               tmp_path: Path) -> None:
+def test_a_second_node_on_the_same_state_directory_is_refused(pg_dsn: str, tmp_path: Path) -> None:
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         init_log(pg_dsn)
         a = node_config(ws, "a", pg_dsn)
         start(ws, a)
         wait_active([a])
-        again = subprocess.run([*BIDE, "run", "--config", str(a.config)], capture_output=True,
-                               text=True, check=False, timeout=60, cwd=ws.root)
+        again = subprocess.run(
+            [*BIDE, "run", "--config", str(a.config)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ws.root,
+        )
         assert again.returncode == 2, again.stdout + again.stderr
         assert a.daemon is not None
         assert f"locked by pid {a.daemon.proc.pid}" in again.stderr
@@ -362,7 +430,8 @@ def _stopped(pid: int) -> bool:
 
 
 def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
-        pg_dsn: str, node_dsn: str, tmp_path: Path) -> None:
+    pg_dsn: str, node_dsn: str, tmp_path: Path
+) -> None:
     """Node a stops itself right after the intent of a request to job long-0 is durable and
     before the request leaves. Node b takes over, polls, and hands the lease back by a
     graceful stop, so after SIGCONT nothing but a itself could reach the provider: until a
@@ -378,16 +447,22 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
         daemon_a = a.daemon
         until(partial(standby, b.daemon), 20, "node b to stand by")
         _register(ws, a)
-        until(lambda: _stopped(daemon_a.proc.pid), 20,
-              "node a to stop itself between an intent and its request")
+        until(
+            lambda: _stopped(daemon_a.proc.pid),
+            20,
+            "node a to stop itself between an intent and its request",
+        )
         wait_active([b], timeout=LEASE + 15)
         seen = len(ws.sim.requests(kind="status", job_id="long-0"))
         ws.sim.wait_for_requests(seen + 1, kind="status", job_id="long-0", timeout=10)
         assert b.daemon.stop() == 0  # the lease handed over: only node a is left
         resumed = time.time()
         a.daemon.proc.send_signal(signal.SIGCONT)
-        until(lambda: daemon_a.output().count("msg=ready") >= 2,
-              20, "node a to be fenced, stand by and take the lease again")
+        until(
+            lambda: daemon_a.output().count("msg=ready") >= 2,
+            20,
+            "node a to be fenced, stand by and take the lease again",
+        )
         assert "fenced" in a.daemon.output()
         retaken = epoch_starts(pg_dsn)[max(epochs_of(pg_dsn).values())]
         early = [r for r in ws.sim.requests(kind="status") if resumed <= r.wall < retaken]
@@ -399,15 +474,17 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
 
 @pytest.mark.parametrize("how", ["cut", "stall"])
 def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
-        pg_dsn: str, node_dsn: str, tmp_path: Path, how: str) -> None:
+    pg_dsn: str, node_dsn: str, tmp_path: Path, how: str
+) -> None:
     """``cut``: the link is reset; ``stall``: it stays open and nothing comes back (a commit
     and a renewal in flight hang), the case only the node's own clock can end."""
     params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    with workspace(tmp_path, jobs=JOBS) as ws, proxy_to(
-            str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy:
+    with (
+        workspace(tmp_path, jobs=JOBS) as ws,
+        proxy_to(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as proxy,
+    ):
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        via_proxy = psycopg.conninfo.make_conninfo(node_dsn, host="127.0.0.1",
-                                                   port=str(proxy.port))
+        via_proxy = psycopg.conninfo.make_conninfo(node_dsn, host="127.0.0.1", port=str(proxy.port))
         a, b = node_config(ws, "a", via_proxy), node_config(ws, "b", node_dsn)
         _a_active_b_standing_by_jobs_polled(ws, a, b)
         assert a.daemon is not None
@@ -426,18 +503,21 @@ def test_a_node_cut_from_the_database_stops_sending_within_its_lease(
         assert a.daemon.stop() == 0
         assert b.daemon.stop() == 0
         arrivals = _requests_by_epoch(ws, pg_dsn, how)
-        late = [wall - cut_at for wall, epoch in arrivals if epoch == a_epoch
-                and wall >= cut_at + LEASE]
+        late = [
+            wall - cut_at for wall, epoch in arrivals if epoch == a_epoch and wall >= cut_at + LEASE
+        ]
         assert not late, f"node a sent {len(late)} requests more than a lease after the cut"
         assert any(epoch > a_epoch for _, epoch in arrivals)
         # Nothing node a acknowledged is lost: its local copy is a prefix of the database's.
         export = ws.root / f"export-{how}"
         for seg in sorted((a.state / "log").glob("seg-*.jsonl")):
             mine = seg.read_bytes()
-            assert (export / seg.name).read_bytes()[:len(mine)] == mine
+            assert (export / seg.name).read_bytes()[: len(mine)] == mine
         _replay_check(ws, b)
-        print(f"\ntakeover after a lost link ({how} -> first request by the other node), "
-              f"lease {LEASE}s: {took_over:.2f}s")
+        print(
+            f"\ntakeover after a lost link ({how} -> first request by the other node), "
+            f"lease {LEASE}s: {took_over:.2f}s"
+        )
 
 
 def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
@@ -463,6 +543,7 @@ def test_postgresql_restarts_mid_run_and_nothing_acknowledged_is_lost(tmp_path: 
         for node in (a, b):
             for seg in sorted((node.state / "log").glob("seg-*.jsonl")):
                 mine = seg.read_bytes()
-                assert (export / seg.name).read_bytes()[:len(mine)] == mine, (
-                    f"node {node.name}'s copy holds records the database lost")
+                assert (export / seg.name).read_bytes()[: len(mine)] == mine, (
+                    f"node {node.name}'s copy holds records the database lost"
+                )
         _replay_check(ws, a if "lease handed over" in a.daemon.output() else b)

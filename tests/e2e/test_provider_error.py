@@ -9,9 +9,18 @@ from pathlib import Path
 
 from tests.e2e.harness import DEFAULT_CONTRACT, workspace
 
-ERROR = {"code": "EXPORT_FAILED", "message": "the export could not be written",
-         "details": [{"shard": n, "reason": "disk quota exceeded on volume vol-7 (shard "
-                      f"{n} of 12); retry after freeing space"} for n in range(6)]}
+ERROR = {
+    "code": "EXPORT_FAILED",
+    "message": "the export could not be written",
+    "details": [
+        {
+            "shard": n,
+            "reason": "disk quota exceeded on volume vol-7 (shard "
+            f"{n} of 12); retry after freeing space",
+        }
+        for n in range(6)
+    ],
+}
 
 
 def test_a_678_byte_provider_error_is_shown_whole_where_a_human_decides(tmp_path: Path) -> None:

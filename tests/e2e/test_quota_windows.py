@@ -36,24 +36,34 @@ def test_most_in_window_counts_half_open_windows() -> None:
     assert most_in_window([], 1.0) == 0
 
 
-@pytest.mark.parametrize(("jobs", "rate", "burst"), [
-    pytest.param(50, 8, 1, id="50-jobs-8-per-s"),
-    pytest.param(50, 8, 5, id="50-jobs-8-per-s-burst-5"),
-    pytest.param(500, 50, 1, id="500-jobs-50-per-s"),
-])
-def test_no_window_at_the_provider_exceeds_the_quota(tmp_path: Path, jobs: int, rate: int,
-                                                     burst: int) -> None:
+@pytest.mark.parametrize(
+    ("jobs", "rate", "burst"),
+    [
+        pytest.param(50, 8, 1, id="50-jobs-8-per-s"),
+        pytest.param(50, 8, 5, id="50-jobs-8-per-s-burst-5"),
+        pytest.param(500, 50, 1, id="500-jobs-50-per-s"),
+    ],
+)
+def test_no_window_at_the_provider_exceeds_the_quota(
+    tmp_path: Path, jobs: int, rate: int, burst: int
+) -> None:
     script = {f"j{i}": "running" for i in range(jobs)}
     with workspace(tmp_path, script) as ws:
-        ws.write_profile(contract=DEFAULT_CONTRACT + "first_poll_after_seconds = 0.2\n",
-                         extra=f"[quota]\nrequests_per_second = {rate}\nburst = {burst}\n"
-                               f"max_in_flight = 4\n")
+        ws.write_profile(
+            contract=DEFAULT_CONTRACT + "first_poll_after_seconds = 0.2\n",
+            extra=f"[quota]\nrequests_per_second = {rate}\nburst = {burst}\nmax_in_flight = 4\n",
+        )
         ws.start_daemon()
         spool = Spool(tmp_path / "state" / "spool")
         for i in range(jobs):  # registered in one instant: all due at the same moment
             rid = new_request_id()
-            reg = Registration(operation_id=f"op{i}", provider="sim", provider_job_id=f"j{i}",
-                               max_status_requests=1, first_poll_after_seconds=0.2)
+            reg = Registration(
+                operation_id=f"op{i}",
+                provider="sim",
+                provider_job_id=f"j{i}",
+                max_status_requests=1,
+                first_poll_after_seconds=0.2,
+            )
             spool.drop(spool.incoming, rid, msgspec.json.encode(RegistrationFile(1, rid, reg)))
         ws.sim.wait_for_requests(jobs, kind="status", timeout=jobs / rate * 2 + 30)
         arrivals = [r.wall for r in ws.sim.requests(kind="status")]
@@ -61,8 +71,10 @@ def test_no_window_at_the_provider_exceeds_the_quota(tmp_path: Path, jobs: int, 
         for length in WINDOWS:
             allowed = burst - 1 + math.ceil(rate * length)
             seen = most_in_window(arrivals, length)
-            print(f"{jobs} jobs, {rate}/s, burst {burst}: at most {seen} requests in any "
-                  f"{length:g} s window (allowed {allowed})")
+            print(
+                f"{jobs} jobs, {rate}/s, burst {burst}: at most {seen} requests in any "
+                f"{length:g} s window (allowed {allowed})"
+            )
             assert seen <= allowed, f"{seen} requests within {length:g} s (allowed {allowed})"
         # Not slower than the quota needs either: the whole round takes about jobs / rate.
         spread = max(arrivals) - min(arrivals)
@@ -77,14 +89,27 @@ def test_submits_take_their_turn_in_the_same_quota(tmp_path: Path) -> None:
     with workspace(tmp_path, **scenarios) as ws:  # type: ignore[arg-type]
         submit_profile(ws)
         profile = tmp_path / "profiles" / "sim.toml"
-        profile.write_text(profile.read_text()
-                           + "\n[quota]\nrequests_per_second = 2\nmax_in_flight = 4\n")
+        profile.write_text(
+            profile.read_text() + "\n[quota]\nrequests_per_second = 2\nmax_in_flight = 4\n"
+        )
         ws.start_daemon()
         body = tmp_path / "body.json"
         body.write_bytes(b'{"scenario": "quick"}')
         for n in range(4):
-            done = ws.bide("submit", "--provider", "sim", "--body", str(body), "--force",
-                           "--operation", f"s{n}", "--deadline", "1m", "--wait-seconds", "0")
+            done = ws.bide(
+                "submit",
+                "--provider",
+                "sim",
+                "--body",
+                str(body),
+                "--force",
+                "--operation",
+                f"s{n}",
+                "--deadline",
+                "1m",
+                "--wait-seconds",
+                "0",
+            )
             assert done.returncode in (0, 75), done.stdout + done.stderr
         ws.sim.wait_for_requests(4, kind="submit", timeout=30)
         ws.sim.wait_for_requests(4, kind="status", timeout=30)

@@ -35,9 +35,13 @@ def test_unit_is_notify_with_the_hardening_the_operator_expects() -> None:
     assert any(v.startswith("data.key:") for v in d["LoadCredential"])
     assert any(v.startswith("signing.key:") for v in d["LoadCredential"])
     expected = {
-        "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-        "NoNewPrivileges": "yes", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
-        "CapabilityBoundingSet": "", "UMask": "0077",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "CapabilityBoundingSet": "",
+        "UMask": "0077",
     }
     for key, value in expected.items():
         assert d[key][0] == value, key
@@ -47,8 +51,12 @@ def test_unit_is_notify_with_the_hardening_the_operator_expects() -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze absent")
 def test_unit_exposure_is_at_most_2() -> None:
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(UNIT)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout + out.stderr)
     assert m, out.stdout + out.stderr
     assert float(m.group(1)) <= 2.0
@@ -79,8 +87,11 @@ def test_notify_ready_status_watchdog_stopping_in_order(tmp_path: Path) -> None:
 
 def test_metrics_from_a_running_daemon(tmp_path: Path) -> None:
     extra = '\n[metrics]\nlisten = "127.0.0.1:0"\n'
-    with workspace(tmp_path, {"m1": "queued, succeeded with result", "m2": [{"status": 401}]},
-                   config_extra=extra) as ws:
+    with workspace(
+        tmp_path,
+        {"m1": "queued, succeeded with result", "m2": [{"status": 401}]},
+        config_extra=extra,
+    ) as ws:
         daemon = ws.start_daemon()
         assert ws.watch("m1", "m1").returncode == 0
         assert ws.watch("m2", "m2").returncode == 0

@@ -15,8 +15,10 @@ from daemon.config import load_config
 from eventlog.reader import LogReader
 from tests.e2e.harness import BIDE, Workspace, drop_registration, until, workspace
 
-FAST = ('state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
-        "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n")
+FAST = (
+    'state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
+    "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n"
+)
 
 
 def _polls(ws: Workspace, job: str) -> int:
@@ -24,8 +26,9 @@ def _polls(ws: Workspace, job: str) -> int:
 
 
 def _keygen(*args: str) -> None:
-    proc = subprocess.run([*BIDE, "keygen", *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run(
+        [*BIDE, "keygen", *args], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -37,8 +40,10 @@ def test_crypto_shredding_as_documented(tmp_path: Path) -> None:
         first = ws.start_daemon()
         drop_registration(ws, "op-a", "job-a")
         drop_registration(ws, "op-b", "job-b")
-        until(lambda: _polls(ws, "job-a") >= 2 and _polls(ws, "job-b") >= 2,
-              what="op-a and op-b polled")
+        until(
+            lambda: _polls(ws, "job-a") >= 2 and _polls(ws, "job-b") >= 2,
+            what="op-a and op-b polled",
+        )
 
         # "bide keygen --rotate ... ; systemctl restart bide"
         _keygen("--rotate", str(keys_dir))
@@ -79,8 +84,9 @@ def test_crypto_shredding_as_documented(tmp_path: Path) -> None:
         log = ws.log()
         assert set(log.ops) == {"op-c"}
         assert log.unreadable
-        events = {s.seq for s in LogReader(cfg.log_dir).poll()
-                  if type(s.record).__name__ == "EventRecord"}
+        events = {
+            s.seq for s in LogReader(cfg.log_dir).poll() if type(s.record).__name__ == "EventRecord"
+        }
         assert {seq for seq, _ in log.unreadable} <= events
         # The chain still verifies with the public key: shredding never breaks it.
         audit = ws.bide("verify")

@@ -30,8 +30,10 @@ from tests.e2e.harness import (
     workspace,
 )
 
-FAST = ('state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
-        "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n")
+FAST = (
+    'state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
+    "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n"
+)
 
 
 def _replayed(daemon: Daemon) -> tuple[int, int]:
@@ -62,13 +64,12 @@ def _more_polls(ws: Workspace, count: int) -> None:
     ws.sim.wait_for_requests(seen + count, kind="status", timeout=15)
 
 
-def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_path: Path
-                                                                         ) -> None:
+def test_clean_stop_writes_a_snapshot_and_the_restart_folds_nothing_twice(tmp_path: Path) -> None:
     with workspace(tmp_path, {f"job-{i}": "running" for i in range(3)}) as ws:
         first = _run_until(ws, 3, 9)
         snapshot = tmp_path / "state" / "snapshot"
         assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
-        assert "msg=\"state snapshot written\"" in first.output()
+        assert 'msg="state snapshot written"' in first.output()
         events = assert_snapshot_is_the_full_fold(ws)
 
         second = ws.start_daemon()
@@ -131,14 +132,17 @@ def test_a_snapshot_of_a_replaced_log_is_not_used(tmp_path: Path) -> None:
         assert ws.log().ops == {}
 
 
-def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_path: Path
-                                                                         ) -> None:
-    with workspace(tmp_path, {f"job-{i}": "running" for i in range(4)},
-                   config_extra="snapshot_every = 40\n") as ws:
+def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_path: Path) -> None:
+    with workspace(
+        tmp_path, {f"job-{i}": "running" for i in range(4)}, config_extra="snapshot_every = 40\n"
+    ) as ws:
         first = ws.start_daemon()
         _start_polling(ws, 4)
-        until(lambda: first.output().count("state snapshot written") >= 2, timeout=30,
-              what="two periodic snapshots")
+        until(
+            lambda: first.output().count("state snapshot written") >= 2,
+            timeout=30,
+            what="two periodic snapshots",
+        )
         _more_polls(ws, 4)
         first.kill()  # SIGKILL: the snapshot on disk is behind the log
 
@@ -154,7 +158,8 @@ def test_periodic_snapshots_then_sigkill_restart_from_snapshot_plus_tail(tmp_pat
 
 
 def test_offline_status_and_escalations_start_from_the_snapshot_not_from_record_0(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     jobs = {"a": "running, succeeded with result", "b": "running", "c": "queued, manual_review"}
     with workspace(tmp_path, jobs) as ws:
         daemon = ws.start_daemon()
@@ -209,7 +214,7 @@ def _forge_snapshot(ws: Workspace, backup: Path, drop: str) -> None:
     cfg = load_config(str(ws.config))
     keyring = keys.load_keyring(keys.keys_directory(cfg.keys_dir))
     genuine = cfg.snapshot_path.read_bytes()
-    header = json.loads(genuine[:genuine.index(b"\n")])
+    header = json.loads(genuine[: genuine.index(b"\n")])
     position = msgspec.convert(header["position"], LogPosition)
     ledger = replay_log(cfg.log_dir, keyring)
     del ledger.ops[drop]
@@ -217,10 +222,10 @@ def _forge_snapshot(ws: Workspace, backup: Path, drop: str) -> None:
     cfg.snapshot_path.write_bytes(forged)
 
 
-def test_a_snapshot_forged_with_the_data_key_and_an_old_backup_is_not_used(tmp_path: Path
-                                                                          ) -> None:
-    with workspace(tmp_path, {f"job-{i}": "running" for i in range(2)},
-                   config_extra="epoch_checkpoints = 1\n") as ws:
+def test_a_snapshot_forged_with_the_data_key_and_an_old_backup_is_not_used(tmp_path: Path) -> None:
+    with workspace(
+        tmp_path, {f"job-{i}": "running" for i in range(2)}, config_extra="epoch_checkpoints = 1\n"
+    ) as ws:
         _run_until(ws, 2, 4)
         state = tmp_path / "state"
         backup = tmp_path / "backup"
@@ -235,9 +240,11 @@ def test_a_snapshot_forged_with_the_data_key_and_an_old_backup_is_not_used(tmp_p
         # The backup's own snapshot, genuine but of an epoch whose key is destroyed.
         shutil.copy2(backup / "snapshot", state / "snapshot")
         restored = ws.start_daemon()
-        assert re.search(r'msg="state snapshot not used" snapshot=\S*state/snapshot '
-                         r'error=".*names epoch \d+ .*whose key this host does not hold',
-                         restored.output()), restored.output()
+        assert re.search(
+            r'msg="state snapshot not used" snapshot=\S*state/snapshot '
+            r'error=".*names epoch \d+ .*whose key this host does not hold',
+            restored.output(),
+        ), restored.output()
         assert _replayed(restored)[1] == 0
         assert restored.stop() == 0
 

@@ -17,22 +17,30 @@ OPS = {"op-1": "j1", "op-10": "j10", 'q"uo\\te': "j2", "ünï-1": "j3"}
 
 
 def test_the_offline_story_of_each_operation_is_the_whole_logs(tmp_path: Path) -> None:
-    jobs: dict[str, str | list[object]] = {job: "running x3, succeeded with result"
-                                           for job in OPS.values()}
+    jobs: dict[str, str | list[object]] = {
+        job: "running x3, succeeded with result" for job in OPS.values()
+    }
     with workspace(tmp_path, jobs) as ws:
         daemon = ws.start_daemon()
         for op, job in OPS.items():
             out = ws.watch(job, op)
             assert out.returncode == 0, out.stdout + out.stderr
-        until(lambda: all(op.phase == "succeeded" for op in ws.log().ops.values())
-              and len(ws.log().ops) == len(OPS), 30, "every operation to succeed")
+        until(
+            lambda: (
+                all(op.phase == "succeeded" for op in ws.log().ops.values())
+                and len(ws.log().ops) == len(OPS)
+            ),
+            30,
+            "every operation to succeed",
+        )
         assert daemon.stop() == 0
         cfg = load_config(str(ws.config))
         whole = load_log(cfg.log_dir, open_keyring(cfg))
         for op in OPS:
-            expected = sorted([*story_json(op_events(whole, op)),
-                               *action_story(op_action_events(whole, op))],
-                              key=lambda line: float(line["at"]))  # type: ignore[arg-type]
+            expected = sorted(
+                [*story_json(op_events(whole, op)), *action_story(op_action_events(whole, op))],
+                key=lambda line: float(line["at"]),  # type: ignore[arg-type]
+            )
             assert len(expected) >= 5, expected  # registered, polled three times, succeeded
             told = ws.bide("story", op, "--offline", "--json")
             assert told.returncode == 0, told.stderr

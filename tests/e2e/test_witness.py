@@ -58,8 +58,9 @@ def _verify(ws: Workspace, witness: str | Path) -> subprocess.CompletedProcess[s
 
 
 def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
-    with workspace(tmp_path, JOBS, config_extra=(
-            '\n[witness]\nfile = "witness/heads.jsonl"\n')) as ws:
+    with workspace(
+        tmp_path, JOBS, config_extra=('\n[witness]\nfile = "witness/heads.jsonl"\n')
+    ) as ws:
         (tmp_path / "witness").mkdir()
         witness = tmp_path / "witness" / "heads.jsonl"
         ws.write_profile(contract=FAST)
@@ -96,7 +97,7 @@ def test_rollback_cut_and_fork_are_refused_and_reported(tmp_path: Path) -> None:
         last_cp = max(i for i, ln in enumerate(lines) if ln.kind == "Checkpoint")
         shutil.rmtree(log)
         shutil.copytree(newer, log)
-        write_lines(log, lines[:last_cp - 1])
+        write_lines(log, lines[: last_cp - 1])
         result = _verify(ws, witness)
         assert result.returncode == 6, result.stdout
         assert json.loads(result.stdout)["witness"]["kind"] == "truncated"
@@ -154,9 +155,11 @@ class WitnessSetup:
 
     def config(self, url: str) -> str:
         """The daemon's [witness] table for this witness."""
-        return (f'\n[witness]\nurls = ["{url}/v1/heads"]\ntoken_file = "{self.token}"\n'
-                f'witness_keys = ["{self.key_text}"]\nretry_seconds = 0.2\n'
-                "timeout_seconds = 2\nretries = 1\n")
+        return (
+            f'\n[witness]\nurls = ["{url}/v1/heads"]\ntoken_file = "{self.token}"\n'
+            f'witness_keys = ["{self.key_text}"]\nretry_seconds = 0.2\n'
+            "timeout_seconds = 2\nretries = 1\n"
+        )
 
     def trust(self, log_id: str, verify_pub: Path) -> None:
         """Allow ``log_id``, signed by ``verify_pub``'s root key, to publish here."""
@@ -185,14 +188,30 @@ def log_id_of(ws: Workspace) -> str:
 
 
 @contextmanager
-def witness_service(root: Path, port: int, tls: tuple[Path, Path] | None = None,
-                    extra: Sequence[str] = ()) -> Iterator[subprocess.Popen[str]]:
+def witness_service(
+    root: Path, port: int, tls: tuple[Path, Path] | None = None, extra: Sequence[str] = ()
+) -> Iterator[subprocess.Popen[str]]:
     tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     proc = subprocess.Popen(
-        [*BIDE, "witness", "serve", "--listen", f"127.0.0.1:{port}",
-         "--state", str(root / "state.jsonl"), "--key", str(root / "witness.key"),
-         "--trust-dir", str(root / "trust"), *tls_args, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            *BIDE,
+            "witness",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state",
+            str(root / "state.jsonl"),
+            "--key",
+            str(root / "witness.key"),
+            "--trust-dir",
+            str(root / "trust"),
+            *tls_args,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -243,14 +262,20 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
         seen = len(ws.sim.requests(kind="status"))
         ws.sim.wait_for_requests(seen + 10, kind="status", timeout=15)
         until(lambda: read_heads(heads)[-1].seq > held.seq, what="heads while it is down")
-        until(lambda: "witness unreachable; heads stay queued on disk" in daemon.output(),
-              what="the publisher to note the witness is down")
+        until(
+            lambda: "witness unreachable; heads stay queued on disk" in daemon.output(),
+            what="the publisher to note the witness is down",
+        )
         with witness_service(wroot, port):
             after = _held(url, log_id)
             assert after is not None
             assert after.seq >= held.seq  # nothing acknowledged was lost
-            until(lambda: (h := _held(url, log_id)) is not None
-                  and h.seq == read_heads(heads)[-1].seq, what="the witness to catch up")
+            until(
+                lambda: (
+                    (h := _held(url, log_id)) is not None and h.seq == read_heads(heads)[-1].seq
+                ),
+                what="the witness to catch up",
+            )
             until(lambda: "witness reachable again" in daemon.output(), what="its log line")
 
             # A forked head: a checkpoint that does not link to the held one.
@@ -261,11 +286,15 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             # older head than the one held changes nothing and is answered as such).
             ahead = rec.seq + 1_000_000
             forged = encode_record(msgspec.structs.replace(rec, seq=ahead, prev_cp="ab" * 32))
-            fork = Head(log_id, ahead, record_hash(forged), now.epoch, now.sig,
-                        now.t_us, forged.decode())
-            r = httpx.post(f"{url}/v1/heads", content=msgspec.json.encode({"heads": [fork]}),
-                           headers={"authorization": f"Bearer {setup.token.read_text().strip()}"},
-                           timeout=5)
+            fork = Head(
+                log_id, ahead, record_hash(forged), now.epoch, now.sig, now.t_us, forged.decode()
+            )
+            r = httpx.post(
+                f"{url}/v1/heads",
+                content=msgspec.json.encode({"heads": [fork]}),
+                headers={"authorization": f"Bearer {setup.token.read_text().strip()}"},
+                timeout=5,
+            )
             assert r.status_code == 409, r.text
             assert "links to checkpoint hash" in r.json()["reason"]
             held_now = _held(url, log_id)
@@ -274,8 +303,12 @@ def test_witness_service_refuses_forks_survives_sigkill_and_catches_up(tmp_path:
             assert held_now.seq < ahead
             assert held_now.hash in {h.hash for h in read_heads(heads)}
             assert daemon.stop() == 0
-            until(lambda: (h := _held(url, log_id)) is not None
-                  and h.seq == read_heads(heads)[-1].seq, what="the final head")
+            until(
+                lambda: (
+                    (h := _held(url, log_id)) is not None and h.seq == read_heads(heads)[-1].seq
+                ),
+                what="the final head",
+            )
             result = ws.bide("verify", "--json", "--witness", url)
             assert result.returncode == 0, result.stdout + result.stderr
         # Its state survives a restart: what it held is what it holds.
@@ -297,36 +330,55 @@ def _private_ca(root: Path) -> tuple[Path, Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test witness CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(hours=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
-                                       False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = root / "ca.pem", root / "cert.pem", root / "key.pem"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     paths[2].chmod(0o600)
     return paths
 
@@ -337,8 +389,7 @@ def test_heads_reach_a_witness_over_https_with_a_private_ca(tmp_path: Path) -> N
     wroot = tmp_path / "witness"
     setup = witness_setup(wroot)
     ca, cert, key = _private_ca(wroot)
-    with workspace(tmp_path, JOBS, config_extra=setup.config(url) + f'ca_file = "{ca}"\n'
-                   ) as ws:
+    with workspace(tmp_path, JOBS, config_extra=setup.config(url) + f'ca_file = "{ca}"\n') as ws:
         ws.write_profile(contract=FAST)
         heads = tmp_path / "state" / "heads.jsonl"
         daemon = ws.start_daemon()
@@ -347,11 +398,14 @@ def test_heads_reach_a_witness_over_https_with_a_private_ca(tmp_path: Path) -> N
             drop_registration(ws, "op-0", "job-0")
             until(lambda: read_heads(heads), what="a first signed head")
             assert daemon.stop() == 0
+
             def held() -> list[tuple[int, str]]:
                 return [(h.seq, h.hash) for h in held_heads(wroot / "state.jsonl")[-1:]]
 
-            until(lambda: held() == [(h.seq, h.hash) for h in read_heads(heads)[-1:]],
-                  what="the witness to hold the final head, over TLS")
+            until(
+                lambda: held() == [(h.seq, h.hash) for h in read_heads(heads)[-1:]],
+                what="the witness to hold the final head, over TLS",
+            )
             assert held_heads(wroot / "state.jsonl")[-1].countersig
             assert "witness unreachable" not in daemon.output()
             ok = ws.bide("verify", "--json", "--witness", url, "--witness-ca", str(ca))

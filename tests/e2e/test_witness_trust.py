@@ -89,8 +89,7 @@ def _get(url: str, log_id: str) -> httpx.Response:
     return httpx.get(f"{url}/v1/heads/{log_id}", timeout=5)
 
 
-def test_an_unauthenticated_post_is_refused_and_changes_nothing(made: Made, tmp_path: Path
-                                                                ) -> None:
+def test_an_unauthenticated_post_is_refused_and_changes_nothing(made: Made, tmp_path: Path) -> None:
     setup = witness_setup(tmp_path / "w")
     setup.trust(made.log_id, made.verify_pub)
     port = _free_port()
@@ -112,7 +111,8 @@ def test_an_unauthenticated_post_is_refused_and_changes_nothing(made: Made, tmp_
 
 
 def test_heads_not_signed_by_the_trusted_root_or_of_an_untrusted_log_are_refused(
-        made: Made, tmp_path: Path) -> None:
+    made: Made, tmp_path: Path
+) -> None:
     setup = witness_setup(tmp_path / "w")
     other_keys = tmp_path / "other-keys"
     keys.generate(other_keys)
@@ -142,8 +142,7 @@ def test_heads_not_signed_by_the_trusted_root_or_of_an_untrusted_log_are_refused
     sig = base64.b64decode(second.sig)
     bad_sig = base64.b64encode(bytes([sig[0] ^ 1]) + sig[1:]).decode()
     forged = encode_record(msgspec.structs.replace(rec, sig=bad_sig)).decode()
-    bad = msgspec.structs.replace(second, sig=bad_sig, cp=forged,
-                                  hash=record_hash(forged.encode()))
+    bad = msgspec.structs.replace(second, sig=bad_sig, cp=forged, hash=record_hash(forged.encode()))
     with witness_service(setup.root, port):
         r = _post(url, _body([first, bad], Proof(made.genesis)), token)
         assert r.status_code == 403, r.text
@@ -159,8 +158,9 @@ def test_heads_not_signed_by_the_trusted_root_or_of_an_untrusted_log_are_refused
         assert held_heads(setup.root / "state.jsonl")[-1].seq == made.heads[-1].seq
 
 
-def test_an_oversized_body_is_refused_and_rate_limit_answers_429(made: Made, tmp_path: Path
-                                                                 ) -> None:
+def test_an_oversized_body_is_refused_and_rate_limit_answers_429(
+    made: Made, tmp_path: Path
+) -> None:
     setup = witness_setup(tmp_path / "w")
     setup.trust(made.log_id, made.verify_pub)
     port = _free_port()
@@ -179,8 +179,7 @@ def test_an_oversized_body_is_refused_and_rate_limit_answers_429(made: Made, tmp
         assert held_heads(setup.root / "state.jsonl") == []
 
 
-def test_an_idle_tls_connection_does_not_stop_another_client(made: Made, tmp_path: Path
-                                                             ) -> None:
+def test_an_idle_tls_connection_does_not_stop_another_client(made: Made, tmp_path: Path) -> None:
     setup = witness_setup(tmp_path / "w")
     _, cert, key = _private_ca(setup.root)
     port = _free_port()
@@ -188,8 +187,9 @@ def test_an_idle_tls_connection_does_not_stop_another_client(made: Made, tmp_pat
         idle = socket.create_connection(("127.0.0.1", port))  # connects, says nothing
         try:
             started = time.monotonic()
-            r = httpx.get(f"https://127.0.0.1:{port}/v1/heads/{made.log_id}", timeout=5,
-                          verify=False)  # the point is the server, not the CA
+            r = httpx.get(
+                f"https://127.0.0.1:{port}/v1/heads/{made.log_id}", timeout=5, verify=False
+            )  # the point is the server, not the CA
             assert r.status_code == 404
             assert time.monotonic() - started < 3
         finally:
@@ -200,8 +200,12 @@ def test_one_address_cannot_take_every_connection(made: Made, tmp_path: Path) ->
     setup = witness_setup(tmp_path / "w")
     _, cert, key = _private_ca(setup.root)
     port = _free_port()
-    with witness_service(setup.root, port, tls=(cert, key), extra=[
-            "--timeout", "30", "--max-connections", "4", "--max-per-client", "2"]):
+    with witness_service(
+        setup.root,
+        port,
+        tls=(cert, key),
+        extra=["--timeout", "30", "--max-connections", "4", "--max-per-client", "2"],
+    ):
         idle = []
         try:
             for _ in range(5):  # from another loopback address, all silent
@@ -212,8 +216,9 @@ def test_one_address_cannot_take_every_connection(made: Made, tmp_path: Path) ->
             # Beyond its share, that address's connections are closed at once.
             idle[-1].settimeout(5)
             assert idle[-1].recv(1) == b""
-            r = httpx.get(f"https://127.0.0.1:{port}/v1/heads/{made.log_id}", timeout=5,
-                          verify=False)
+            r = httpx.get(
+                f"https://127.0.0.1:{port}/v1/heads/{made.log_id}", timeout=5, verify=False
+            )
             assert r.status_code == 404
         finally:
             for s in idle:
@@ -257,17 +262,21 @@ class _Liar:
         self.thread.join(5)
 
 
-def test_a_lying_witness_is_reported_as_lying_and_does_not_stop_the_daemon(
-        tmp_path: Path) -> None:
+def test_a_lying_witness_is_reported_as_lying_and_does_not_stop_the_daemon(tmp_path: Path) -> None:
     liar_key = load_or_create_key(tmp_path / "liar.key")
     token = tmp_path / "token"
     write_token(token)
     liar = _Liar()
     try:
-        with workspace(tmp_path, JOBS, config_extra=(
+        with workspace(
+            tmp_path,
+            JOBS,
+            config_extra=(
                 f'\n[witness]\nurls = ["{liar.url}/v1/heads"]\ntoken_file = "{token}"\n'
                 f'witness_keys = ["{public_key_text(liar_key)}"]\nretry_seconds = 0.2\n'
-                "timeout_seconds = 2\nretries = 1\n")) as ws:
+                "timeout_seconds = 2\nretries = 1\n"
+            ),
+        ) as ws:
             ws.write_profile(contract=FAST)
             daemon = ws.start_daemon()
             log_id_of(ws)
@@ -279,26 +288,42 @@ def test_a_lying_witness_is_reported_as_lying_and_does_not_stop_the_daemon(
             # A head 50 records past the log's end, countersigned by the (pinned) liar: on
             # its word alone the log would be "rolled back".
             rec = decode_record(real.cp.encode())
-            cp = encode_record(msgspec.structs.replace(rec, seq=rec.seq + 50, prev_cp=real.hash,
-                                                       final=False))
-            forged = Head(real.log, rec.seq + 50, record_hash(cp), real.epoch, real.sig,
-                          real.t_us, cp.decode())
+            cp = encode_record(
+                msgspec.structs.replace(rec, seq=rec.seq + 50, prev_cp=real.hash, final=False)
+            )
+            forged = Head(
+                real.log,
+                rec.seq + 50,
+                record_hash(cp),
+                real.epoch,
+                real.sig,
+                real.t_us,
+                cp.decode(),
+            )
             forged = msgspec.structs.replace(
-                forged, witness=fingerprint(liar_key.public_bytes),
-                countersig=base64.b64encode(
-                    liar_key.sign(countersign_message(forged))).decode())
+                forged,
+                witness=fingerprint(liar_key.public_bytes),
+                countersig=base64.b64encode(liar_key.sign(countersign_message(forged))).decode(),
+            )
             liar.answer = msgspec.json.encode({"witness": forged.witness, "heads": [forged]})
 
-            result = ws.bide("verify", "--json", "--witness", liar.url,
-                             "--witness-key", public_key_text(liar_key))
+            result = ws.bide(
+                "verify",
+                "--json",
+                "--witness",
+                liar.url,
+                "--witness-key",
+                public_key_text(liar_key),
+            )
             assert result.returncode == 7, result.stdout + result.stderr
             report = json.loads(result.stdout)
             assert report["witness"] is None  # not rolled back
             lie = report["witness_lied"][0]
             assert lie["head"]["seq"] == forged.seq
             assert "does not verify" in lie["reason"]
-            text = ws.bide("verify", "--witness", liar.url,
-                           "--witness-key", public_key_text(liar_key))
+            text = ws.bide(
+                "verify", "--witness", liar.url, "--witness-key", public_key_text(liar_key)
+            )
             assert "witness_lied" in text.stdout, text.stdout
 
             # A real daemon asks it before it opens the log, names it, and starts.
@@ -320,8 +345,7 @@ def test_expect_signer_with_another_fingerprint_fails(made: Made) -> None:
     assert signer["fingerprint"] == root.fingerprint
     assert signer["epoch"] == 1
     text = ws.bide("verify")
-    assert f"signer: root key {root.fingerprint}, last signed checkpoint in epoch 1" \
-        in text.stdout
+    assert f"signer: root key {root.fingerprint}, last signed checkpoint in epoch 1" in text.stdout
     assert ws.bide("verify", "--expect-signer", root.fingerprint).returncode == 0
     wrong = ws.bide("verify", "--expect-signer", "ab" * 32)
     assert wrong.returncode == 8, wrong.stdout + wrong.stderr
@@ -330,7 +354,8 @@ def test_expect_signer_with_another_fingerprint_fails(made: Made) -> None:
 
 
 def test_heads_across_epochs_verify_at_the_witness_and_against_a_rolled_back_log(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Epoch keys rotate every 2 checkpoints: the witness follows the certified chain; a
     witness first reached mid-log gets the certificates in the proof; a log rolled back to
     an earlier epoch is judged rolled back (the witness's certificates prove its head), not
@@ -338,8 +363,9 @@ def test_heads_across_epochs_verify_at_the_witness_and_against_a_rolled_back_log
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     setup = witness_setup(tmp_path / "w")
-    with workspace(tmp_path, JOBS, config_extra="epoch_checkpoints = 2\n" + setup.config(url)
-                   ) as ws:
+    with workspace(
+        tmp_path, JOBS, config_extra="epoch_checkpoints = 2\n" + setup.config(url)
+    ) as ws:
         ws.write_profile(contract=FAST)
         heads_file = tmp_path / "state" / "heads.jsonl"
         log = tmp_path / "state" / "log"
@@ -353,12 +379,19 @@ def test_heads_across_epochs_verify_at_the_witness_and_against_a_rolled_back_log
             shutil.copytree(log, older)
             daemon = ws.start_daemon()
             start_epoch = read_heads(heads_file)[-1].epoch
-            until(lambda: read_heads(heads_file)[-1].epoch >= start_epoch + 3,
-                  what="three more epochs")
+            until(
+                lambda: read_heads(heads_file)[-1].epoch >= start_epoch + 3,
+                what="three more epochs",
+            )
             assert daemon.stop() == 0
             final = read_heads(heads_file)[-1]
-            until(lambda: [(h.seq, h.hash) for h in held_heads(setup.root / "state.jsonl")][-1:]
-                  == [(final.seq, final.hash)], what="the witness to hold the final head")
+            until(
+                lambda: (
+                    [(h.seq, h.hash) for h in held_heads(setup.root / "state.jsonl")][-1:]
+                    == [(final.seq, final.hash)]
+                ),
+                what="the witness to hold the final head",
+            )
             pin = ("--witness-key", setup.key_text)
             ok = ws.bide("verify", "--json", "--witness", url, *pin)
             assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -387,8 +420,12 @@ def test_heads_across_epochs_verify_at_the_witness_and_against_a_rolled_back_log
         assert read_heads(heads_file)[0].epoch > 1  # certificates are needed to reach it
         with witness_service(second, port):
             daemon = ws.start_daemon()
-            until(lambda: held_heads(second / "state.jsonl")[-1:] != []
-                  and held_heads(second / "state.jsonl")[-1].seq
-                  == read_heads(heads_file)[-1].seq, what="the second witness to catch up")
+            until(
+                lambda: (
+                    held_heads(second / "state.jsonl")[-1:] != []
+                    and held_heads(second / "state.jsonl")[-1].seq == read_heads(heads_file)[-1].seq
+                ),
+                what="the second witness to catch up",
+            )
             assert daemon.stop() == 0
             assert "witness rejects" not in daemon.output(), daemon.output()

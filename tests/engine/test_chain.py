@@ -24,10 +24,12 @@ class Recorder:
     def replayed(self, ledger: Ledger, head_seq: int) -> None:
         pass
 
-    def event(self, ev: LogEvent, payload: bytes, before: Operation | None,
-              after: Operation | None) -> None:
-        self.seen.append((type(ev), before.phase if before else None,
-                          after.phase if after else None))
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
+        self.seen.append(
+            (type(ev), before.phase if before else None, after.phase if after else None)
+        )
 
     def batch_done(self) -> None:
         self.batches += 1
@@ -40,8 +42,9 @@ def test_a_follower_sees_each_event_with_the_state_before_and_after(tmp_path: Pa
         engine.chain.follow(recorder)
         await engine.intake.register(Register(registration("nightly"), ALICE))
         assert recorder.batches == 1
-        events = await engine.chain.handle(engine.ops["nightly"],
-                                           Withdrawal(by="alice", by_uid=ALICE))
+        events = await engine.chain.handle(
+            engine.ops["nightly"], Withdrawal(by="alice", by_uid=ALICE)
+        )
         assert [type(e) for e in events] == [OperationWithdrawn]
         assert recorder.batches == 2
         # Nothing left to decide: nothing recorded, no batch.

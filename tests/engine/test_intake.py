@@ -43,16 +43,22 @@ failure = ["failed"]
 """
 
 
-def config(tmp: Path, *, spool: SpoolConfig | None = None, api: ApiConfig | None = None
-           ) -> Config:
-    return Config(tmp / "bide.toml", ConfigFile(
-        paths=PathsConfig(state_dir="state", keys_dir="keys", profiles_dir="profiles",
-                          credentials_dir="creds"),
-        spool=spool or SpoolConfig(), api=api or ApiConfig()))
+def config(tmp: Path, *, spool: SpoolConfig | None = None, api: ApiConfig | None = None) -> Config:
+    return Config(
+        tmp / "bide.toml",
+        ConfigFile(
+            paths=PathsConfig(
+                state_dir="state", keys_dir="keys", profiles_dir="profiles", credentials_dir="creds"
+            ),
+            spool=spool or SpoolConfig(),
+            api=api or ApiConfig(),
+        ),
+    )
 
 
-def run_engine(tmp: Path, scenario: Callable[[Supervisor], Awaitable[None]], *,
-               api: ApiConfig | None = None) -> None:
+def run_engine(
+    tmp: Path, scenario: Callable[[Supervisor], Awaitable[None]], *, api: ApiConfig | None = None
+) -> None:
     """Build the engine over a new log in ``tmp``, open its chain, and run ``scenario``."""
     keys.generate(tmp / "keys")
     (tmp / "profiles").mkdir()
@@ -72,8 +78,9 @@ def run_engine(tmp: Path, scenario: Callable[[Supervisor], Awaitable[None]], *,
 
 
 def registration(op_id: str, job: str = "job-1", provider: str = "sim") -> Registration:
-    return Registration(operation_id=op_id, provider=provider, provider_job_id=job,
-                        deadline_at=time.time() + 3600)
+    return Registration(
+        operation_id=op_id, provider=provider, provider_job_id=job, deadline_at=time.time() + 3600
+    )
 
 
 async def refusal(call: Awaitable[object]) -> Refused:
@@ -86,8 +93,7 @@ def decision(option: str = "resume", escalation: int | None = 1) -> DecisionSubm
     return DecisionSubmitted(option=option, approver="someone", escalation_id=escalation)
 
 
-def test_a_registration_is_recorded_once_and_a_retry_is_the_same_operation(
-        tmp_path: Path) -> None:
+def test_a_registration_is_recorded_once_and_a_retry_is_the_same_operation(tmp_path: Path) -> None:
     async def scenario(engine: Supervisor) -> None:
         op, created = await engine.intake.register(Register(registration("nightly"), ALICE))
         assert created
@@ -106,13 +112,11 @@ def test_registration_refusals_carry_their_kind(tmp_path: Path) -> None:
         door = engine.intake
         await door.register(Register(registration("nightly"), ALICE))
         cases = [
-            (registration("nightly", job="job-2"), RefusalKind.CONFLICT,
-             "operation_id_in_use"),
+            (registration("nightly", job="job-2"), RefusalKind.CONFLICT, "operation_id_in_use"),
             (registration("x.submit"), RefusalKind.INVALID, "invalid_operation_id"),
             (registration("x~u5"), RefusalKind.INVALID, "invalid_operation_id"),
             (registration("dots", job=".."), RefusalKind.INVALID, "invalid_job_id"),
-            (registration("other", provider="nosuch"), RefusalKind.INVALID,
-             "unknown_provider"),
+            (registration("other", provider="nosuch"), RefusalKind.INVALID, "unknown_provider"),
         ]
         for reg, kind, code in cases:
             refused = await refusal(door.register(Register(reg, ALICE)))
@@ -126,7 +130,8 @@ def test_another_principals_id_is_theirs_too_recorded_apart(tmp_path: Path) -> N
     async def scenario(engine: Supervisor) -> None:
         await engine.intake.register(Register(registration("nightly"), ALICE))
         op, created = await engine.intake.register(
-            Register(registration("nightly", job="other"), BOB))
+            Register(registration("nightly", job="other"), BOB)
+        )
         assert created
         assert op.operation_id == f"nightly~u{BOB}"
 
@@ -139,10 +144,11 @@ def test_decision_refusals_carry_their_kind(tmp_path: Path) -> None:
         await door.register(Register(registration("nightly"), ALICE))
         missing = await refusal(door.decide(Decide("nosuch", decision(), BOB)))
         assert (missing.kind, missing.code) == (RefusalKind.NOT_FOUND, "not_found")
-        unnumbered = await refusal(door.decide(Decide("nightly", decision(escalation=None),
-                                                      BOB)))
-        assert (unnumbered.kind, unnumbered.code) == (RefusalKind.INVALID,
-                                                      "escalation_number_required")
+        unnumbered = await refusal(door.decide(Decide("nightly", decision(escalation=None), BOB)))
+        assert (unnumbered.kind, unnumbered.code) == (
+            RefusalKind.INVALID,
+            "escalation_number_required",
+        )
         # Nothing is escalated: the decision is recorded as rejected, and refused.
         rejected = await refusal(door.decide(Decide("nightly", decision(), BOB)))
         assert (rejected.kind, rejected.code) == (RefusalKind.CONFLICT, "decision_rejected")
@@ -150,8 +156,7 @@ def test_decision_refusals_carry_their_kind(tmp_path: Path) -> None:
     run_engine(tmp_path, scenario)
 
 
-def test_an_approver_may_not_answer_their_own_operation_unless_allowed(
-        tmp_path: Path) -> None:
+def test_an_approver_may_not_answer_their_own_operation_unless_allowed(tmp_path: Path) -> None:
     async def scenario(engine: Supervisor) -> None:
         await engine.intake.register(Register(registration("nightly"), ALICE))
         own = await refusal(engine.intake.decide(Decide("nightly", decision(), ALICE)))
@@ -183,16 +188,22 @@ def test_a_withdrawal_stops_the_operation_once(tmp_path: Path) -> None:
 
 
 def test_fetch_refusals_carry_their_kind_and_hide_other_principals_operations(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     async def scenario(engine: Supervisor) -> None:
         door = engine.intake
         await door.register(Register(registration("nightly"), ALICE))
         ask = FetchFile(version=1, request_id="0" * 32, kind="fetch", operation_id="nightly")
         other = await refusal(door.fetch(Fetch(ask, BOB)))
         assert (other.kind, other.code) == (RefusalKind.NOT_FOUND, "not_found")
-        missing = await refusal(door.fetch(Fetch(
-            FetchFile(version=1, request_id="0" * 32, kind="fetch", operation_id="nosuch"),
-            BOB)))
+        missing = await refusal(
+            door.fetch(
+                Fetch(
+                    FetchFile(version=1, request_id="0" * 32, kind="fetch", operation_id="nosuch"),
+                    BOB,
+                )
+            )
+        )
         # Another principal's operation is refused exactly as a missing one.
         assert (missing.kind, missing.code) == (other.kind, other.code)
         assert str(missing).replace("nosuch", "nightly") == str(other)
@@ -215,7 +226,8 @@ def test_without_groups_everyone_is_an_agent_and_an_approver(tmp_path: Path) -> 
 
 
 def test_with_an_approvers_group_neither_the_daemon_nor_root_approves_by_default(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     api = ApiConfig(agents_group="", approvers_group="root")  # gid 0: the test's own group
     authority = Authority(config(tmp_path, api=api), daemon_uid=4242)
     assert "approver" in authority.roles(ALICE, 0)  # a member of the group
@@ -227,8 +239,13 @@ def test_with_an_approvers_group_neither_the_daemon_nor_root_approves_by_default
     assert caught.value.kind is RefusalKind.FORBIDDEN
 
     allow_root = SpoolConfig(allow_root_approval=True)
-    root_allowed = Authority(Config(tmp_path / "bide.toml", ConfigFile(
-        paths=PathsConfig(state_dir="state"), spool=allow_root, api=api)), daemon_uid=4242)
+    root_allowed = Authority(
+        Config(
+            tmp_path / "bide.toml",
+            ConfigFile(paths=PathsConfig(state_dir="state"), spool=allow_root, api=api),
+        ),
+        daemon_uid=4242,
+    )
     assert "approver" in root_allowed.roles(0, 0)
 
 

@@ -18,8 +18,9 @@ class Clock:
         return self.now
 
 
-def pacing(rate: float, burst: int = 1, ended: set[str] | None = None
-           ) -> tuple[Pacing, Clock, list[str]]:
+def pacing(
+    rate: float, burst: int = 1, ended: set[str] | None = None
+) -> tuple[Pacing, Clock, list[str]]:
     """A pacing of one provider ``p``; returns it, its clock, and the polls it woke."""
     clock, woken = Clock(), list[str]()
     gone = ended if ended is not None else set()

@@ -19,9 +19,14 @@ from eventlog.writer import LogWriter
 
 async def main(log_dir: Path, keys_dir: Path, tasks: int, tag: str) -> None:
     out = sys.stdout
-    async with LogWriter(log_dir, load_keyring(keys_dir), load_signer(keys_dir),
-                         segment_bytes=4096, checkpoint_every=8,
-                         checkpoint_interval=0.02) as log:
+    async with LogWriter(
+        log_dir,
+        load_keyring(keys_dir),
+        load_signer(keys_dir),
+        segment_bytes=4096,
+        checkpoint_every=8,
+        checkpoint_interval=0.02,
+    ) as log:
         out.write("ready\n")
         out.flush()
 
@@ -36,8 +41,12 @@ async def main(log_dir: Path, keys_dir: Path, tasks: int, tag: str) -> None:
                     payloads = [f"{tag}:{task}:{i}".encode()]
                     done = [await log.append(payloads[0])]
                     i += 1
-                out.write("".join(f"{a.seq}:{a.hash}:{p.decode()}\n"
-                                  for a, p in zip(done, payloads, strict=True)))
+                out.write(
+                    "".join(
+                        f"{a.seq}:{a.hash}:{p.decode()}\n"
+                        for a, p in zip(done, payloads, strict=True)
+                    )
+                )
                 out.flush()
 
         async with anyio.create_task_group() as tg:

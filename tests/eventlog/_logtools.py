@@ -52,12 +52,14 @@ class KeySet:
     def verify_key(self) -> keys.VerifyKey:
         return keys.load_verify_key(self.verify_pub)
 
-    def epoch_signing(self, key_dir: Path, policy: EpochPolicy | None = None, *,
-                      root: bool = True) -> EpochSigning:
+    def epoch_signing(
+        self, key_dir: Path, policy: EpochPolicy | None = None, *, root: bool = True
+    ) -> EpochSigning:
         """Forward-secure signing (format 3), epoch keys in ``key_dir``; with ``root`` False,
         as a daemon whose root key went offline (it can continue a log, not create one)."""
-        return EpochSigning(self.verify_key(), key_dir, policy=policy,
-                            root=self.signer() if root else None)
+        return EpochSigning(
+            self.verify_key(), key_dir, policy=policy, root=self.signer() if root else None
+        )
 
 
 #: Epochs for test logs: a new key every 3 checkpoints.
@@ -93,16 +95,23 @@ def build_log(
 
     With ``epochs``, in format 3 (forward-secure epoch keys, kept in :func:`epoch_dir`)."""
     signer: keys.Signer | EpochSigning = (
-        ks.signer() if epochs is None else ks.epoch_signing(epoch_dir(log_dir), epochs))
+        ks.signer() if epochs is None else ks.epoch_signing(epoch_dir(log_dir), epochs)
+    )
 
     async def run() -> list[Appended]:
         out: list[Appended] = []
-        async with LogWriter(log_dir, ks.keyring(), signer, segment_bytes=segment_bytes,
-                             checkpoint_every=checkpoint_every,
-                             checkpoint_interval=3600) as w:
+        async with LogWriter(
+            log_dir,
+            ks.keyring(),
+            signer,
+            segment_bytes=segment_bytes,
+            checkpoint_every=checkpoint_every,
+            checkpoint_interval=3600,
+        ) as w:
             for start in range(0, events, batch):
                 out += await w.append_many(
-                    [payload(i) for i in range(start, min(events, start + batch))])
+                    [payload(i) for i in range(start, min(events, start + batch))]
+                )
         return out
 
     return anyio.run(run)
@@ -196,15 +205,22 @@ class CliResult:
         return damage
 
 
-def bide(*args: str | Path, cwd: Path | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def bide(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([*BIDE, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=120, check=False)
+    return subprocess.run(
+        [*BIDE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=120,
+        check=False,
+    )
 
 
-def verify_cli(log_dir: Path, verify_pub: Path, *extra: str, cwd: Path | None = None
-               ) -> CliResult:
+def verify_cli(log_dir: Path, verify_pub: Path, *extra: str, cwd: Path | None = None) -> CliResult:
     proc = bide("verify", log_dir, "--verify-key", verify_pub, "--json", *extra, cwd=cwd)
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return CliResult(proc.returncode, report, proc.stdout, proc.stderr)
@@ -226,15 +242,16 @@ def forge_event(log_dir: Path, keyring: keys.KeyRing, payload: bytes) -> int:
     return seq
 
 
-def reseal_with_data_key(path: Path, keyring: keys.KeyRing, change: Callable[[bytes], bytes]
-                         ) -> None:
+def reseal_with_data_key(
+    path: Path, keyring: keys.KeyRing, change: Callable[[bytes], bytes]
+) -> None:
     """What a holder of the data key alone can do: decrypt the body, change it, encrypt it
     again under the same header, and keep whatever follows the ciphertext (format 2's tag)."""
     data = path.read_bytes()
     head, _, rest = data.partition(b"\n")
     header = msgspec.json.decode(head)
     trailer = 32 if header["format"] >= 2 else 0
-    ct, tail = rest[:len(rest) - trailer], rest[len(rest) - trailer:]
+    ct, tail = rest[: len(rest) - trailer], rest[len(rest) - trailer :]
     sealer = Sealer(keyring.get(header["kid"]))
     nonce = base64.b64decode(header["nonce"])
     body = sealer.open_raw(nonce, ct, b"bide.snapshot.v1\n" + head, where="test")

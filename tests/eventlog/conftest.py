@@ -30,8 +30,7 @@ class BaseLogs:
 
 
 @pytest.fixture(scope="session", params=sorted(MODES))
-def base_logs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-              ) -> BaseLogs:
+def base_logs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> BaseLogs:
     mode: str = request.param
     root = tmp_path_factory.mktemp(f"base-{mode}")
     keys = make_keys(root / "keys")

@@ -59,7 +59,8 @@ def test_a_file_without_fsync_gets_no_ring() -> None:
 
 
 def test_the_ring_is_not_offered_where_the_numbers_are_unknown(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "s390x")
     fd = os.open(tmp_path / "seg", os.O_WRONLY | os.O_CREAT, 0o600)
     try:

@@ -23,13 +23,21 @@ RANDOM_FLIPS = 3000
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
-def closed_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-               ) -> tuple[Path, KeySet]:
+def closed_log(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[Path, KeySet]:
     """In both signing modes; with epochs, a new key every 3 checkpoints (3-4 epochs)."""
     root = tmp_path_factory.mktemp(f"bitflip-{request.param}")
     ks = make_keys(root / "keys")
-    build_log(root / "log", ks, 250, segment_bytes=16 * 1024, checkpoint_every=25, batch=7,
-              epochs=MODES[request.param])
+    build_log(
+        root / "log",
+        ks,
+        250,
+        segment_bytes=16 * 1024,
+        checkpoint_every=25,
+        batch=7,
+        epochs=MODES[request.param],
+    )
     return root / "log", ks
 
 
@@ -64,8 +72,9 @@ def test_random_bit_flips_never_verify(closed_log: tuple[Path, KeySet], tmp_path
     segments = [path for _, path in list_segments(log)]
     sizes = [path.stat().st_size for path in segments]
     rng = random.Random(SEED)
-    places = [(path, pos) for path, size in zip(segments, sizes, strict=True)
-              for pos in range(size)]
+    places = [
+        (path, pos) for path, size in zip(segments, sizes, strict=True) for pos in range(size)
+    ]
     flips = [(*rng.choice(places), rng.randrange(8)) for _ in range(RANDOM_FLIPS)]
     assert _sweep(log, closed_log[1], flips) == []
 

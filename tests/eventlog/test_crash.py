@@ -45,13 +45,23 @@ class Ack:
     payload: bytes
 
 
-def run_child_until_killed(log: Path, ks: KeySet, rng: random.Random, tag: str,
-                           out_path: Path) -> list[Ack]:
+def run_child_until_killed(
+    log: Path, ks: KeySet, rng: random.Random, tag: str, out_path: Path
+) -> list[Ack]:
     with out_path.open("wb") as out, (out_path.with_suffix(".err")).open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(log), str(ks.directory), str(rng.choice([1, 8, 50])),
-             tag],
-            stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+            [
+                sys.executable,
+                str(CHILD),
+                str(log),
+                str(ks.directory),
+                str(rng.choice([1, 8, 50])),
+                tag,
+            ],
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        )
         try:
             deadline = time.monotonic() + 60
             while not out_path.read_bytes().startswith(b"ready\n"):
@@ -82,9 +92,14 @@ def tear_tail(log: Path, acked_up_to: int, rng: random.Random) -> None:
     # may cover acknowledged records of another batch of the same write): a crash never
     # tears it.
     sealed = last.startswith((b'{"kind":"seal"', b'{"kind":"checkpoint"'))
-    if data.endswith(b"\n") and last_seq > acked_up_to and len(last) > 2 and choice < 0.5 \
-            and not sealed:
-        path.write_bytes(data[:start + rng.randrange(1, len(last))])  # cut mid-record
+    if (
+        data.endswith(b"\n")
+        and last_seq > acked_up_to
+        and len(last) > 2
+        and choice < 0.5
+        and not sealed
+    ):
+        path.write_bytes(data[: start + rng.randrange(1, len(last))])  # cut mid-record
     elif choice < 0.75:
         with path.open("ab") as f:
             f.write(b"\x00" * rng.randrange(1, 4096))  # blocks allocated, never written
@@ -94,8 +109,9 @@ def tear_tail(log: Path, acked_up_to: int, rng: random.Random) -> None:
 
 
 async def reopen(log: Path, ks: KeySet) -> list[Recovery]:
-    async with LogWriter(log, ks.keyring(), ks.signer(), segment_bytes=4096,
-                         checkpoint_every=8) as writer:
+    async with LogWriter(
+        log, ks.keyring(), ks.signer(), segment_bytes=4096, checkpoint_every=8
+    ) as writer:
         return writer.recoveries
 
 
@@ -121,9 +137,13 @@ def check_after_kill(log: Path, ks: KeySet, acks: list[Ack], rng: random.Random)
     if before.torn is not None:
         # The torn bytes are the end of one quarantined cut (a cut of records no seal
         # covers may start earlier in the same file).
-        assert any(r.segment == before.torn.segment.name and r.offset <= before.torn.offset
-                   and (log / r.quarantine).read_bytes().endswith(torn_bytes)
-                   and r.cut_len >= len(torn_bytes) == before.torn.length for r in recovered)
+        assert any(
+            r.segment == before.torn.segment.name
+            and r.offset <= before.torn.offset
+            and (log / r.quarantine).read_bytes().endswith(torn_bytes)
+            and r.cut_len >= len(torn_bytes) == before.torn.length
+            for r in recovered
+        )
     for r in recovered:
         assert r.reason in ("torn", "unsealed")
         quarantined = (log / r.quarantine).read_bytes()

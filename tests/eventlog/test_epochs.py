@@ -44,14 +44,16 @@ def resign(lines: list[StoredLine], start: int, thief: Signer) -> list[StoredLin
     changed = msgspec.structs.replace(lines[start].record, ct=base64.b64encode(b"forged").decode())
     out.append(StoredLine(lines[start].segment, encode_record(changed)))
     last_cp = next((ln.hash for ln in reversed(out) if ln.kind == "Checkpoint"), "0" * 64)
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         rec = msgspec.structs.replace(line.record, prev=out[-1].hash)
         if isinstance(rec, Checkpoint):
             next_key = base64.b64decode(rec.next_key) if rec.next_key else b""
-            msg = checkpoint_message_v2(rec.log, rec.seq, rec.prev, rec.t_us, last_cp, rec.final,
-                                        rec.epoch, next_key)
-            rec = msgspec.structs.replace(rec, prev_cp=last_cp,
-                                          sig=base64.b64encode(thief.sign(msg)).decode())
+            msg = checkpoint_message_v2(
+                rec.log, rec.seq, rec.prev, rec.t_us, last_cp, rec.final, rec.epoch, next_key
+            )
+            rec = msgspec.structs.replace(
+                rec, prev_cp=last_cp, sig=base64.b64encode(thief.sign(msg)).decode()
+            )
         data = encode_record(rec)
         out.append(StoredLine(line.segment, data))
         if isinstance(rec, Checkpoint):
@@ -59,8 +61,9 @@ def resign(lines: list[StoredLine], start: int, thief: Signer) -> list[StoredLin
     return out
 
 
-def test_a_log_spans_several_epochs_and_keeps_only_the_current_key(tmp_path: Path,
-                                                                    ks: KeySet) -> None:
+def test_a_log_spans_several_epochs_and_keeps_only_the_current_key(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = _epoch_log(tmp_path, ks)
     report = verify(log, ks)
     assert report.verdict == "intact"
@@ -82,12 +85,13 @@ def test_a_key_stolen_now_cannot_resign_an_earlier_epoch(tmp_path: Path, ks: Key
     lines = read_lines(log)
     boundaries = [ln for ln in lines if isinstance(ln.record, Checkpoint) and ln.record.next_key]
     assert len(boundaries) >= 3
-    (_, path), = epoch_key_files(epoch_dir(log), lines[0].record.log)
+    ((_, path),) = epoch_key_files(epoch_dir(log), lines[0].record.log)
     _, _, thief = read_epoch_key(path)  # the current key, stolen
     # Rewrite an event of epoch 2, well before the last epoch boundary, and re-sign.
     first_boundary = lines.index(boundaries[0])
-    target = next(i for i in range(first_boundary + 1, len(lines))
-                  if lines[i].kind == "EventRecord")
+    target = next(
+        i for i in range(first_boundary + 1, len(lines)) if lines[i].kind == "EventRecord"
+    )
     forged = resign(lines, target, thief)
     write_lines(log, forged)
     first_cp = next(ln for ln in forged[target:] if ln.kind == "Checkpoint")
@@ -100,20 +104,28 @@ def test_a_key_stolen_now_cannot_resign_an_earlier_epoch(tmp_path: Path, ks: Key
     assert f"certified by checkpoint {boundaries[0].seq}" in detail
 
 
-def test_claiming_the_stolen_epoch_for_an_earlier_checkpoint_is_caught(tmp_path: Path,
-                                                                        ks: KeySet) -> None:
+def test_claiming_the_stolen_epoch_for_an_earlier_checkpoint_is_caught(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = _epoch_log(tmp_path, ks)
     lines = read_lines(log)
-    (_, path), = epoch_key_files(epoch_dir(log), lines[0].record.log)
+    ((_, path),) = epoch_key_files(epoch_dir(log), lines[0].record.log)
     _, stolen_epoch, thief = read_epoch_key(path)
     i = next(i for i, ln in enumerate(lines) if ln.kind == "Checkpoint")
     rec = lines[i].record
     assert isinstance(rec, Checkpoint)
     assert rec.epoch == 1
-    msg = checkpoint_message_v2(rec.log, rec.seq, rec.prev, rec.t_us, rec.prev_cp, rec.final,
-                                stolen_epoch, b"")
-    lines[i] = StoredLine(lines[i].segment, encode_record(msgspec.structs.replace(
-        rec, epoch=stolen_epoch, sig=base64.b64encode(thief.sign(msg)).decode())))
+    msg = checkpoint_message_v2(
+        rec.log, rec.seq, rec.prev, rec.t_us, rec.prev_cp, rec.final, stolen_epoch, b""
+    )
+    lines[i] = StoredLine(
+        lines[i].segment,
+        encode_record(
+            msgspec.structs.replace(
+                rec, epoch=stolen_epoch, sig=base64.b64encode(thief.sign(msg)).decode()
+            )
+        ),
+    )
     write_lines(log, lines)
     report = verify(log, ks)
     assert report.damage is not None
@@ -124,8 +136,9 @@ def test_claiming_the_stolen_epoch_for_an_earlier_checkpoint_is_caught(tmp_path:
 
 async def _append(log: Path, ks: KeySet, n: int, *, root: bool) -> None:
     signing = ks.epoch_signing(epoch_dir(log), EVERY_3, root=root)
-    async with LogWriter(log, ks.keyring(), signing, checkpoint_every=5,
-                         checkpoint_interval=3600) as w:
+    async with LogWriter(
+        log, ks.keyring(), signing, checkpoint_every=5, checkpoint_interval=3600
+    ) as w:
         for i in range(n):
             await w.append(b"more-%d" % i)
 
@@ -143,11 +156,12 @@ def test_the_root_key_is_needed_once_then_can_go_offline(tmp_path: Path, ks: Key
     assert report.epoch > before
 
 
-def test_a_crash_between_rotation_and_destruction_is_reconciled_on_open(tmp_path: Path,
-                                                                         ks: KeySet) -> None:
+def test_a_crash_between_rotation_and_destruction_is_reconciled_on_open(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = _epoch_log(tmp_path, ks, 20)
     log_id = verify(log, ks).log_id
-    (epoch, path), = epoch_key_files(epoch_dir(log), log_id)
+    ((epoch, path),) = epoch_key_files(epoch_dir(log), log_id)
     # What a crash leaves: the previous epoch's key (not yet destroyed) and a next key that
     # no checkpoint certified.
     stale = epoch_dir(log) / path.name.replace(f"{epoch:08d}", f"{epoch - 1:08d}")

@@ -9,8 +9,9 @@ from eventlog.heads import Head, HeadStore, encode_head
 
 
 def _head(seq: int) -> Head:
-    return Head(log="ab" * 16, seq=seq, hash=f"{seq:064x}", epoch=1, sig="s" * 88, t_us=seq,
-                cp="{}")
+    return Head(
+        log="ab" * 16, seq=seq, hash=f"{seq:064x}", epoch=1, sig="s" * 88, t_us=seq, cp="{}"
+    )
 
 
 def _store(tmp_path: Path, count: int) -> HeadStore:

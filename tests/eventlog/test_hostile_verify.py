@@ -29,16 +29,31 @@ def _verify_measured(log: Path, ks: KeySet, *extra: str) -> dict[str, object]:
     import json
 
     out = subprocess.run(
-        [sys.executable, "-c", _MEASURE, *BIDE, "verify", str(log), "--verify-key",
-         str(ks.verify_pub), "--json", *extra],
-        capture_output=True, text=True, timeout=300, check=True,
-        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path.cwd()))})
+        [
+            sys.executable,
+            "-c",
+            _MEASURE,
+            *BIDE,
+            "verify",
+            str(log),
+            "--verify-key",
+            str(ks.verify_pub),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path.cwd()))},
+    )
     result: dict[str, object] = json.loads(out.stdout)
     return result
 
 
-def test_two_gib_of_trailing_zeros_are_damage_found_in_bounded_memory(tmp_path: Path,
-                                                                       ks: KeySet) -> None:
+def test_two_gib_of_trailing_zeros_are_damage_found_in_bounded_memory(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     build_log(log, ks, 20)
     last = list_segments(log)[-1][1]
@@ -67,8 +82,7 @@ def _hold_lock(log: Path) -> int:
     return fd
 
 
-def test_a_foreign_lock_does_not_turn_a_torn_tail_into_intact(tmp_path: Path, ks: KeySet
-                                                              ) -> None:
+def test_a_foreign_lock_does_not_turn_a_torn_tail_into_intact(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     build_log(log, ks, 20)
     last = list_segments(log)[-1][1]
@@ -87,14 +101,15 @@ def test_a_foreign_lock_does_not_turn_a_torn_tail_into_intact(tmp_path: Path, ks
     assert any("lock is held" in n for n in notes)
 
 
-def test_a_line_a_live_writer_completes_meanwhile_is_work_in_progress(tmp_path: Path,
-                                                                      ks: KeySet) -> None:
+def test_a_line_a_live_writer_completes_meanwhile_is_work_in_progress(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     build_log(log, ks, 20)
     last = list_segments(log)[-1][1]
     full = last.read_bytes()
     head = full[:-1].rsplit(b"\n", 1)[-1]
-    last.write_bytes(full[:-len(head) // 2 - 1])  # the head record half written
+    last.write_bytes(full[: -len(head) // 2 - 1])  # the head record half written
     fd = _hold_lock(log)
 
     def finish() -> None:

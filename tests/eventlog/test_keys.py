@@ -35,14 +35,21 @@ def test_verify_where_only_verify_pub_exists(tmp_path: Path, ks: KeySet) -> None
     shutil.rmtree(ks.directory)  # no data.key or signing.key anywhere
     assert sorted(p.name for p in auditor.rglob("*.key")) == []
     env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
-    proc = bide("verify", "log", "--verify-key", "verify.pub", cwd=auditor,
-                env={"BIDE_CONFIG": "/nonexistent", **env})
+    proc = bide(
+        "verify",
+        "log",
+        "--verify-key",
+        "verify.pub",
+        cwd=auditor,
+        env={"BIDE_CONFIG": "/nonexistent", **env},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith("verdict=intact")
 
 
-def test_verify_takes_paths_from_config_and_credentials_directory(tmp_path: Path, ks: KeySet
-                                                                  ) -> None:
+def test_verify_takes_paths_from_config_and_credentials_directory(
+    tmp_path: Path, ks: KeySet
+) -> None:
     build_log(tmp_path / "state" / "log", ks, 5)
     config = tmp_path / "bide.toml"
     config.write_text('[paths]\nstate_dir = "state"\n')
@@ -91,8 +98,9 @@ def test_no_keys_directory_and_no_credentials(monkeypatch: pytest.MonkeyPatch) -
         keys.keys_directory(None)
 
 
-def test_keys_load_from_credentials_directory(tmp_path: Path, ks: KeySet,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keys_load_from_credentials_directory(
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(ks.directory))
     directory = keys.keys_directory(None)
     assert directory == ks.directory
@@ -118,7 +126,8 @@ def test_wrong_data_key(tmp_path: Path, ks: KeySet) -> None:
 
 
 def test_rotation_keeps_old_records_readable_until_the_key_is_retired(
-        tmp_path: Path, ks: KeySet) -> None:
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     build_log(log, ks, 5)
     old_kid = ks.keyring().active
@@ -177,8 +186,7 @@ def test_keys_directory_writable_by_others_is_refused(ks: KeySet) -> None:
         for load in (keys.load_keyring, keys.load_signer):
             with pytest.raises(KeyFileError) as err:
                 load(ks.directory)
-            assert f"keys directory {ks.directory} is writable by group or others" in str(
-                err.value)
+            assert f"keys directory {ks.directory} is writable by group or others" in str(err.value)
             assert f"chmod 700 {ks.directory}" in str(err.value)
     ks.directory.chmod(0o750)  # readable by a group is fine: the files are 0600
     keys.load_keyring(ks.directory)

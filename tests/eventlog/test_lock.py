@@ -62,7 +62,8 @@ def test_second_writer_in_another_process_fails_at_once(tmp_path: Path, ks: KeyS
         async with LogWriter(log, ks.keyring(), ks.signer()):
             started = time.monotonic()
             proc = await anyio.run_process(
-                [sys.executable, "-c", TRY, str(log), str(ks.directory)], env=_env())
+                [sys.executable, "-c", TRY, str(log), str(ks.directory)], env=_env()
+            )
             return time.monotonic() - started, proc.stdout.decode()
 
     elapsed, out = anyio.run(hold)
@@ -73,8 +74,11 @@ def test_second_writer_in_another_process_fails_at_once(tmp_path: Path, ks: KeyS
 
 def test_lock_is_free_after_the_holder_is_killed(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(log), str(ks.directory)],
-                            stdout=subprocess.PIPE, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(log), str(ks.directory)],
+        stdout=subprocess.PIPE,
+        env=_env(),
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"

@@ -49,8 +49,12 @@ sys.stdout.buffer.write(pickle.dumps(out))
 
 def _parallel(log: Path, ks: KeySet, needle: bytes) -> tuple[list[tuple[int, bytes]], int]:
     """What the reader found, in 2 forked workers; what it raised is raised here."""
-    child = subprocess.run([sys.executable, "-c", _READ, str(log), str(ks.directory),
-                            needle.hex()], capture_output=True, check=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", _READ, str(log), str(ks.directory), needle.hex()],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
     out = pickle.loads(child.stdout)
     if len(out) == 2:
         raise out[0](out[1])
@@ -78,8 +82,9 @@ def test_a_partial_last_line_is_left_to_the_writer(log: Path, ks: KeySet) -> Non
     assert _parallel(log, ks, b'"op-1"') == _serial(log, ks, b'"op-1"')
 
 
-def test_a_damaged_record_raises_what_the_serial_reader_raises(log: Path, ks: KeySet,
-                                                               tmp_path: Path) -> None:
+def test_a_damaged_record_raises_what_the_serial_reader_raises(
+    log: Path, ks: KeySet, tmp_path: Path
+) -> None:
     middle = sorted(log.glob("seg-*"))[1]
     data = bytearray(middle.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -91,8 +96,7 @@ def test_a_damaged_record_raises_what_the_serial_reader_raises(log: Path, ks: Ke
     assert str(parallel.value) == str(serial.value)
 
 
-def test_a_log_from_another_start_is_read_serially(log: Path, ks: KeySet,
-                                                   tmp_path: Path) -> None:
+def test_a_log_from_another_start_is_read_serially(log: Path, ks: KeySet, tmp_path: Path) -> None:
     """Without its first segment the joined chain cannot start: the serial reader decides."""
     cut = tmp_path / "cut"
     shutil.copytree(log, cut)
@@ -111,8 +115,7 @@ def test_a_process_with_other_threads_reads_serially(log: Path, ks: KeySet) -> N
     other = threading.Thread(target=release.wait)
     other.start()
     try:
-        reader = ParallelReader(log, ks.keyring(), b'"op-2"', jobs=2, unit_bytes=4096,
-                                min_bytes=0)
+        reader = ParallelReader(log, ks.keyring(), b'"op-2"', jobs=2, unit_bytes=4096, min_bytes=0)
         found = list(reader.payloads([]))
     finally:
         release.set()

@@ -28,8 +28,10 @@ from tests.eventlog._logtools import KeySet, payload_for
 from tests.pgsupport import role
 
 MAX_BIGINT = 2**63 - 1
-APPEND = ("SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append(%s, %s, "
-          "%s::bigint[], %s::integer[], %s::bigint[], %s::bytea[])")
+APPEND = (
+    "SELECT lease_epoch, in_term, head_seq, head_hash, refused FROM bide_append(%s, %s, "
+    "%s::bigint[], %s::integer[], %s::bigint[], %s::bytea[])"
+)
 TAKE = "SELECT taken_epoch, term FROM bide_take_lease(%s, %s)"
 
 
@@ -91,18 +93,28 @@ def test_a_round_off_the_chain_or_under_a_stale_epoch_is_refused(writer_dsn: str
             "wrong prev": (1, term, [1], [1], [second_at], [_line(1, "f" * 64)]),
             "a gap": (1, term, [2], [1], [second_at], [_line(2, record_hash(first))]),
             "record 0 again": (1, term, [0], [1], [0], [_line(0, ZERO_HASH, "y")]),
-            "seq column and line disagree": (1, term, [1], [1], [second_at],
-                                             [_line(5, record_hash(first))]),
+            "seq column and line disagree": (
+                1,
+                term,
+                [1],
+                [1],
+                [second_at],
+                [_line(5, record_hash(first))],
+            ),
             "not a record": (1, term, [1], [1], [second_at], [b"junk"]),
             "off the layout": (1, term, [1], [1], [second_at + 7], [good]),
-            "a later line off the chain": (1, term, [1, 2], [1, 1],
-                                           [second_at, second_at + len(good) + 1],
-                                           [good, _line(2, "0" * 64)]),
+            "a later line off the chain": (
+                1,
+                term,
+                [1, 2],
+                [1, 1],
+                [second_at, second_at + len(good) + 1],
+                [good, _line(2, "0" * 64)],
+            ),
             "a stale epoch": (0, term, [1], [1], [second_at], [good]),
             "an epoch ahead": (2, term, [1], [1], [second_at], [good]),
             # Whoever holds the role can read the epoch, not the term's secret.
-            "the epoch in force without its secret": (1, "f" * 64, [1], [1], [second_at],
-                                                      [good]),
+            "the epoch in force without its secret": (1, "f" * 64, [1], [1], [second_at], [good]),
             "no secret": (1, "", [1], [1], [second_at], [good]),
         }.items():
             row = conn.execute(APPEND, args).fetchone()
@@ -110,17 +122,21 @@ def test_a_round_off_the_chain_or_under_a_stale_epoch_is_refused(writer_dsn: str
             assert row[4] is not None, why
             assert _count(conn) == 1, why
         assert conn.execute(APPEND, (1, term, [1], [1], [second_at], [good])).fetchone() == (
-            1, True, 0, record_hash(first), None)
+            1,
+            True,
+            0,
+            record_hash(first),
+            None,
+        )
         assert _count(conn) == 2
         # A snapshot only at a record the database holds, by the term in force.
         keep = "SELECT bide_keep_snapshot(%s, %s, %s, %s, %s)"
         assert conn.execute(keep, (1, term, 1, "f" * 64, b"forged")).fetchone() == (False,)
-        assert conn.execute(keep, (0, term, 1, record_hash(good), b"stale")).fetchone() == (
-            False,)
-        assert conn.execute(keep, (1, "f" * 64, 1, record_hash(good), b"no secret")
-                            ).fetchone() == (False,)
-        assert conn.execute(keep, (1, term, 1, record_hash(good), b"kept")).fetchone() == (
-            True,)
+        assert conn.execute(keep, (0, term, 1, record_hash(good), b"stale")).fetchone() == (False,)
+        assert conn.execute(keep, (1, "f" * 64, 1, record_hash(good), b"no secret")).fetchone() == (
+            False,
+        )
+        assert conn.execute(keep, (1, term, 1, record_hash(good), b"kept")).fetchone() == (True,)
 
 
 def test_the_role_alone_cannot_renew_or_release_another_nodes_term(writer_dsn: str) -> None:
@@ -129,33 +145,38 @@ def test_the_role_alone_cannot_renew_or_release_another_nodes_term(writer_dsn: s
     with psycopg.connect(writer_dsn, autocommit=True) as conn:
         epoch, term = _take(conn, "node-a", 30)
         for statement, params in (
-                ("SELECT * FROM bide_renew_lease(30, 'node-a', %s, %s)", (epoch, "f" * 64)),
-                ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, "f" * 64)),
-                ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, ""))):
+            ("SELECT * FROM bide_renew_lease(30, 'node-a', %s, %s)", (epoch, "f" * 64)),
+            ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, "f" * 64)),
+            ("SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, "")),
+        ):
             assert conn.execute(statement, params).fetchone() is None
         row = conn.execute("SELECT expires_at > now() FROM bide_lease").fetchone()
         assert row == (True,)
-        assert conn.execute("SELECT * FROM bide_release_lease('node-a', %s, %s)",
-                            (epoch, term)).fetchone() == (epoch,)
+        assert conn.execute(
+            "SELECT * FROM bide_release_lease('node-a', %s, %s)", (epoch, term)
+        ).fetchone() == (epoch,)
 
 
-def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str,
-                                                            writer_dsn: str) -> None:
+def test_no_value_written_to_the_lease_can_stop_a_takeover(pg_dsn: str, writer_dsn: str) -> None:
     # Even the owner's own UPDATE is held to the lease's rules by its trigger.
     with psycopg.connect(pg_dsn, autocommit=True) as owner:
-        for statement in (f"UPDATE bide_lease SET epoch = {MAX_BIGINT}",
-                          "UPDATE bide_lease SET epoch = 9007199254740991",  # the cap
-                          "UPDATE bide_lease SET epoch = epoch + 2",
-                          "UPDATE bide_lease SET epoch = epoch - 1",
-                          "UPDATE bide_lease SET expires_at = 'infinity'",
-                          "UPDATE bide_lease SET expires_at = now() + interval '2 hours'",
-                          "DELETE FROM bide_lease"):
+        for statement in (
+            f"UPDATE bide_lease SET epoch = {MAX_BIGINT}",
+            "UPDATE bide_lease SET epoch = 9007199254740991",  # the cap
+            "UPDATE bide_lease SET epoch = epoch + 2",
+            "UPDATE bide_lease SET epoch = epoch - 1",
+            "UPDATE bide_lease SET expires_at = 'infinity'",
+            "UPDATE bide_lease SET expires_at = now() + interval '2 hours'",
+            "DELETE FROM bide_lease",
+        ):
             with pytest.raises(psycopg.errors.RaiseException, match="bide_lease"):
                 owner.execute(statement)
     with psycopg.connect(writer_dsn, autocommit=True) as conn:
-        for statement in ("SELECT * FROM bide_take_lease('node-a', 1e9)",
-                          "SELECT * FROM bide_take_lease('node-a', 'infinity')",
-                          "SELECT * FROM bide_take_lease(repeat('a', 10000), 5)"):
+        for statement in (
+            "SELECT * FROM bide_take_lease('node-a', 1e9)",
+            "SELECT * FROM bide_take_lease('node-a', 'infinity')",
+            "SELECT * FROM bide_take_lease(repeat('a', 10000), 5)",
+        ):
             with pytest.raises(psycopg.Error):
                 conn.execute(statement)
         assert _take(conn, "node-a", 0.2)[0] == 1
@@ -177,17 +198,20 @@ def test_renewing_past_the_cap_is_refused(writer_dsn: str) -> None:
         epoch, term = _take(conn, "node-a", 30)
         with pytest.raises(psycopg.errors.RaiseException, match="at most 3600 s"):
             conn.execute("SELECT * FROM bide_renew_lease(1e9, 'node-a', %s, %s)", (epoch, term))
-        row = conn.execute("SELECT EXTRACT(EPOCH FROM (expires_at - now())) FROM bide_lease"
-                           ).fetchone()
+        row = conn.execute(
+            "SELECT EXTRACT(EPOCH FROM (expires_at - now())) FROM bide_lease"
+        ).fetchone()
         assert row is not None
         assert float(row[0]) <= 30
 
 
 #: What ``bide log init --writer-role`` granted in schema version 1.
-_V1_GRANTS = ("GRANT SELECT, INSERT ON bide_records, bide_snapshots TO {w}",
-              "GRANT SELECT, UPDATE ON bide_lease TO {w}",
-              "GRANT SELECT ON bide_meta TO {w}",
-              "GRANT UPDATE (data, seq, written_at) ON bide_snapshots TO {w}")
+_V1_GRANTS = (
+    "GRANT SELECT, INSERT ON bide_records, bide_snapshots TO {w}",
+    "GRANT SELECT, UPDATE ON bide_lease TO {w}",
+    "GRANT SELECT ON bide_meta TO {w}",
+    "GRANT UPDATE (data, seq, written_at) ON bide_snapshots TO {w}",
+)
 
 
 def test_log_init_upgrades_version_1_and_takes_the_direct_grants_back(pg_dsn: str) -> None:
@@ -205,8 +229,10 @@ def test_log_init_upgrades_version_1_and_takes_the_direct_grants_back(pg_dsn: st
             assert pgstore.init_schema(conn, writer=name) == (pgstore.SCHEMA_VERSION,) * 2
         with psycopg.connect(writer, autocommit=True) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
-                             "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)")
+                conn.execute(
+                    "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, "
+                    "epoch) VALUES (0, 1, 0, 'junk', 'h', 0)"
+                )
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("UPDATE bide_snapshots SET data = 'junk'")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -223,7 +249,8 @@ def test_log_init_names_a_writer_role_the_database_cannot_fence(pg_dsn: str) -> 
 
 
 def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
-        writer_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    writer_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     """The documented setup end to end: the daemons' role, with only SELECT and the functions,
     takes the lease, appends a log that exports byte for byte and verifies, keeps a snapshot,
     hands the lease over, and the next node takes it at the next epoch."""
@@ -238,9 +265,15 @@ def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
             epoch = await a.acquire()
             store = pgstore.PgStore(settings, a.term)
             try:
-                async with LogWriter(tmp_path / "a-log", ks.keyring(), ks.signer(),
-                                     segment_bytes=2048, checkpoint_every=5,
-                                     checkpoint_interval=3600, store=store) as w:
+                async with LogWriter(
+                    tmp_path / "a-log",
+                    ks.keyring(),
+                    ks.signer(),
+                    segment_bytes=2048,
+                    checkpoint_every=5,
+                    checkpoint_interval=3600,
+                    store=store,
+                ) as w:
                     for start in range(0, 30, 3):
                         await w.append_many([payload_for(i) for i in range(start, start + 3)])
                 with pgstore.connect(settings) as conn:
@@ -267,7 +300,8 @@ def test_a_node_as_the_writer_role_appends_keeps_snapshots_and_hands_over(
 
 
 def test_log_init_refuses_to_upgrade_a_lease_epoch_past_the_cap_and_names_the_fix(
-        pg_dsn: str) -> None:
+    pg_dsn: str,
+) -> None:
     with psycopg.connect(pg_dsn) as conn:  # version 1, its epoch set to bigint's maximum
         conn.execute(pgstore._UPGRADES[0])
         conn.execute("INSERT INTO bide_meta VALUES ('schema_version', '1')")
@@ -278,8 +312,9 @@ def test_log_init_refuses_to_upgrade_a_lease_epoch_past_the_cap_and_names_the_fi
             pgstore.init_schema(conn)
         assert pgstore.schema_version(conn) == 1  # nothing changed
         conn.rollback()
-        conn.execute("UPDATE bide_lease SET epoch = (SELECT coalesce(max(epoch), 0) + 1 "
-                     "FROM bide_records)")
+        conn.execute(
+            "UPDATE bide_lease SET epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM bide_records)"
+        )
         conn.commit()
         assert pgstore.init_schema(conn) == (1, pgstore.SCHEMA_VERSION)
 
@@ -291,27 +326,34 @@ def test_a_version_1_schema_is_still_read_but_a_node_needs_the_upgrade(pg_dsn: s
         conn.commit()
     with pgstore.connect(pgstore.PgSettings(pg_dsn), read_only=True) as conn:
         pgstore.require_schema(conn)  # export, verify and status read it as before
-    with (pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn,
-          pytest.raises(SchemaError, match="run `bide log init --dsn DSN` to upgrade")):
+    with (
+        pgstore.connect(pgstore.PgSettings(pg_dsn)) as conn,
+        pytest.raises(SchemaError, match="run `bide log init --dsn DSN` to upgrade"),
+    ):
         pgstore.require_schema(conn)
 
 
 def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
-        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     """As the deploy guide sets it up: the tables and functions belong to an ordinary role
     (the functions run as it), and the daemons' role appends and keeps the lease through
     them."""
     owner_name, writer_name = (f"bidep_{k}_{secrets.token_hex(4)}" for k in "ow")
-    with (contextmanager(role)(pg_dsn, owner_name) as owner_dsn,
-          contextmanager(role)(pg_dsn, writer_name) as writer_dsn):
+    with (
+        contextmanager(role)(pg_dsn, owner_name) as owner_dsn,
+        contextmanager(role)(pg_dsn, writer_name) as writer_dsn,
+    ):
         schema = f"bidep_s_{secrets.token_hex(4)}"  # dropped with its owner (DROP OWNED)
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
-                sql.Identifier(schema), sql.Identifier(owner_name)))
+            admin.execute(
+                sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                    sql.Identifier(schema), sql.Identifier(owner_name)
+                )
+            )
         options = f"-csearch_path={schema}"
         owner = pgstore.PgSettings(psycopg.conninfo.make_conninfo(owner_dsn, options=options))
-        writer = pgstore.PgSettings(psycopg.conninfo.make_conninfo(writer_dsn,
-                                                                   options=options))
+        writer = pgstore.PgSettings(psycopg.conninfo.make_conninfo(writer_dsn, options=options))
         with pgstore.connect(owner) as conn:
             assert pgstore.init_schema(conn, writer=writer_name)[1] == pgstore.SCHEMA_VERSION
             assert pgstore.writer_unfenced(conn, writer_name) is None
@@ -323,8 +365,9 @@ def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
         store = pgstore.PgStore(writer, term)
 
         async def run() -> None:
-            async with LogWriter(tmp_path / "log", ks.keyring(), ks.signer(),
-                                 checkpoint_interval=3600, store=store) as w:
+            async with LogWriter(
+                tmp_path / "log", ks.keyring(), ks.signer(), checkpoint_interval=3600, store=store
+            ) as w:
                 await w.append_many([payload_for(i) for i in range(5)])
 
         try:
@@ -337,10 +380,11 @@ def test_the_documented_roles_an_owner_who_is_no_superuser_and_the_daemons_role(
             assert taken is not None
             assert taken.epoch == 2
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, "
-                             "hash, epoch) VALUES (1000, 9, 0, 'junk', 'h', 2)")
+                conn.execute(
+                    "INSERT INTO bide_records (seq, segment, byte_offset, line, "
+                    "hash, epoch) VALUES (1000, 9, 0, 'junk', 'h', 2)"
+                )
             conn.rollback()
             head = pgstore.head(conn)
         assert head is not None
         assert head[0] >= 5
-

@@ -37,10 +37,18 @@ def _files(log_dir: Path) -> dict[str, bytes]:
 
 def _write(log_dir: Path, ks: KeySet, store: pgstore.PgStore, events: int) -> None:
     async def run() -> None:
-        async with LogWriter(log_dir, ks.keyring(), ks.signer(), segment_bytes=2048,
-                             checkpoint_every=5, checkpoint_interval=3600, store=store) as w:
+        async with LogWriter(
+            log_dir,
+            ks.keyring(),
+            ks.signer(),
+            segment_bytes=2048,
+            checkpoint_every=5,
+            checkpoint_interval=3600,
+            store=store,
+        ) as w:
             for start in range(0, events, 3):
                 await w.append_many([payload_for(i) for i in range(start, start + 3)])
+
     anyio.run(run)
 
 
@@ -57,8 +65,9 @@ def test_init_creates_and_reports_the_schema(pg_dsn: str) -> None:
             pgstore.require_schema(conn)
 
 
-def test_mirrored_log_exports_byte_identical_and_verifies(pg_dsn: str, ks: KeySet,
-                                                          tmp_path: Path) -> None:
+def test_mirrored_log_exports_byte_identical_and_verifies(
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
         term = pgstore.take_lease(conn, "node-a", 30)
@@ -89,8 +98,9 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
         store = pgstore.PgStore(_settings(pg_dsn), old)
 
         async def run() -> None:
-            async with LogWriter(tmp_path / "log", ks.keyring(), ks.signer(),
-                                 checkpoint_interval=3600, store=store) as w:
+            async with LogWriter(
+                tmp_path / "log", ks.keyring(), ks.signer(), checkpoint_interval=3600, store=store
+            ) as w:
                 await w.append(b"before")
                 before = pgstore.head(conn)
                 # node-a's lease runs out (here: handed over) and node-b takes it.
@@ -116,7 +126,8 @@ def test_a_takeover_fences_the_old_epoch(pg_dsn: str, ks: KeySet, tmp_path: Path
 
 
 def test_a_round_that_does_not_follow_the_stored_head_is_refused(
-        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
         epoch = pgstore.take_lease(conn, "node-a", 30)
@@ -125,8 +136,9 @@ def test_a_round_that_does_not_follow_the_stored_head_is_refused(
     store = pgstore.PgStore(_settings(pg_dsn), epoch)
 
     async def run() -> None:
-        async with LogWriter(tmp_path / "other", ks.keyring(), ks.signer(),
-                             checkpoint_interval=3600, store=store) as w:
+        async with LogWriter(
+            tmp_path / "other", ks.keyring(), ks.signer(), checkpoint_interval=3600, store=store
+        ) as w:
             with pytest.raises(DivergedError, match="missing"):
                 await w.append(b"x")
 
@@ -153,11 +165,16 @@ def test_import_then_export_round_trips(pg_dsn: str, ks: KeySet, tmp_path: Path)
 def test_records_are_append_only(pg_dsn: str) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
-        conn.execute("INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch) "
-                     "VALUES (0, 1, 0, 'x', 'h', 0)")
+        conn.execute(
+            "INSERT INTO bide_records (seq, segment, byte_offset, line, hash, epoch) "
+            "VALUES (0, 1, 0, 'x', 'h', 0)"
+        )
         conn.commit()
-        for stmt in ("UPDATE bide_records SET line = 'y'", "DELETE FROM bide_records",
-                     "TRUNCATE bide_records"):
+        for stmt in (
+            "UPDATE bide_records SET line = 'y'",
+            "DELETE FROM bide_records",
+            "TRUNCATE bide_records",
+        ):
             with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
                 conn.execute(stmt)
             conn.rollback()
@@ -191,10 +208,17 @@ def test_synchronous_commit_off_is_refused_unless_configured(pg_dsn: str) -> Non
 
 
 def test_without_psycopg_the_error_names_the_extra() -> None:
-    code = ("import sys; sys.modules['psycopg'] = None\n"
-            "try:\n import eventlog.pgstore\nexcept ImportError as e: print(e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "try:\n import eventlog.pgstore\nexcept ImportError as e: print(e)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
     assert "pip install 'bide[postgres]'" in out.stdout
 
 
@@ -226,7 +250,8 @@ def test_a_round_already_in_the_database_is_a_divergence(pg_dsn: str) -> None:
 
 
 def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_goes_back(
-        pg_dsn: str, ks: KeySet, tmp_path: Path) -> None:
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
     _init(pg_dsn)
     with pgstore.connect(_settings(pg_dsn)) as conn:
         epoch = pgstore.take_lease(conn, "node-a", 30)
@@ -242,8 +267,7 @@ def test_a_snapshot_is_kept_only_by_the_holder_at_a_committed_record_and_never_g
         assert not store.save_snapshot(early.seq, early.hash, b"early")  # older: kept out
         assert not store.save_snapshot(late.seq + 1, late.hash, b"ahead")  # not committed
         assert not store.save_snapshot(late.seq, early.hash, b"forged")  # not that record
-        stale = pgstore.PgStore(_settings(pg_dsn),
-                                pgstore.Term(epoch.epoch - 1, epoch.secret))
+        stale = pgstore.PgStore(_settings(pg_dsn), pgstore.Term(epoch.epoch - 1, epoch.secret))
         assert not stale.save_snapshot(late.seq, late.hash, b"stale")  # another epoch
         assert store.load_snapshot() == b"late"
     finally:

@@ -26,24 +26,32 @@ def position_of(log: Path, ks: KeySet) -> LogPosition:
     return report.position()
 
 
-async def extend(log: Path, ks: KeySet, start: int, count: int,
-                 resume: LogPosition | None = None) -> LogWriter:
-    async with LogWriter(log, ks.keyring(), ks.signer(), segment_bytes=2048,
-                         checkpoint_every=5, checkpoint_interval=3600, resume=resume) as w:
+async def extend(
+    log: Path, ks: KeySet, start: int, count: int, resume: LogPosition | None = None
+) -> LogWriter:
+    async with LogWriter(
+        log,
+        ks.keyring(),
+        ks.signer(),
+        segment_bytes=2048,
+        checkpoint_every=5,
+        checkpoint_interval=3600,
+        resume=resume,
+    ) as w:
         for i in range(start, start + count):
             await w.append(payload_for(i))
     return w
 
 
-async def test_writer_position_is_what_a_full_verification_finds(tmp_path: Path, ks: KeySet
-                                                                   ) -> None:
+async def test_writer_position_is_what_a_full_verification_finds(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     w = await extend(log, ks, 0, 23)
     assert w.position == position_of(log, ks)
 
 
-async def test_resumed_open_verifies_only_the_tail_and_agrees(tmp_path: Path, ks: KeySet
-                                                               ) -> None:
+async def test_resumed_open_verifies_only_the_tail_and_agrees(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     first = await extend(log, ks, 0, 40)
     assert first.position is not None
@@ -57,8 +65,7 @@ async def test_resumed_open_verifies_only_the_tail_and_agrees(tmp_path: Path, ks
     assert resumed.unsigned_tail == full.unsigned_tail
 
 
-async def test_reader_from_a_position_yields_exactly_the_tail(tmp_path: Path, ks: KeySet
-                                                               ) -> None:
+async def test_reader_from_a_position_yields_exactly_the_tail(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     first = await extend(log, ks, 0, 30)
     await extend(log, ks, 30, 12)
@@ -68,7 +75,8 @@ async def test_reader_from_a_position_yields_exactly_the_tail(tmp_path: Path, ks
 
 
 def test_a_position_that_no_longer_matches_falls_back_to_full_verification(
-        base_logs: BaseLogs, log: Path) -> None:
+    base_logs: BaseLogs, log: Path
+) -> None:
     pos = position_of(log, base_logs.keys)
     wrong_hash = msgspec.structs.replace(pos, hash="0" * 64)
     other = position_of(base_logs.other, base_logs.keys)  # another log's head
@@ -81,8 +89,9 @@ def test_a_position_that_no_longer_matches_falls_back_to_full_verification(
         assert any("resume point does not match" in n for n in report.notes)
 
 
-def test_damage_after_the_position_is_still_found(base_logs: BaseLogs, log: Path,
-                                                   tmp_path: Path) -> None:
+def test_damage_after_the_position_is_still_found(
+    base_logs: BaseLogs, log: Path, tmp_path: Path
+) -> None:
     early = 30
     # Take a position from a shorter copy of the same log: everything up to record ``early``.
     short = tmp_path / "short"
@@ -104,6 +113,7 @@ def test_damage_after_the_position_is_still_found(base_logs: BaseLogs, log: Path
 def _cut_after(log: Path, seq: int) -> None:
     """Keep records 0..seq (segment files after it removed, its own file cut after it)."""
     from eventlog.envelope import decode_record
+
     for _, path in list_segments(log):
         kept = b""
         for line in path.read_bytes().split(b"\n"):
@@ -115,8 +125,9 @@ def _cut_after(log: Path, seq: int) -> None:
             path.unlink()
 
 
-async def test_writer_given_a_stale_position_verifies_everything(tmp_path: Path, ks: KeySet
-                                                                  ) -> None:
+async def test_writer_given_a_stale_position_verifies_everything(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     other = tmp_path / "other"
     await extend(log, ks, 0, 12)
@@ -127,7 +138,8 @@ async def test_writer_given_a_stale_position_verifies_everything(tmp_path: Path,
 
 
 async def test_damage_before_the_position_is_found_by_a_full_verification(
-        tmp_path: Path, ks: KeySet) -> None:
+    tmp_path: Path, ks: KeySet
+) -> None:
     """The trade a resumed open makes, pinned: it trusts what it verified before; the
     auditor's `bide verify` (no resume) still finds damage there."""
     log = tmp_path / "log"

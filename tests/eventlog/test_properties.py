@@ -42,8 +42,18 @@ records: st.SearchStrategy[Record] = st.one_of(
     st.builds(Segment, seqs, hexes, hexes, st.integers(1, 2**31)),
     st.builds(EventRecord, seqs, hexes, hexes, hexes, texts, texts),
     st.builds(Checkpoint, seqs, hexes, hexes, times, hexes, st.booleans(), texts),
-    st.builds(Recovery, seqs, hexes, hexes, times, texts, st.integers(0, 2**40),
-              st.integers(0, 2**40), hexes, texts),
+    st.builds(
+        Recovery,
+        seqs,
+        hexes,
+        hexes,
+        times,
+        texts,
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+        hexes,
+        texts,
+    ),
 )
 
 
@@ -57,13 +67,20 @@ def test_envelope_round_trips(rec: Record) -> None:
 
 @given(seqs, hexes, hexes, texts, st.binary(max_size=64), st.binary(max_size=600))
 def test_the_writers_record_is_byte_for_byte_the_readers(
-        seq: int, prev: str, log: str, kid: str, nonce: bytes, ct: bytes) -> None:
+    seq: int, prev: str, log: str, kid: str, nonce: bytes, ct: bytes
+) -> None:
     """The writer encodes raw nonce and ciphertext (msgspec writes the base64); the stored
     line must be exactly the ``EventRecord`` of their padded standard base64, or every hash
     and every reader would disagree with the writer."""
     written = encode_record(SealedEvent(seq, prev, log, kid, nonce, ct))
-    expected = EventRecord(seq, prev, log, kid, base64.b64encode(nonce).decode("ascii"),
-                           base64.b64encode(ct).decode("ascii"))
+    expected = EventRecord(
+        seq,
+        prev,
+        log,
+        kid,
+        base64.b64encode(nonce).decode("ascii"),
+        base64.b64encode(ct).decode("ascii"),
+    )
     assert written == encode_record(expected)
     assert decode_record(written) == expected
 
@@ -77,15 +94,16 @@ def test_any_change_to_a_record_changes_its_hash(rec: Record, data: st.DataObjec
         changed = line[:pos] + data.draw(st.binary(min_size=1, max_size=3)) + line[pos:]
     else:
         new = data.draw(st.integers(0, 255).filter(lambda b: b != line[pos]))
-        changed = line[:pos] + bytes([new]) + line[pos + 1:]
+        changed = line[:pos] + bytes([new]) + line[pos + 1 :]
     assert record_hash(changed) != record_hash(line)
     assert record_hashes([line, changed]) == [record_hash(line), record_hash(changed)]
 
 
 # -- verify's classification ------------------------------------------------------------------
 
-Op = Callable[[list[StoredLine], list[StoredLine]], tuple[list[StoredLine], str, int,
-                                                         tuple[int, str] | None]]
+Op = Callable[
+    [list[StoredLine], list[StoredLine]], tuple[list[StoredLine], str, int, tuple[int, str] | None]
+]
 
 
 def _body(lines: list[StoredLine]) -> list[int]:
@@ -115,12 +133,13 @@ def base_lines(base_logs: BaseLogs) -> tuple[list[StoredLine], list[StoredLine]]
     return read_lines(base_logs.log), read_lines(base_logs.other)
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_verify_names_the_class_of_a_single_operation(
-        base_logs: BaseLogs, base_lines: tuple[list[StoredLine], list[StoredLine]],
-        data: st.DataObject) -> None:
+    base_logs: BaseLogs, base_lines: tuple[list[StoredLine], list[StoredLine]], data: st.DataObject
+) -> None:
     ours, theirs = base_lines
     lines = [StoredLine(line.segment, line.data) for line in ours]
     body = _body(lines)
@@ -134,7 +153,7 @@ def test_verify_names_the_class_of_a_single_operation(
         if p + k >= len(lines):
             return
         expected = ("missing", lines[p].seq)
-        del lines[p:p + k]
+        del lines[p : p + k]
     elif kind == "duplicate":
         (p,) = args
         expected = ("duplicated", lines[p].seq)
@@ -168,11 +187,13 @@ def test_verify_names_the_class_of_a_single_operation(
 # -- the reader, fed whole or a piece at a time -----------------------------------------------
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(chunks=st.lists(st.integers(16, 1500), min_size=1, max_size=40))
 def test_reader_fed_piecewise_agrees_with_reader_fed_whole(
-        base_logs: BaseLogs, chunks: list[int]) -> None:
+    base_logs: BaseLogs, chunks: list[int]
+) -> None:
     keyring = base_logs.keys.keyring()
     whole_reader = LogReader(base_logs.log, keyring)
     whole = [(s.seq, s.hash) for s in whole_reader.poll()]
@@ -189,7 +210,7 @@ def test_reader_fed_piecewise_agrees_with_reader_fed_whole(
             while pos < len(data):
                 step = next(sizes)
                 with (log / name).open("ab") as f:
-                    f.write(data[pos:pos + step])
+                    f.write(data[pos : pos + step])
                 pos += step
                 for stored in reader.poll():
                     got.append((stored.seq, stored.hash))

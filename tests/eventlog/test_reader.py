@@ -16,12 +16,17 @@ from tests.eventlog._logtools import KeySet, bide, build_log, read_lines, verify
 
 
 @pytest.mark.anyio
-async def test_follow_yields_records_appended_by_a_writer_task(tmp_path: Path, ks: KeySet
-                                                              ) -> None:
+async def test_follow_yields_records_appended_by_a_writer_task(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     got: list[bytes] = []
-    async with LogWriter(log, ks.keyring(), ks.signer(), segment_bytes=4096,
-                         checkpoint_every=10, checkpoint_interval=3600) as w:
+    async with LogWriter(
+        log,
+        ks.keyring(),
+        ks.signer(),
+        segment_bytes=4096,
+        checkpoint_every=10,
+        checkpoint_interval=3600,
+    ) as w:
         reader = LogReader(log, ks.keyring())
         stop = anyio.Event()
 
@@ -43,8 +48,9 @@ async def test_follow_yields_records_appended_by_a_writer_task(tmp_path: Path, k
 
 
 @pytest.mark.anyio
-async def test_follow_sees_an_append_made_before_the_watch_started(tmp_path: Path, ks: KeySet
-                                                                  ) -> None:
+async def test_follow_sees_an_append_made_before_the_watch_started(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     async with LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600) as w:
         reader = LogReader(log, ks.keyring())
@@ -75,12 +81,12 @@ def test_partial_last_line_is_not_read_until_complete(tmp_path: Path, ks: KeySet
     path = list_segments(log)[-1][1]
     data = path.read_bytes()
     start = data.rindex(b"\n", 0, len(data) - 1) + 1
-    path.write_bytes(data[:start + 10])
+    path.write_bytes(data[: start + 10])
     reader = LogReader(log, ks.keyring())
     before = reader.poll()
     assert before[-1].seq == len(read_lines_prefix(log)) - 1
     with path.open("ab") as f:
-        f.write(data[start + 10:])
+        f.write(data[start + 10 :])
     after = reader.poll()
     assert len(after) == 1
     assert after[0].hash == read_lines(log)[-1].hash

@@ -34,8 +34,14 @@ PRESEAL = Path(__file__).parent.parent / "vectors" / "eventlog_preseal"
 
 
 async def _open(log: Path, ks: KeySet, segment_bytes: int = 2048) -> list[Recovery]:
-    async with LogWriter(log, ks.keyring(), ks.signer(), checkpoint_every=5,
-                         checkpoint_interval=3600, segment_bytes=segment_bytes) as w:
+    async with LogWriter(
+        log,
+        ks.keyring(),
+        ks.signer(),
+        checkpoint_every=5,
+        checkpoint_interval=3600,
+        segment_bytes=segment_bytes,
+    ) as w:
         await w.append(b"after the open")
         return w.recoveries
 
@@ -55,8 +61,9 @@ def test_every_write_ends_with_a_seal_or_a_checkpoint(tmp_path: Path, ks: KeySet
             assert kinds[i + 1] in ("EventRecord", "Seal", "Checkpoint", "Segment")
 
 
-def test_a_forged_event_after_a_clean_close_is_quarantined_not_adopted(tmp_path: Path, ks: KeySet
-                                                                       ) -> None:
+def test_a_forged_event_after_a_clean_close_is_quarantined_not_adopted(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
     build_log(log, ks, 12)
     forged_seq = forge_event(log, ks.keyring(), b"decision by alice: extend")
@@ -84,13 +91,13 @@ def test_a_forged_event_after_a_clean_close_is_quarantined_not_adopted(tmp_path:
     assert after.clean_close
 
 
-def test_a_forged_run_after_the_last_seal_is_cut_the_sealed_records_stay(tmp_path: Path, ks: KeySet
-                                                                         ) -> None:
+def test_a_forged_run_after_the_last_seal_is_cut_the_sealed_records_stay(
+    tmp_path: Path, ks: KeySet
+) -> None:
     log = tmp_path / "log"
 
     async def crash_without_closing() -> int:
-        w = LogWriter(log, ks.keyring(), ks.signer(), checkpoint_every=50,
-                      checkpoint_interval=3600)
+        w = LogWriter(log, ks.keyring(), ks.signer(), checkpoint_every=50, checkpoint_interval=3600)
         await w.__aenter__()
         acked = (await w.append_many([b"one", b"two"]))[-1].seq
         # Simulate a SIGKILL: no final checkpoint, drop the lock.
@@ -133,8 +140,10 @@ def test_a_forged_segment_is_removed_whole(tmp_path: Path, ks: KeySet) -> None:
     tail = last_path.read_bytes()[:-1].rsplit(b"\n", 1)[-1]
     head = msgspec.json.decode(tail)
     new = log / segment_name(last_index + 1)
-    new.write_bytes(encode_record(Segment(head["seq"] + 1, record_hash(tail), head["log"],
-                                          last_index + 1)) + b"\n")
+    new.write_bytes(
+        encode_record(Segment(head["seq"] + 1, record_hash(tail), head["log"], last_index + 1))
+        + b"\n"
+    )
     forge_event(log, ks.keyring(), b"forged in a new segment")
     recoveries = anyio.run(_open, log, ks, 1 << 20)
     assert [r.reason for r in recoveries] == ["unsealed"]
@@ -165,8 +174,7 @@ def _preseal(tmp_path: Path) -> tuple[KeySet, Path]:
     return KeySet(root / "keys"), root
 
 
-def test_logs_written_before_seals_verify_and_a_clean_one_is_continued(tmp_path: Path
-                                                                        ) -> None:
+def test_logs_written_before_seals_verify_and_a_clean_one_is_continued(tmp_path: Path) -> None:
     ks, root = _preseal(tmp_path)
     for name in ("clean", "crashed"):
         assert verify(root / name, ks).verdict == "intact"

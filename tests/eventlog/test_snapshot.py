@@ -13,8 +13,18 @@ from eventlog.position import LogPosition
 from eventlog.snapshot import SnapshotError, read_snapshot, write_snapshot
 from tests.eventlog._logtools import KeySet, make_keys, reseal_with_data_key
 
-POS = LogPosition(log_id="ab" * 16, seq=41, hash="cd" * 32, segment=2, line_start=100, end=180,
-                  last_cp_seq=40, last_cp_hash="ef" * 32, checkpoint_every=5, unsigned_run=1)
+POS = LogPosition(
+    log_id="ab" * 16,
+    seq=41,
+    hash="cd" * 32,
+    segment=2,
+    line_start=100,
+    end=180,
+    last_cp_seq=40,
+    last_cp_hash="ef" * 32,
+    checkpoint_every=5,
+    unsigned_run=1,
+)
 BODY = b"ledger bytes \x00\x01" * 1000
 
 
@@ -28,8 +38,9 @@ def test_round_trip_and_mode(tmp_path: Path, ks: KeySet) -> None:
     assert not path.with_name("snapshot.tmp").exists()
 
 
-def test_a_leftover_temporary_file_does_not_block_the_next_write(tmp_path: Path, ks: KeySet
-                                                                 ) -> None:
+def test_a_leftover_temporary_file_does_not_block_the_next_write(
+    tmp_path: Path, ks: KeySet
+) -> None:
     path = tmp_path / "snapshot"
     path.with_name("snapshot.tmp").write_bytes(b"half a snapshot from a crash")
     write_snapshot(path, ks.keyring(), ks.signer().mac_key, POS, BODY)
@@ -90,8 +101,7 @@ def test_no_key_material_in_the_error(tmp_path: Path, ks: KeySet) -> None:
         assert key.hex() not in str(caught.value)
 
 
-def test_a_body_rewritten_with_the_data_key_alone_is_refused(tmp_path: Path, ks: KeySet
-                                                              ) -> None:
+def test_a_body_rewritten_with_the_data_key_alone_is_refused(tmp_path: Path, ks: KeySet) -> None:
     path = tmp_path / "snapshot"
     write_snapshot(path, ks.keyring(), ks.signer().mac_key, POS, BODY)
     reseal_with_data_key(path, ks.keyring(), lambda body: body.replace(b"ledger", b"forged"))

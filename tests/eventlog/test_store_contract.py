@@ -49,7 +49,7 @@ class Source:
 
     def rounds(self, start: int = 0, stop: int | None = None) -> list[list[StoredLine]]:
         got = self.lines[start:stop]
-        return [got[i:i + ROUND] for i in range(0, len(got), ROUND)]
+        return [got[i : i + ROUND] for i in range(0, len(got), ROUND)]
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,11 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[]
     process's view), all closed after the test."""
     made: list[LogStore] = []
     if request.param == "files":
+
         def new() -> LogStore:
-            made.append(_typed(FileStore(tmp_path / "log",
-                                         snapshot_path=tmp_path / "state.snapshot")))
+            made.append(
+                _typed(FileStore(tmp_path / "log", snapshot_path=tmp_path / "state.snapshot"))
+            )
             return made[-1]
     else:
         dsn: str = request.getfixturevalue("pg_dsn")
@@ -85,6 +87,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[]
         def new() -> LogStore:
             made.append(_pg_store(dsn))
             return made[-1]
+
     yield new
     for store in made:
         store.close()
@@ -97,8 +100,7 @@ def store(make: Callable[[], LogStore]) -> LogStore:
     return got
 
 
-def _commit(writer: TermWriter, rounds: list[list[StoredLine]],
-            before: StoredLine | None) -> None:
+def _commit(writer: TermWriter, rounds: list[list[StoredLine]], before: StoredLine | None) -> None:
     for lines in rounds:
         writer.commit(lines, before.hash if before else "0" * 64)
         before = lines[-1]
@@ -124,8 +126,7 @@ def test_init_is_idempotent_and_required(make: Callable[[], LogStore]) -> None:
     assert store.lines_after(-1) == []
 
 
-def test_lines_committed_in_rounds_read_back_in_order(store: LogStore,
-                                                      source: Source) -> None:
+def test_lines_committed_in_rounds_read_back_in_order(store: LogStore, source: Source) -> None:
     term = _taken(store)
     writer = store.writer(term)
     try:
@@ -146,7 +147,8 @@ def test_a_round_is_stored_whole_or_not_at_all(store: LogStore, source: Source) 
         _commit(writer, source.rounds(0, 8), None)
         good = source.lines[8:12]
         unlinked = dataclasses.replace(
-            good[2], data=good[2].data.replace(good[1].hash.encode(), b"f" * 64))
+            good[2], data=good[2].data.replace(good[1].hash.encode(), b"f" * 64)
+        )
         assert unlinked.data != good[2].data
         with pytest.raises(DivergedError):
             writer.commit([good[0], good[1], unlinked, good[3]], source.lines[7].hash)
@@ -157,8 +159,9 @@ def test_a_round_is_stored_whole_or_not_at_all(store: LogStore, source: Source) 
         writer.close()
 
 
-def test_sequence_prev_hash_and_place_must_continue_the_head(store: LogStore,
-                                                            source: Source) -> None:
+def test_sequence_prev_hash_and_place_must_continue_the_head(
+    store: LogStore, source: Source
+) -> None:
     lines = source.lines
     writer = store.writer(_taken(store))
     try:
@@ -183,8 +186,9 @@ def test_sequence_prev_hash_and_place_must_continue_the_head(store: LogStore,
         writer.close()
 
 
-def test_one_holder_at_a_time_and_a_stale_term_is_refused(make: Callable[[], LogStore],
-                                                          source: Source) -> None:
+def test_one_holder_at_a_time_and_a_stale_term_is_refused(
+    make: Callable[[], LogStore], source: Source
+) -> None:
     a, b = make(), make()
     a.init()
     assert not a.lease().held
@@ -221,8 +225,9 @@ def test_one_holder_at_a_time_and_a_stale_term_is_refused(make: Callable[[], Log
         stale.close()
 
 
-def test_snapshots_round_trip_newer_only_and_only_in_term(make: Callable[[], LogStore],
-                                                          source: Source) -> None:
+def test_snapshots_round_trip_newer_only_and_only_in_term(
+    make: Callable[[], LogStore], source: Source
+) -> None:
     store = make()
     store.init()
     term = _taken(store)
@@ -231,12 +236,24 @@ def test_snapshots_round_trip_newer_only_and_only_in_term(make: Callable[[], Log
 
     def snapshot(seq: int) -> bytes:
         line = source.lines[seq]
-        position = LogPosition(log_id=log_id, seq=seq, hash=line.hash, segment=line.segment,
-                               line_start=line.offset, end=line.offset + len(line.data) + 1,
-                               last_cp_seq=None, last_cp_hash="0" * 64, checkpoint_every=5,
-                               unsigned_run=0)
-        return seal_snapshot(source.keys.keyring(), source.keys.signer().mac_key, position,
-                             f"state at {seq}".encode())
+        position = LogPosition(
+            log_id=log_id,
+            seq=seq,
+            hash=line.hash,
+            segment=line.segment,
+            line_start=line.offset,
+            end=line.offset + len(line.data) + 1,
+            last_cp_seq=None,
+            last_cp_hash="0" * 64,
+            checkpoint_every=5,
+            unsigned_run=0,
+        )
+        return seal_snapshot(
+            source.keys.keyring(),
+            source.keys.signer().mac_key,
+            position,
+            f"state at {seq}".encode(),
+        )
 
     try:
         assert store.load_snapshot() is None
@@ -259,8 +276,9 @@ def test_snapshots_round_trip_newer_only_and_only_in_term(make: Callable[[], Log
         writer.close()
 
 
-def test_export_is_the_log_byte_for_byte_and_verifies(store: LogStore, source: Source,
-                                                      tmp_path: Path) -> None:
+def test_export_is_the_log_byte_for_byte_and_verifies(
+    store: LogStore, source: Source, tmp_path: Path
+) -> None:
     writer = store.writer(_taken(store))
     try:
         _commit(writer, source.rounds(), None)
@@ -268,8 +286,9 @@ def test_export_is_the_log_byte_for_byte_and_verifies(store: LogStore, source: S
         writer.close()
     out = tmp_path / "export"
     assert store.export(out) == len(source.lines)
-    assert ({p.name: p.read_bytes() for _, p in list_segments(out)}
-            == {p.name: p.read_bytes() for _, p in list_segments(source.log)})
+    assert {p.name: p.read_bytes() for _, p in list_segments(out)} == {
+        p.name: p.read_bytes() for _, p in list_segments(source.log)
+    }
     report = verify_log(out, source.keys.verify_key())
     assert report.damage is None
     assert report.torn is None
@@ -283,8 +302,7 @@ def test_import_goes_into_an_empty_store_only(store: LogStore, source: Source) -
         store.import_lines(iter(source.lines))
 
 
-def test_following_sees_new_lines_in_order(make: Callable[[], LogStore],
-                                           source: Source) -> None:
+def test_following_sees_new_lines_in_order(make: Callable[[], LogStore], source: Source) -> None:
     """A standby's side: lines committed while it follows arrive, in order, none twice."""
     active, standby = make(), make()
     active.init()
@@ -314,7 +332,8 @@ def test_following_sees_new_lines_in_order(make: Callable[[], LogStore],
                     before: StoredLine | None = None
                     for lines in source.rounds():
                         await anyio.to_thread.run_sync(
-                            writer.commit, lines, before.hash if before else "0" * 64)
+                            writer.commit, lines, before.hash if before else "0" * 64
+                        )
                         before = lines[-1]
                         await anyio.sleep(0.01)
             last = source.lines[-1]

@@ -48,8 +48,10 @@ def damaged(report: Report, kind: str, seq: int) -> None:
 def middle_event(lines: list[StoredLine], after: int = 20) -> int:
     """Index of an event in the middle of a segment, followed by an event in the same file."""
     for i in range(after, len(lines) - 1):
-        if (lines[i].kind == lines[i + 1].kind == "EventRecord"
-                and lines[i - 1].segment == lines[i].segment == lines[i + 1].segment):
+        if (
+            lines[i].kind == lines[i + 1].kind == "EventRecord"
+            and lines[i - 1].segment == lines[i].segment == lines[i + 1].segment
+        ):
             return i
     raise AssertionError("no middle event")
 
@@ -73,7 +75,8 @@ def test_text_output_ends_with_one_summary_line(base_logs: BaseLogs) -> None:
     segments = len(list_segments(base_logs.log))
     assert proc.stdout.strip().splitlines()[-1] == (
         f"records={len(lines)} segments={segments} checkpoints=13 "
-        f"head={lines[-1].seq}:{lines[-1].hash} verdict=intact")
+        f"head={lines[-1].seq}:{lines[-1].hash} verdict=intact"
+    )
 
 
 # -- modified ---------------------------------------------------------------------------------
@@ -97,8 +100,11 @@ def test_modified_ciphertext_cli(log: Path, base_logs: BaseLogs) -> None:
 
 def test_modified_last_record_of_a_segment(log: Path, base_logs: BaseLogs) -> None:
     lines = read_lines(log)
-    i = next(i for i in range(20, len(lines))
-             if lines[i + 1].kind == "Segment" and lines[i].kind == "EventRecord")
+    i = next(
+        i
+        for i in range(20, len(lines))
+        if lines[i + 1].kind == "Segment" and lines[i].kind == "EventRecord"
+    )
     rec = lines[i].record
     assert isinstance(rec, EventRecord)
     lines[i].data = encode_record(msgspec.structs.replace(rec, nonce=rec.nonce[::-1]))
@@ -144,7 +150,7 @@ def test_missing_several_records(log: Path, base_logs: BaseLogs) -> None:
     lines = read_lines(log)
     i = middle_event(lines)
     seq = lines[i].seq
-    del lines[i:i + 3]
+    del lines[i : i + 3]
     write_lines(log, lines)
     report = verify(log, base_logs.keys)
     damaged(report, "missing", seq)
@@ -256,8 +262,9 @@ def _forge(line: StoredLine, private: Ed25519PrivateKey, **changes: object) -> N
     assert isinstance(rec, Checkpoint)
     rec = msgspec.structs.replace(rec, **changes)
     msg = checkpoint_message(rec.log, rec.seq, rec.prev, rec.t_us, rec.prev_cp, rec.final)
-    line.data = encode_record(msgspec.structs.replace(
-        rec, sig=base64.b64encode(private.sign(msg)).decode()))
+    line.data = encode_record(
+        msgspec.structs.replace(rec, sig=base64.b64encode(private.sign(msg)).decode())
+    )
 
 
 def test_forged_checkpoint_cli(log: Path, base_logs: BaseLogs) -> None:
@@ -291,8 +298,7 @@ def test_checkpoint_without_signature_field(log: Path, base_logs: BaseLogs) -> N
     damaged(verify(log, base_logs.keys), "bad_signature", seq)
 
 
-def test_final_checkpoint_signature_in_non_canonical_base64(log: Path, base_logs: BaseLogs
-                                                           ) -> None:
+def test_final_checkpoint_signature_in_non_canonical_base64(log: Path, base_logs: BaseLogs) -> None:
     # Ed25519 signatures are 64 bytes: the last base64 digit before "==" has 4 unused bits.
     # A decoder that ignores them would accept a changed final record.
     lines = read_lines(log)
@@ -309,8 +315,7 @@ def test_final_checkpoint_signature_in_non_canonical_base64(log: Path, base_logs
     damaged(verify(log, base_logs.keys), "bad_signature", rec.seq)
 
 
-def test_rechain_attack_fails_on_a_checkpoint_signature_cli(log: Path, base_logs: BaseLogs
-                                                            ) -> None:
+def test_rechain_attack_fails_on_a_checkpoint_signature_cli(log: Path, base_logs: BaseLogs) -> None:
     """Delete a record and recompute every later seq, link and hash, without any key."""
     lines = read_lines(log)
     i = middle_event(lines)
@@ -346,8 +351,7 @@ def test_middle_segment_deleted_cli(log: Path, base_logs: BaseLogs) -> None:
     seq = _first_seq(log, 5)
     (log / segment_name(5)).unlink()
     result = verify_cli(log, base_logs.keys.verify_pub)
-    assert (result.status, result.damage["kind"], result.damage["seq"]) == (
-        1, "segment_link", seq)
+    assert (result.status, result.damage["kind"], result.damage["seq"]) == (1, "segment_link", seq)
 
 
 def test_two_segments_swapped_by_renaming(log: Path, base_logs: BaseLogs) -> None:
@@ -393,7 +397,10 @@ def test_truncated_before_anchor_cli(log: Path, base_logs: BaseLogs) -> None:
     anchor = f"{head.seq}:{head.hash}"
     result = verify_cli(log, base_logs.keys.verify_pub, "--anchor", anchor)
     assert (result.status, result.damage["kind"], result.damage["seq"]) == (
-        1, "truncated", remaining[-1].seq + 1)
+        1,
+        "truncated",
+        remaining[-1].seq + 1,
+    )
     # Without the anchor the cut is invisible, but the missing clean close is noted.
     plain = verify_cli(log, base_logs.keys.verify_pub)
     assert plain.status == 0
@@ -406,8 +413,7 @@ def test_truncated_at_a_line_inside_a_segment(log: Path, base_logs: BaseLogs) ->
     head = lines[-1]
     cut = next(i for i in range(len(lines) - 4, 0, -1) if lines[i].kind != "Segment")
     write_lines(log, lines[:cut])
-    damaged(verify(log, base_logs.keys, anchor=(head.seq, head.hash)), "truncated",
-            lines[cut].seq)
+    damaged(verify(log, base_logs.keys, anchor=(head.seq, head.hash)), "truncated", lines[cut].seq)
 
 
 def test_anchor_that_does_not_match(log: Path, base_logs: BaseLogs) -> None:
@@ -429,12 +435,16 @@ def test_torn_tail_incomplete_final_line_cli(log: Path, base_logs: BaseLogs) -> 
     path = _last_segment(log)
     data = path.read_bytes()
     start = data.rindex(b"\n", 0, len(data) - 1) + 1
-    path.write_bytes(data[:start + 40])
+    path.write_bytes(data[: start + 40])
     result = verify_cli(log, base_logs.keys.verify_pub)
     assert result.status == 3, result.stdout
     assert result.report["verdict"] == "torn_tail"
-    assert result.report["torn_tail"] == {"segment": path.name, "offset": start, "length": 40,
-                                          "seq": lines[-1].seq}
+    assert result.report["torn_tail"] == {
+        "segment": path.name,
+        "offset": start,
+        "length": 40,
+        "seq": lines[-1].seq,
+    }
     assert result.report["head"] == {"seq": lines[-2].seq, "hash": lines[-2].hash}
 
 
@@ -445,15 +455,18 @@ def test_torn_tail_trailing_zero_bytes_cli(log: Path, base_logs: BaseLogs) -> No
         f.write(b"\x00" * 700)
     result = verify_cli(log, base_logs.keys.verify_pub)
     assert result.status == 3
-    assert result.report["torn_tail"] == {"segment": path.name, "offset": size, "length": 700,
-                                          "seq": read_lines_head(log) + 1}
+    assert result.report["torn_tail"] == {
+        "segment": path.name,
+        "offset": size,
+        "length": 700,
+        "seq": read_lines_head(log) + 1,
+    }
 
 
 def read_lines_head(log: Path) -> int:
     path = _last_segment(log)
     data = path.read_bytes().rstrip(b"\x00")
-    return msgspec.json.decode(data[:-1].rsplit(b"\n", 1)[-1], type=dict[str, object])[
-        "seq"]  # type: ignore[return-value]
+    return msgspec.json.decode(data[:-1].rsplit(b"\n", 1)[-1], type=dict[str, object])["seq"]  # type: ignore[return-value]
 
 
 def test_garbage_line_appended_cli(log: Path, base_logs: BaseLogs) -> None:
@@ -461,8 +474,7 @@ def test_garbage_line_appended_cli(log: Path, base_logs: BaseLogs) -> None:
     with _last_segment(log).open("ab") as f:
         f.write(b'{"kind":"event","junk":true}\n')
     result = verify_cli(log, base_logs.keys.verify_pub)
-    assert (result.status, result.damage["kind"], result.damage["seq"]) == (
-        1, "modified", head + 1)
+    assert (result.status, result.damage["kind"], result.damage["seq"]) == (1, "modified", head + 1)
 
 
 def test_sector_of_zeros_in_the_middle_cli(log: Path, base_logs: BaseLogs) -> None:
@@ -512,8 +524,12 @@ def test_sector_of_zeros_replacing_the_last_record_cli(log: Path, base_logs: Bas
     path.write_bytes(data[:start] + b"\x00" * 512)
     result = verify_cli(log, base_logs.keys.verify_pub)
     assert result.status == 3
-    assert result.report["torn_tail"] == {"segment": path.name, "offset": start, "length": 512,
-                                          "seq": lines[-1].seq}
+    assert result.report["torn_tail"] == {
+        "segment": path.name,
+        "offset": start,
+        "length": 512,
+        "seq": lines[-1].seq,
+    }
 
 
 def test_incomplete_line_at_the_end_of_a_middle_segment(log: Path, base_logs: BaseLogs) -> None:
@@ -521,7 +537,7 @@ def test_incomplete_line_at_the_end_of_a_middle_segment(log: Path, base_logs: Ba
     data = path.read_bytes()
     start = data.rindex(b"\n", 0, len(data) - 1) + 1
     seq = msgspec.json.decode(data[start:-1], type=dict[str, object])["seq"]
-    path.write_bytes(data[:start + 30])
+    path.write_bytes(data[: start + 30])
     damaged(verify(log, base_logs.keys), "modified", seq)  # type: ignore[arg-type]
 
 
@@ -547,8 +563,7 @@ def test_segment_record_check_is_positional(log: Path, base_logs: BaseLogs) -> N
 # -- the signed genesis: the checkpoint spacing it promises ------------------------------------
 
 
-def test_every_checkpoint_stripped_and_rechained_is_caught(log: Path, base_logs: BaseLogs
-                                                           ) -> None:
+def test_every_checkpoint_stripped_and_rechained_is_caught(log: Path, base_logs: BaseLogs) -> None:
     """Without the signing key, an attacker can drop every checkpoint and recompute the chain;
     the signed genesis still promises a checkpoint every N records, so the run is too long."""
     lines = read_lines(log)
@@ -562,8 +577,9 @@ def test_every_checkpoint_stripped_and_rechained_is_caught(log: Path, base_logs:
     assert "without a signed checkpoint" in str(result.damage["detail"])
 
 
-def test_genesis_promise_raised_without_the_key_is_a_bad_signature(log: Path,
-                                                                   base_logs: BaseLogs) -> None:
+def test_genesis_promise_raised_without_the_key_is_a_bad_signature(
+    log: Path, base_logs: BaseLogs
+) -> None:
     lines = read_lines(log)
     genesis = lines[0].record
     assert isinstance(genesis, Genesis)

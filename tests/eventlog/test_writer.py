@@ -72,7 +72,8 @@ async def test_group_commit_shares_fsyncs(tmp_path: Path, ks: KeySet, sync: str)
 
 
 async def test_plain_rounds_are_made_durable_by_the_kernel_not_a_thread(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On this kernel the event loop writes plain rounds and submits their fdatasync (AIO):
     the writer thread, and so ``os.fdatasync``, is left to checkpoints and new segments."""
     log = tmp_path / "log"
@@ -89,7 +90,8 @@ async def test_plain_rounds_are_made_durable_by_the_kernel_not_a_thread(
 
 
 async def test_a_large_round_is_framed_by_the_thread_beside_the_loop(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Many appenders at once make a round larger than the loop frames itself
     (``LOOP_ROUND_RECORDS``): the thread writes it, so its framing runs beside the loop."""
     log = tmp_path / "log"
@@ -133,8 +135,7 @@ async def test_each_task_keeps_its_order(tmp_path: Path, ks: KeySet) -> None:
     assert verify(log, ks).verdict == "intact"
 
 
-async def test_checkpoint_every_n_records_and_final_on_close(tmp_path: Path, ks: KeySet
-                                                             ) -> None:
+async def test_checkpoint_every_n_records_and_final_on_close(tmp_path: Path, ks: KeySet) -> None:
     log = tmp_path / "log"
     async with writer(log, ks, checkpoint_every=5) as w:
         for i in range(12):
@@ -165,7 +166,8 @@ async def test_idle_writer_keeps_checkpointing(tmp_path: Path, ks: KeySet) -> No
 
 
 async def test_failed_write_stops_the_writer_until_reopen(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "log"
     real_write = os.write
     full = False
@@ -192,11 +194,14 @@ async def test_failed_write_stops_the_writer_until_reopen(
             await w.append(b"after %d" % i)
     assert verify(log, ks).verdict == "intact"
     assert list(payloads(log, ks).values()) == [
-        *(b"before %d" % i for i in range(10)), *(b"after %d" % i for i in range(5))]
+        *(b"before %d" % i for i in range(10)),
+        *(b"after %d" % i for i in range(5)),
+    ]
 
 
 async def test_failed_batch_is_cut_so_a_retry_does_not_duplicate(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "log"
     real_write = os.write
     torn = False
@@ -225,7 +230,8 @@ async def test_failed_batch_is_cut_so_a_retry_does_not_duplicate(
 
 
 async def test_failed_fsync_is_not_retried_on_the_same_descriptor(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "log"
     real = os.fdatasync
     failing: set[int] = set()
@@ -262,7 +268,8 @@ async def test_failed_fsync_is_not_retried_on_the_same_descriptor(
 
 
 async def test_a_failed_kernel_fdatasync_fails_the_round_and_cuts_it(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The disk's EIO arrives as the AIO completion's result (injected here, at the kernel's
     answer): the round fails like a failed ``os.fdatasync``, its bytes are cut, the descriptor
     is never synced again, and after ``reopen`` appending goes on."""
@@ -312,7 +319,8 @@ async def test_a_failed_kernel_fdatasync_fails_the_round_and_cuts_it(
 
 
 async def test_a_refused_kernel_fdatasync_hands_the_round_to_the_thread(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """If the kernel refuses to start an fdatasync (io_submit fails after the round is
     written), nothing is lost: the thread makes that round durable, the writer says so, and
     every later round stays on the thread."""
@@ -322,8 +330,9 @@ async def test_a_refused_kernel_fdatasync_hands_the_round_to_the_thread(
     def refuse(ring: SyncRing, fd: int) -> None:
         raise OSError(errno.EAGAIN, "io_submit: Resource temporarily unavailable")
 
-    async with LogWriter(log, ks.keyring(), ks.signer(), checkpoint_interval=3600,
-                         on_problem=problems.append) as w:
+    async with LogWriter(
+        log, ks.keyring(), ks.signer(), checkpoint_interval=3600, on_problem=problems.append
+    ) as w:
         await w.append(b"a")
         monkeypatch.setattr(SyncRing, "submit", refuse)
         await w.append(b"b")
@@ -375,8 +384,10 @@ def test_crash_while_starting_a_segment(tmp_path: Path, ks: KeySet, content: byt
     report = verify(log, ks)
     assert report.verdict == "intact"
     assert report.segments > index + 1
-    assert any(isinstance(line.record, Segment) and line.record.index == index + 1
-               for line in read_lines(log))
+    assert any(
+        isinstance(line.record, Segment) and line.record.index == index + 1
+        for line in read_lines(log)
+    )
 
 
 def test_crash_while_writing_genesis(tmp_path: Path, ks: KeySet) -> None:
@@ -420,8 +431,11 @@ async def test_appends_return_their_seq_and_hash(tmp_path: Path, ks: KeySet) -> 
         done = await w.append_many([b"a", b"b"])
         one = await w.append(b"c")
         assert w.head_seq == one.seq + 1  # the write's seal
-    assert [line.kind for line in read_lines(log)][one.seq:] == ["EventRecord", "Seal",
-                                                                  "Checkpoint"]
+    assert [line.kind for line in read_lines(log)][one.seq :] == [
+        "EventRecord",
+        "Seal",
+        "Checkpoint",
+    ]
     stored = {s.seq: s for s in LogReader(log).poll()}
     for a in [*done, one]:
         assert stored[a.seq].hash == a.hash
@@ -434,8 +448,9 @@ async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySe
     async with writer(log, ks) as w:
         folded: list[int] = []
         with anyio.move_on_after(0) as scope:
-            await w.append_many([b"queued, then cancelled"],
-                                on_durable=lambda: folded.append(w.head_seq))
+            await w.append_many(
+                [b"queued, then cancelled"], on_durable=lambda: folded.append(w.head_seq)
+            )
         assert scope.cancelled_caught
         assert w.head_seq == 2  # the record (and its seal) was written before the
         assert folded == [2]  # cancellation went on, and its caller could still fold it
@@ -444,7 +459,8 @@ async def test_cancelled_appender_waits_for_its_record(tmp_path: Path, ks: KeySe
 
 
 async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
-        tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ks: KeySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A failed batch that spans a segment rotation, whose cut also fails, leaves two cuts for
     reopen to record; with the unsigned run nearly full, the recovery records and the next
     append must still verify (a checkpoint is signed before the run would overflow)."""
@@ -476,7 +492,8 @@ async def test_several_cuts_on_one_reopen_keep_the_signed_checkpoint_promise(
 
 
 async def test_a_heads_file_failure_after_a_durable_write_fails_nothing(
-        tmp_path: Path, ks: KeySet) -> None:
+    tmp_path: Path, ks: KeySet
+) -> None:
     """The records are durable before the heads file is written: a failure there is reported,
     and the callers are told their records landed (told otherwise, they would append them
     again, and the log would hold them twice)."""
@@ -484,9 +501,15 @@ async def test_a_heads_file_failure_after_a_durable_write_fails_nothing(
 
     log, blocked = tmp_path / "log", tmp_path / "heads.jsonl"
     problems: list[str] = []
-    async with LogWriter(log, ks.keyring(), ks.signer(), heads=HeadStore(blocked),
-                         on_problem=problems.append, checkpoint_every=2,
-                         checkpoint_interval=3600) as w:
+    async with LogWriter(
+        log,
+        ks.keyring(),
+        ks.signer(),
+        heads=HeadStore(blocked),
+        on_problem=problems.append,
+        checkpoint_every=2,
+        checkpoint_interval=3600,
+    ) as w:
         blocked.mkdir()  # from now on, opening it for writing fails (EISDIR)
         for i in range(5):
             await w.append(b"p%d" % i)
@@ -498,7 +521,8 @@ async def test_a_heads_file_failure_after_a_durable_write_fails_nothing(
 
 
 async def test_a_bug_in_the_writer_thread_fails_the_append_instead_of_hanging(
-        tmp_path: Path, ks: KeySet) -> None:
+    tmp_path: Path, ks: KeySet
+) -> None:
     from eventlog.signing import SingleKey
 
     class Broken(SingleKey):
@@ -506,9 +530,14 @@ async def test_a_bug_in_the_writer_thread_fails_the_append_instead_of_hanging(
             raise ValueError("a bug")
 
     problems: list[str] = []
-    async with LogWriter(tmp_path / "log", ks.keyring(), Broken(ks.signer()),
-                         on_problem=problems.append, checkpoint_every=1,
-                         checkpoint_interval=3600) as w:
+    async with LogWriter(
+        tmp_path / "log",
+        ks.keyring(),
+        Broken(ks.signer()),
+        on_problem=problems.append,
+        checkpoint_every=1,
+        checkpoint_interval=3600,
+    ) as w:
         with anyio.fail_after(10), pytest.raises(LogIOError, match="internal error"):
             await w.append(b"x")
         assert w.failed is not None

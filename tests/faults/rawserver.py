@@ -25,8 +25,15 @@ class Seen:
 
 
 def _head(body: bytes, *extra: bytes, status: bytes = b"200 OK") -> bytes:
-    lines = [b"HTTP/1.1 " + status, b"Content-Type: application/json", b"Connection: close",
-             b"Content-Length: " + str(len(body)).encode(), *extra, b"", b""]
+    lines = [
+        b"HTTP/1.1 " + status,
+        b"Content-Type: application/json",
+        b"Connection: close",
+        b"Content-Length: " + str(len(body)).encode(),
+        *extra,
+        b"",
+        b"",
+    ]
     return b"\r\n".join(lines)
 
 
@@ -39,16 +46,20 @@ def _slow_head(conn: socket.socket, stop: threading.Event) -> None:
 
 def _slow_body(conn: socket.socket, stop: threading.Event) -> None:
     """A complete head promising 100 bytes, then one body byte every 0.2 s."""
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nContent-Length: 100\r\n\r\n{")
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: 100\r\n\r\n{"
+    )
     while not stop.wait(0.2):
         conn.sendall(b" ")
 
 
 def _endless(conn: socket.socket, stop: threading.Event) -> None:
     """A chunked body that never ends."""
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     chunk = b" " * 65536
     frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
     while not stop.is_set():
@@ -58,9 +69,11 @@ def _endless(conn: socket.socket, stop: threading.Event) -> None:
 def _big_header(conn: socket.socket, stop: threading.Event) -> None:
     """A 10 MB header value."""
     body = b'{"status": "running"}'
-    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: " +
-                 str(len(body)).encode() +
-                 b"\r\nX-Huge: ")
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nX-Huge: "
+    )
     block = b"h" * 65536
     for _ in range(160):  # 10 MiB
         if stop.is_set():

@@ -64,8 +64,7 @@ def unmount(path: Path) -> None:
     """Unmount ``path``; lazily if it is still busy (a daemon that has not exited yet)."""
     proc = subprocess.run(["umount", str(path)], capture_output=True, timeout=30, check=False)
     if proc.returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30,
-                       check=False)
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
 
 
 @contextmanager
@@ -111,8 +110,10 @@ def fill(directory: Path, name: str = "filler") -> Path:
 
 
 def metrics_url(daemon: Daemon) -> str:
-    until(lambda: re.search(r"address=(http://\S+/metrics)", daemon.output()),
-          what="the metrics address in the daemon's log")
+    until(
+        lambda: re.search(r"address=(http://\S+/metrics)", daemon.output()),
+        what="the metrics address in the daemon's log",
+    )
     m = re.search(r"address=(http://\S+/metrics)", daemon.output())
     assert m
     return m.group(1)
@@ -152,8 +153,7 @@ class NotifySocket:
             self.messages += data.decode(errors="replace").splitlines()
 
     def statuses(self) -> list[str]:
-        return [m.removeprefix("STATUS=") for m in list(self.messages)
-                if m.startswith("STATUS=")]
+        return [m.removeprefix("STATUS=") for m in list(self.messages) if m.startswith("STATUS=")]
 
     def close(self) -> None:
         self._stop.set()
@@ -162,8 +162,11 @@ class NotifySocket:
 
 
 def intents(ws: Workspace) -> dict[tuple[str, int], StatusRequestIntended]:
-    return {(e.operation_id, e.request_number): e for _, e in ws.log().events
-            if isinstance(e, StatusRequestIntended)}
+    return {
+        (e.operation_id, e.request_number): e
+        for _, e in ws.log().events
+        if isinstance(e, StatusRequestIntended)
+    }
 
 
 def assert_every_request_was_intended(ws: Workspace, jobs: dict[str, str]) -> int:

@@ -25,7 +25,8 @@ GROUP, ALICE, MALLORY = "bidetappr", "bidetalice", "bidetmallory"
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
-    reason="needs root and useradd to create the approver users (CI runs as root)")
+    reason="needs root and useradd to create the approver users (CI runs as root)",
+)
 
 
 def _run(*cmd: str) -> None:
@@ -48,8 +49,16 @@ def users() -> Iterator[dict[str, int]]:
         subprocess.run(["groupdel", GROUP], capture_output=True)
 
 
-def _place(ws: Workspace, op: str, *, owner: int, escalation: int | None = 1, mode: int = 0o640,
-           link: bool = False, acl_for: str | None = None) -> str:
+def _place(
+    ws: Workspace,
+    op: str,
+    *,
+    owner: int,
+    escalation: int | None = 1,
+    mode: int = 0o640,
+    link: bool = False,
+    acl_for: str | None = None,
+) -> str:
     spool = Spool(ws.root / "state" / "spool")
     rid = new_request_id()
     staging = ws.root / "staging"
@@ -75,7 +84,8 @@ def _outcome(ws: Workspace, rid: str) -> tuple[str, str]:
 
 
 def test_only_an_approver_s_own_plain_file_naming_the_escalation_counts(
-        tmp_path: Path, users: dict[str, int]) -> None:
+    tmp_path: Path, users: dict[str, int]
+) -> None:
     cases = ("by-daemon", "by-outsider", "linked", "acl", "writable", "unnumbered", "approved")
     jobs: dict[str, str | list[object]] = dict.fromkeys(cases, "paused")
     extra = f'\n[spool]\napprovers_group = "{GROUP}"\n'
@@ -86,8 +96,10 @@ def test_only_an_approver_s_own_plain_file_naming_the_escalation_counts(
         daemon = ws.start_daemon()
         for op in cases:
             assert ws.watch(op, op, "--max-requests", "3").returncode == 0
-        until(lambda: all(ws.log().ops[op].phase == "escalated" for op in cases),
-              what="every case to escalate")
+        until(
+            lambda: all(ws.log().ops[op].phase == "escalated" for op in cases),
+            what="every case to escalate",
+        )
         alice = users[ALICE]
         rids = {
             "by-daemon": _place(ws, "by-daemon", owner=os.geteuid()),
@@ -98,9 +110,14 @@ def test_only_an_approver_s_own_plain_file_naming_the_escalation_counts(
         }
         if shutil.which("setfacl"):
             rids["acl"] = _place(ws, "acl", owner=alice, acl_for=MALLORY)
-        expected = {"by-daemon": "daemon's own user", "by-outsider": "not in the approvers'",
-                    "linked": "2 hard links", "writable": "writable by group or others",
-                    "unnumbered": "names no escalation number", "acl": "POSIX ACL"}
+        expected = {
+            "by-daemon": "daemon's own user",
+            "by-outsider": "not in the approvers'",
+            "linked": "2 hard links",
+            "writable": "writable by group or others",
+            "unnumbered": "names no escalation number",
+            "acl": "POSIX ACL",
+        }
         for case, rid in rids.items():
             status, reason = _outcome(ws, rid)
             assert status == "rejected", (case, reason)
@@ -115,26 +132,30 @@ def test_only_an_approver_s_own_plain_file_naming_the_escalation_counts(
         assert spool.read_receipt(good, decision=True) is None
         os.chmod(decisions, 0o730)
         assert _outcome(ws, good)[0] == "recorded"
-        [decided] = [e for _, e in ws.log().events
-                     if isinstance(e, DecisionRecorded) and e.operation_id == "approved"]
+        [decided] = [
+            e
+            for _, e in ws.log().events
+            if isinstance(e, DecisionRecorded) and e.operation_id == "approved"
+        ]
         assert decided.approver == ALICE  # from the kernel, not from the file
         assert all(ws.log().ops[op].phase == "escalated" for op in rids)
         assert daemon.stop() == 0
 
 
-def test_root_approves_only_when_the_config_says_so(tmp_path: Path,
-                                                    users: dict[str, int]) -> None:
+def test_root_approves_only_when_the_config_says_so(tmp_path: Path, users: dict[str, int]) -> None:
     path = tmp_path / "d.json"
     path.write_text("{}")
     os.chmod(path, 0o640)
     st = os.stat(path)  # owned by root: the test runs as root
     assert st.st_uid == 0
-    refusal = approval_refusal(path, st, approvers_group=GROUP, daemon_uid=users[MALLORY],
-                               allow_root=False)
+    refusal = approval_refusal(
+        path, st, approvers_group=GROUP, daemon_uid=users[MALLORY], allow_root=False
+    )
     assert refusal is not None
     assert "owned by root" in refusal
     # Allowed, root must still be an approver by group: it is not in GROUP here.
-    allowed = approval_refusal(path, st, approvers_group=GROUP, daemon_uid=users[MALLORY],
-                               allow_root=True)
+    allowed = approval_refusal(
+        path, st, approvers_group=GROUP, daemon_uid=users[MALLORY], allow_root=True
+    )
     assert allowed is not None
     assert "not in the approvers' group" in allowed

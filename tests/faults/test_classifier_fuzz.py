@@ -29,20 +29,42 @@ from tests.replay.helpers import T0, contract, registration
 HEADER_TEXT = st.one_of(
     st.none(),
     st.text(max_size=80),
-    st.integers(-10**12, 10**12).map(str),
+    st.integers(-(10**12), 10**12).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(str),
-    st.sampled_from(["Wed, 21 Oct 2015 07:28:00 GMT", "Fri, 31 Dec 9999 23:59:59 GMT",
-                     "0", "-1", "1e309", "315360000", " 120 ", "120, 5", '"d";r=0;t=99999',
-                     "limit=10, remaining=0, reset=31536000000"]),
+    st.sampled_from(
+        [
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+            "0",
+            "-1",
+            "1e309",
+            "315360000",
+            " 120 ",
+            "120, 5",
+            '"d";r=0;t=99999',
+            "limit=10, remaining=0, reset=31536000000",
+        ]
+    ),
 )
 JSON_VALUE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
-STATES = ["queued", "running", "processing", "succeeded", "failed", "canceled", "expired",
-          "", "SUCCEEDED", "paused"]
+STATES = [
+    "queued",
+    "running",
+    "processing",
+    "succeeded",
+    "failed",
+    "canceled",
+    "expired",
+    "",
+    "SUCCEEDED",
+    "paused",
+]
 DOCUMENT = st.fixed_dictionaries(
     {},
     optional={
@@ -66,9 +88,16 @@ BODY = st.one_of(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     status=st.one_of(st.integers(100, 599), st.sampled_from([200, 202, 302, 401, 404, 429, 503])),
-    headers=st.fixed_dictionaries({
-        "retry_after": HEADER_TEXT, "ratelimit": HEADER_TEXT, "ratelimit_policy": HEADER_TEXT,
-        "request_id": HEADER_TEXT, "location": HEADER_TEXT, "content_type": HEADER_TEXT}),
+    headers=st.fixed_dictionaries(
+        {
+            "retry_after": HEADER_TEXT,
+            "ratelimit": HEADER_TEXT,
+            "ratelimit_policy": HEADER_TEXT,
+            "request_id": HEADER_TEXT,
+            "location": HEADER_TEXT,
+            "content_type": HEADER_TEXT,
+        }
+    ),
     content=BODY,
     truncated=st.booleans(),
     elapsed=st.floats(0.0, 1.0),
@@ -76,10 +105,17 @@ BODY = st.one_of(
     business=st.booleans(),
 )
 def test_decide_on_any_response_is_total_and_bounded(
-        status: int, headers: dict[str, str | None], content: bytes, truncated: bool,
-        elapsed: float, draw: float, business: bool) -> None:
-    reg = registration(deadline_at=T0 + 2400.0,
-                       business_deadline_at=T0 + 1200.0 if business else None)
+    status: int,
+    headers: dict[str, str | None],
+    content: bytes,
+    truncated: bool,
+    elapsed: float,
+    draw: float,
+    business: bool,
+) -> None:
+    reg = registration(
+        deadline_at=T0 + 2400.0, business_deadline_at=T0 + 1200.0 if business else None
+    )
     [registered] = register(reg, contract(), T0)
     op = evolve(None, registered)
     now = op.next_poll_at
@@ -89,9 +125,14 @@ def test_decide_on_any_response_is_total_and_bounded(
     deadline = min(d for d in (op.deadline_at, op.business_deadline_at) if d is not None)
     at = now + elapsed * (deadline - now)  # the answer comes some time before the deadline
     fact = StatusResponseReceived(
-        operation_id=op.operation_id, at=at, request_number=intent.request_number,
-        status_code=status, headers=msgspec.convert(headers, ResponseHeaders), body=content,
-        body_truncated=truncated)
+        operation_id=op.operation_id,
+        at=at,
+        request_number=intent.request_number,
+        status_code=status,
+        headers=msgspec.convert(headers, ResponseHeaders),
+        body=content,
+        body_truncated=truncated,
+    )
     op = evolve(op, fact)
 
     events = decide(op, fact, at, draw)

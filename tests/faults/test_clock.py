@@ -30,15 +30,22 @@ import pytest
 from replay.events import OperationStopped, StatusRequestIntended
 from tests.e2e.harness import STATES, Workspace, until, workspace
 
-LIBFAKETIME = next(iter(sorted(
-    glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-    + glob.glob("/usr/lib/faketime/libfaketime.so.1")
-    + glob.glob("/usr/local/lib/faketime/libfaketime.so.1"))), None)
+LIBFAKETIME = next(
+    iter(
+        sorted(
+            glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+            + glob.glob("/usr/lib/faketime/libfaketime.so.1")
+            + glob.glob("/usr/local/lib/faketime/libfaketime.so.1")
+        )
+    ),
+    None,
+)
 
 pytestmark = pytest.mark.skipif(
     LIBFAKETIME is None,
     reason="libfaketime not installed (apt-get install -y faketime); it moves the daemon's "
-           "wall clock without touching its monotonic clock")
+    "wall clock without touching its monotonic clock",
+)
 
 # Polls every 0.5-1.0 s: at most 2 requests a second per operation, so a burst shows.
 CONTRACT = """\
@@ -56,8 +63,12 @@ MAX_PER_WINDOW = 2.0  # requests per second per operation the backoff allows
 def _faked(ws: Workspace, offset_file: Path) -> dict[str, str]:
     assert LIBFAKETIME is not None
     offset_file.write_text("+0\n")
-    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(offset_file),
-            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return {
+        "LD_PRELOAD": LIBFAKETIME,
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 def _jump(offset_file: Path, offset: str) -> None:
@@ -79,14 +90,16 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
     with workspace(tmp_path, jobs) as ws:
         (tmp_path / "profiles" / "sim.toml").write_text(
             f'[status]\nurl = "{ws.sim.base_url}/jobs/{{job_id}}"\ntimeout_seconds = 2\n\n'
-            f'[credential]\nfile = "sim.token"\n\n[contract]\n{CONTRACT}\n{STATES}')
+            f'[credential]\nfile = "sim.token"\n\n[contract]\n{CONTRACT}\n{STATES}'
+        )
         offset_file = tmp_path / "faketime.offset"
         daemon = ws.start_daemon(_faked(ws, offset_file))
         for job, op in SHORT.items():
-            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "1000"
-                            ).returncode == 0
-        assert ws.watch(LONG[0], LONG[1], "--deadline", "1d", "--max-requests", "10000"
-                        ).returncode == 0
+            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "1000").returncode == 0
+        assert (
+            ws.watch(LONG[0], LONG[1], "--deadline", "1d", "--max-requests", "10000").returncode
+            == 0
+        )
         for job in jobs:
             ws.sim.wait_for_requests(2, kind="status", job_id=job, timeout=20)
 
@@ -94,8 +107,11 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
         long_before = _requests(ws, LONG[0])
         _jump(offset_file, "+2h")
         jumped = time.monotonic()
-        until(lambda: set(SHORT.values()) <= set(_stops(ws)), timeout=10,
-              what="deadline_exceeded for both short operations")
+        until(
+            lambda: set(SHORT.values()) <= set(_stops(ws)),
+            timeout=10,
+            what="deadline_exceeded for both short operations",
+        )
         stopped_within = time.monotonic() - jumped
         stops = _stops(ws)
         intents = [e for _, e in ws.log().events if isinstance(e, StatusRequestIntended)]
@@ -108,10 +124,12 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
         window = 3.0
         time.sleep(window)
         assert {job: _requests(ws, job) for job in SHORT} == short_counts, (
-            "a stopped operation was polled again")
+            "a stopped operation was polled again"
+        )
         sent = _requests(ws, LONG[0]) - long_before
         assert sent <= MAX_PER_WINDOW * (window + stopped_within) + 1, (
-            f"burst after a forward jump: {sent} requests")
+            f"burst after a forward jump: {sent} requests"
+        )
         assert LONG[1] not in _stops(ws)
 
         # Backward one hour (from +2h to +1h): never a burst, and no wait stretched by the
@@ -123,8 +141,9 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
         assert sent <= MAX_PER_WINDOW * window + 1, f"burst after a backward jump: {sent}"
         assert sent >= window / 1.0 - 1, f"polls stopped after a backward jump: {sent}"
         assert LONG[1] not in _stops(ws)
-        by_timer = [e for _, e in ws.log().events
-                    if isinstance(e, StatusRequestIntended) and e.due_by_timer]
+        by_timer = [
+            e for _, e in ws.log().events if isinstance(e, StatusRequestIntended) and e.due_by_timer
+        ]
         assert by_timer, "no intent records that the monotonic timer made it due"
         assert daemon.proc.poll() is None
         assert daemon.stop() == 0

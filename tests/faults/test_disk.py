@@ -52,9 +52,11 @@ def _assert_log_whole(ws: Workspace, before: list[tuple[int, Event]]) -> None:
     # Events, not sequence numbers: records a failed batch left behind (never acknowledged)
     # are cut on reopen and the same events appended again, a record or two later.
     assert [e for _, e in after][: len(before)] == [e for _, e in before], (
-        "events written before the fault were lost or changed")
-    numbers = [(e.operation_id, e.request_number) for _, e in after
-               if isinstance(e, StatusRequestIntended)]
+        "events written before the fault were lost or changed"
+    )
+    numbers = [
+        (e.operation_id, e.request_number) for _, e in after if isinstance(e, StatusRequestIntended)
+    ]
     assert len(numbers) == len(set(numbers)), "an intent was recorded twice"
     for op in JOBS.values():
         mine = sorted(n for o, n in numbers if o == op)
@@ -66,13 +68,17 @@ def test_disk_full_stops_requests_raises_alarm_and_resumes(tmp_path: Path) -> No
     log_dir = tmp_path / "state" / "log"
     notify = NotifySocket(tmp_path / "notify.sock")
     try:
-        with tmpfs(log_dir, "1m"), workspace(
-                tmp_path, dict.fromkeys(JOBS, "running"), config_extra=METRICS) as ws:
+        with (
+            tmpfs(log_dir, "1m"),
+            workspace(tmp_path, dict.fromkeys(JOBS, "running"), config_extra=METRICS) as ws,
+        ):
             daemon = ws.start_daemon({"NOTIFY_SOCKET": str(notify.path)})
             url = metrics_url(daemon)
             for job, op in JOBS.items():
-                assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000"
-                                ).returncode == 0
+                assert (
+                    ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000").returncode
+                    == 0
+                )
             ws.sim.wait_for_requests(6, kind="status", timeout=20)
             assert scrape(url)["bide_log_append_failing"] == 0
 
@@ -93,16 +99,20 @@ def test_disk_full_stops_requests_raises_alarm_and_resumes(tmp_path: Path) -> No
             assert retries >= 2, "the append was not retried"
 
             filler.unlink()
-            until(lambda: "event log appends recovered" in daemon.output(), timeout=30,
-                  what="recovery after space returned")
+            until(
+                lambda: "event log appends recovered" in daemon.output(),
+                timeout=30,
+                what="recovery after space returned",
+            )
             ws.sim.wait_for_requests(stalled_at + 4, kind="status", timeout=20)
             assert scrape(url)["bide_log_append_failing"] == 0
             # One line when the condition starts, one per change of error, one when it ends:
             # not one per waiting caller per retry (issue 14).
             episode = daemon.output().split("ALARM", 1)[1].split("appends recovered", 1)[0]
             assert episode.count("level=error") <= 3, episode
-            recovered = next(line for line in daemon.output().splitlines()
-                             if "appends recovered" in line)
+            recovered = next(
+                line for line in daemon.output().splitlines() if "appends recovered" in line
+            )
             assert "attempts=" in recovered, recovered
             assert "failing_for=" in recovered, recovered
             until(lambda: "ALARM" not in notify.statuses()[-1], what="STATUS= without alarm")
@@ -124,8 +134,7 @@ def test_read_only_log_directory_stops_requests_and_resumes(tmp_path: Path) -> N
         daemon = ws.start_daemon()
         url = metrics_url(daemon)
         for job, op in JOBS.items():
-            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000"
-                            ).returncode == 0
+            assert ws.watch(job, op, "--deadline", "10m", "--max-requests", "10000").returncode == 0
         ws.sim.wait_for_requests(6, kind="status", timeout=20)
         with read_only_over(log_dir, log_dir):
             until(lambda: "ALARM" in daemon.output(), what="the ALARM log line")
@@ -135,8 +144,11 @@ def test_read_only_log_directory_stops_requests_and_resumes(tmp_path: Path) -> N
             time.sleep(2.0)
             assert _status_requests(ws) == stalled_at, "requests sent while read-only"
             before = _events(ws)
-        until(lambda: "event log appends recovered" in daemon.output(), timeout=30,
-              what="recovery once the directory is writable again")
+        until(
+            lambda: "event log appends recovered" in daemon.output(),
+            timeout=30,
+            what="recovery once the directory is writable again",
+        )
         ws.sim.wait_for_requests(stalled_at + 4, kind="status", timeout=20)
         assert scrape(url)["bide_log_append_failing"] == 0
         episode = daemon.output().split("ALARM", 1)[1].split("appends recovered", 1)[0]

@@ -38,7 +38,8 @@ def _raw_profile(ws: Workspace, raw: RawServer) -> None:
     (ws.root / "profiles" / "raw.toml").write_text(
         f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\ntimeout_seconds = {TIMEOUT}\n'
         f'max_body_bytes = {MAX_BODY}\n\n[credential]\nfile = "sim.token"\n\n'
-        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}"
+    )
 
 
 def _events(ws: Workspace, op: str) -> list[Event]:
@@ -57,7 +58,8 @@ RAW_CASES = ("slow-head", "slow-body", "endless", "big-header", "bad-utf8", "gzi
 
 
 def test_hostile_provider_outcomes_are_recorded_and_bounded(
-        tmp_path: Path, raw: RawServer, elsewhere: RawServer) -> None:
+    tmp_path: Path, raw: RawServer, elsewhere: RawServer
+) -> None:
     sim_jobs: dict[str, str | list[object]] = {
         "ten-years": [{"state": "running", "retry_after": 10 * 365 * 86400}],
         "negative-hint": [{"state": "running", "poll_after_seconds": -5}, "running"],
@@ -70,13 +72,28 @@ def test_hostile_provider_outcomes_are_recorded_and_bounded(
         ready_rss, _ = rss_kib(daemon.proc.pid)
         started = time.monotonic()
         for name in RAW_CASES:
-            assert ws.bide("watch", "--provider", "raw", "--job", name, "--operation", name,
-                           "--deadline", "1m", "--max-requests", "1").returncode == 0
-        assert ws.watch("redirect", "redirect", "--deadline", "1h", "--max-requests", "1"
-                        ).returncode == 0
+            assert (
+                ws.bide(
+                    "watch",
+                    "--provider",
+                    "raw",
+                    "--job",
+                    name,
+                    "--operation",
+                    name,
+                    "--deadline",
+                    "1m",
+                    "--max-requests",
+                    "1",
+                ).returncode
+                == 0
+            )
+        assert (
+            ws.watch("redirect", "redirect", "--deadline", "1h", "--max-requests", "1").returncode
+            == 0
+        )
         for name in ("ten-years", "negative-hint"):  # a budget left, so a wait is decided
-            assert ws.watch(name, name, "--deadline", "1h", "--max-requests", "2"
-                            ).returncode == 0
+            assert ws.watch(name, name, "--deadline", "1h", "--max-requests", "2").returncode == 0
         every = [*RAW_CASES, "ten-years", "redirect", "negative-hint"]
 
         def all_ended() -> bool:
@@ -118,20 +135,23 @@ def test_hostile_provider_outcomes_are_recorded_and_bounded(
         assert stops["redirect"].reason == "integration_failure"
         assert elsewhere.seen == [], "a redirect to another origin was followed"
         hint_events = _events(ws, "negative-hint")
-        assert any(isinstance(e, HintRejected) and e.hint == "poll_after_seconds"
-                   for e in hint_events)
+        assert any(
+            isinstance(e, HintRejected) and e.hint == "poll_after_seconds" for e in hint_events
+        )
         first_poll = next(e for e in hint_events if isinstance(e, PollScheduled))
         assert first_poll.delay_source == "local_backoff"
         assert first_poll.delay > 0
 
         for name in every:  # bounded: every request gave up within its timeout (+ slack)
             fact = facts[name]
-            intent_at = next(e.at for e in _events(ws, name)
-                             if type(e).__name__ == "StatusRequestIntended")
+            intent_at = next(
+                e.at for e in _events(ws, name) if type(e).__name__ == "StatusRequestIntended"
+            )
             assert fact.at - intent_at <= TIMEOUT + 1.0, (name, fact.at - intent_at)
         assert elapsed < TIMEOUT * len(every) + 15
         assert peak_rss - ready_rss < RSS_GROWTH_KIB, (
-            f"peak RSS grew {(peak_rss - ready_rss) // 1024} MiB over the RSS at ready")
+            f"peak RSS grew {(peak_rss - ready_rss) // 1024} MiB over the RSS at ready"
+        )
         # The provider's own origin got the credential; nothing else did.
         assert all(f"Bearer {TOKEN}".encode() in s.head for s in raw.seen)
         assert {s.path.rsplit("/", 1)[-1] for s in raw.seen} == set(RAW_CASES)

@@ -25,8 +25,18 @@ from replay.events import DecisionRecorded, DecisionRejected
 from replay.observations import Registration
 from tests.e2e.harness import Workspace, until, workspace
 
-ESCAPES = ["%2e%2e", "...", "a/../../_sim/requests", "x?y=1#z", "/etc/passwd", "\u202eevil",
-           "%00", "a%2F..%2F..%2Fb", "\\..\\..", ";..;"]
+ESCAPES = [
+    "%2e%2e",
+    "...",
+    "a/../../_sim/requests",
+    "x?y=1#z",
+    "/etc/passwd",
+    "\u202eevil",
+    "%00",
+    "a%2F..%2F..%2Fb",
+    "\\..\\..",
+    ";..;",
+]
 DOTS = [".", ".."]  # no encoding keeps a dot segment in place: refused at the spool
 
 
@@ -55,14 +65,21 @@ def _reasons(spool: Spool) -> list[str]:
 def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("top-secret-value-81f3\n")
-    with workspace(tmp_path, {"esc": "queued, manual_review", "fine": "running",
-                              **dict.fromkeys(ESCAPES + DOTS, "running")}) as ws:
+    with workspace(
+        tmp_path,
+        {
+            "esc": "queued, manual_review",
+            "fine": "running",
+            **dict.fromkeys(ESCAPES + DOTS, "running"),
+        },
+    ) as ws:
         ws.start_daemon()
         spool = Spool(tmp_path / "state" / "spool")
         assert ws.watch("esc", "esc").returncode == 0
         assert ws.bide("wait", "esc", "--timeout", "30s").returncode == 3  # escalated
-        assert ws.watch("fine", "fine", "--deadline", "1h", "--max-requests", "1000"
-                        ).returncode == 0
+        assert (
+            ws.watch("fine", "fine", "--deadline", "1h", "--max-requests", "1000").returncode == 0
+        )
         before = ws.log()
         esc_before = before.ops["esc"]
         rejected_before = len(_reasons(spool))
@@ -84,24 +101,37 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         again = _drop(spool.incoming, _registration("fine", "fine"))
         taken = _drop(spool.incoming, _registration("fine", "esc"))
         # Decisions that must not land.
-        for op, option, esc_id, note in (("nobody", "abandon", None, ""),
-                                         ("esc", "abandon", 99, ""),
-                                         ("esc", "cancel_at_provider", 1, ""),
-                                         ("esc", "abandon", None, ""),
-                                         ("esc", "abandon", None, "n" * 5000)):
+        for op, option, esc_id, note in (
+            ("nobody", "abandon", None, ""),
+            ("esc", "abandon", 99, ""),
+            ("esc", "cancel_at_provider", 1, ""),
+            ("esc", "abandon", None, ""),
+            ("esc", "abandon", None, "n" * 5000),
+        ):
             d = DecisionFile(1, new_request_id(), op, option, note, esc_id)
             _drop(spool.decisions, msgspec.json.encode(d), d.request_id)
         refused = 13  # the same-job duplicate is not among them: it is idempotent
-        until(lambda: len(_reasons(spool)) >= rejected_before + refused, timeout=20,
-              what=f"{refused} refusals")
+        until(
+            lambda: len(_reasons(spool)) >= rejected_before + refused,
+            timeout=20,
+            what=f"{refused} refusals",
+        )
         until(lambda: spool.read_receipt(again) is not None, what="the duplicate's receipt")
 
         reasons = _reasons(spool)
         text = "\n".join(reasons)
-        for expected in ("limit is", "not a regular file", "symbolic link",
-                         "not a valid spool file", "not a valid decision",
-                         "already in use", "no operation or action 'nobody'",
-                         "escalation 99", "was not offered", "names no escalation number"):
+        for expected in (
+            "limit is",
+            "not a regular file",
+            "symbolic link",
+            "not a valid spool file",
+            "not a valid decision",
+            "already in use",
+            "no operation or action 'nobody'",
+            "escalation 99",
+            "was not offered",
+            "names no escalation number",
+        ):
             assert expected in text, f"no reason mentions {expected!r}:\n{text}"
         assert "top-secret-value" not in text, "a refused file's content surfaced in a reason"
         assert secret.read_text() == "top-secret-value-81f3\n"
@@ -122,8 +152,7 @@ def test_hostile_spool_files_are_refused_and_change_nothing(tmp_path: Path) -> N
         assert esc_after.deadline_at == esc_before.deadline_at
         assert esc_after.max_status_requests == esc_before.max_status_requests
         assert after.ops["fine"].provider_job_id == "fine"
-        new_events = [e for _, e in after.events[len(before.events):]
-                      if e.operation_id == "esc"]
+        new_events = [e for _, e in after.events[len(before.events) :] if e.operation_id == "esc"]
         assert all(isinstance(e, DecisionRejected) for e in new_events), new_events
         assert not any(isinstance(e, DecisionRecorded) for _, e in after.events)
         _assert_status_paths_stay_put(ws)
@@ -138,8 +167,9 @@ def _assert_status_paths_stay_put(ws: Workspace) -> None:
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "dot segment" in refused.stdout, refused.stdout
     for i, job in enumerate(ESCAPES):
-        assert ws.watch(job, f"escape-{i}", "--deadline", "1m", "--max-requests", "1"
-                        ).returncode == 0
+        assert (
+            ws.watch(job, f"escape-{i}", "--deadline", "1m", "--max-requests", "1").returncode == 0
+        )
 
     def ended() -> bool:
         ops = ws.log().ops

@@ -25,20 +25,24 @@ from tests.faults.rawserver import RawServer
 
 def _client(tmp_path: Path, raw: RawServer) -> StatusClient:
     path = tmp_path / "raw.toml"
-    path.write_text(f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
-                    f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+    path.write_text(
+        f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
+        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}"
+    )
     return StatusClient(load_profile(path), None)
 
 
 def test_slowloris_head_ends_within_the_budget(tmp_path: Path) -> None:
     raw = RawServer()
     try:
+
         async def run() -> tuple[Answer | NoAnswer, float]:
             client = _client(tmp_path, raw)
             started = time.monotonic()
             try:
-                result = await client.call("GET", f"{raw.base_url}/jobs/slow-head", seconds=1.0,
-                                           cap=4096)
+                result = await client.call(
+                    "GET", f"{raw.base_url}/jobs/slow-head", seconds=1.0, cap=4096
+                )
             finally:
                 await client.aclose()
             return result, time.monotonic() - started
@@ -56,12 +60,14 @@ def test_one_timeout_does_not_cut_another_request_in_flight(tmp_path: Path) -> N
     raw = RawServer()
     results: dict[str, Answer | NoAnswer] = {}
     try:
+
         async def run() -> None:
             client = _client(tmp_path, raw)
 
             async def one(name: str, seconds: float) -> None:
-                results[name] = await client.call("GET", f"{raw.base_url}/jobs/{name}",
-                                                  seconds=seconds, cap=4096)
+                results[name] = await client.call(
+                    "GET", f"{raw.base_url}/jobs/{name}", seconds=seconds, cap=4096
+                )
 
             try:
                 async with anyio.create_task_group() as tg:
@@ -93,9 +99,11 @@ def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: P
     script = script_from_dict({"jobs": {"j": {"steps": "running"}}})
     with run_in_thread(script, token=right) as sim:
         path = tmp_path / "sim.toml"
-        path.write_text(f'[status]\nurl = "{sim.base_url}/jobs/{{job_id}}"\n\n'
-                        f'[credential]\nfile = "sim.token"\n\n'
-                        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+        path.write_text(
+            f'[status]\nurl = "{sim.base_url}/jobs/{{job_id}}"\n\n'
+            f'[credential]\nfile = "sim.token"\n\n'
+            f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}"
+        )
 
         async def run() -> list[Answer | NoAnswer]:
             client = StatusClient(load_profile(path), creds)
@@ -109,8 +117,9 @@ def test_a_rotated_or_removed_credential_is_seen_on_the_next_request(tmp_path: P
                         token.chmod(0o600)  # a credential open to others is refused
                         # Distinct mtimes whatever the file system's timestamp resolution.
                         os.utime(token, ns=(step * 10**9, step * 10**9))
-                    out.append(await client.call("GET", f"{sim.base_url}/jobs/j", seconds=2,
-                                                 cap=4096))
+                    out.append(
+                        await client.call("GET", f"{sim.base_url}/jobs/j", seconds=2, cap=4096)
+                    )
             finally:
                 await client.aclose()
             return out
@@ -134,15 +143,22 @@ def test_urls_that_are_not_the_profiles_are_not_sent_and_never_raise(tmp_path: P
     a ``not_sent`` failure the model reads, the raw server untouched."""
     raw = RawServer()
     try:
+
         async def run() -> list[tuple[str, str]]:
             client = _client(tmp_path, raw)
             out = []
             try:
-                for url in (f"http://127.0.0.1:{raw.port + 70000}/jobs/x", "http://[::1/jobs/x",
-                            f"{raw.base_url}/jobs/a\tb", "http://127.0.0.2:1/jobs/x",
-                            f"{raw.base_url}/admin/users", f"{raw.base_url}/jobs/../admin"):
-                    fact = await client.fetch(operation_id="op", url=url, request_number=1,
-                                              time_left=5.0, clock=time.time)
+                for url in (
+                    f"http://127.0.0.1:{raw.port + 70000}/jobs/x",
+                    "http://[::1/jobs/x",
+                    f"{raw.base_url}/jobs/a\tb",
+                    "http://127.0.0.2:1/jobs/x",
+                    f"{raw.base_url}/admin/users",
+                    f"{raw.base_url}/jobs/../admin",
+                ):
+                    fact = await client.fetch(
+                        operation_id="op", url=url, request_number=1, time_left=5.0, clock=time.time
+                    )
                     out.append((getattr(fact, "kind", ""), getattr(fact, "detail", "")))
             finally:
                 await client.aclose()
@@ -158,11 +174,13 @@ def test_urls_that_are_not_the_profiles_are_not_sent_and_never_raise(tmp_path: P
 def test_a_status_outside_100_to_599_is_a_protocol_error(tmp_path: Path) -> None:
     raw = RawServer()
     try:
+
         async def run() -> Answer | NoAnswer:
             client = _client(tmp_path, raw)
             try:
-                return await client.call("GET", f"{raw.base_url}/jobs/status-999", seconds=2.0,
-                                         cap=4096)
+                return await client.call(
+                    "GET", f"{raw.base_url}/jobs/status-999", seconds=2.0, cap=4096
+                )
             finally:
                 await client.aclose()
 
@@ -180,16 +198,20 @@ def test_a_providers_cookies_are_never_kept_or_sent_back(tmp_path: Path) -> None
     raw = RawServer()
     body = b'{"status": "running"}'
     for i in range(20):
-        raw.replies[f"c{i}"] = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                b"Set-Cookie: s%d=v%d; Path=/\r\n"
-                                b"Connection: close\r\nContent-Length: %d\r\n\r\n"
-                                % (i, i, len(body))) + body
+        raw.replies[f"c{i}"] = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Set-Cookie: s%d=v%d; Path=/\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (i, i, len(body))
+        ) + body
     try:
+
         async def run() -> list[Answer | NoAnswer]:
             client = _client(tmp_path, raw)
             try:
-                return [await client.call("GET", f"{raw.base_url}/jobs/c{i}", seconds=5.0,
-                                          cap=4096) for i in range(20)]
+                return [
+                    await client.call("GET", f"{raw.base_url}/jobs/c{i}", seconds=5.0, cap=4096)
+                    for i in range(20)
+                ]
             finally:
                 await client.aclose()
 
@@ -207,24 +229,33 @@ def test_a_urls_userinfo_never_replaces_the_profiles_credential(tmp_path: Path) 
     nothing built from the URL: no Basic authorization the provider chose, and no userinfo on
     the wire."""
     raw = RawServer()
-    raw.replies["u"] = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                        b"Connection: close\r\nContent-Length: 2\r\n\r\n{}")
+    raw.replies["u"] = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: 2\r\n\r\n{}"
+    )
     creds = tmp_path / "creds"
     creds.mkdir(mode=0o700)
     token = creds / "raw.token"
     token.write_text("profile-credential-5e1\n")
     token.chmod(0o600)
     path = tmp_path / "raw.toml"
-    path.write_text(f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
-                    f'[credential]\nfile = "raw.token"\n\n'
-                    f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}")
+    path.write_text(
+        f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
+        f'[credential]\nfile = "raw.token"\n\n'
+        f"[contract]\n{DEFAULT_CONTRACT}\n{STATES}"
+    )
     try:
+
         async def run() -> object:
             client = StatusClient(load_profile(path), creds)
             try:
                 return await client.fetch(
-                    operation_id="op", url=f"http://mallory:chosen@127.0.0.1:{raw.port}/jobs/u",
-                    request_number=1, time_left=5.0, clock=time.time)
+                    operation_id="op",
+                    url=f"http://mallory:chosen@127.0.0.1:{raw.port}/jobs/u",
+                    request_number=1,
+                    time_left=5.0,
+                    clock=time.time,
+                )
             finally:
                 await client.aclose()
 

@@ -24,8 +24,28 @@ from daemon.inputs import (
 )
 
 BIDE = [sys.executable, "-m", "daemon.cli"]
-HOSTILE = ["nan", "NaN", "inf", "-inf", "+inf", "Infinity", "-0", "-1", "1e308", "1e3", "0x10",
-           "1_000", " ", "", "1" * 10_000, "9" * 400, "1.5.2", "١٢", "5m-", "-5m"]
+HOSTILE = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "+inf",
+    "Infinity",
+    "-0",
+    "-1",
+    "1e308",
+    "1e3",
+    "0x10",
+    "1_000",
+    " ",
+    "",
+    "1" * 10_000,
+    "9" * 400,
+    "1.5.2",
+    "١٢",
+    "5m-",
+    "-5m",
+]
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -101,25 +121,43 @@ def test_argparse_types_refuse_with_the_flag_and_range() -> None:
     parser.add_argument("--max-requests", type=count_arg(1, 100))
     parser.add_argument("--wait-seconds", type=seconds_arg(0, 60, allow_zero=True))
     assert parser.parse_args(["--max-requests", "7", "--wait-seconds", "0"]).wait_seconds == 0
-    for flag, value in (("--max-requests", "101"), ("--max-requests", "nan"),
-                        ("--wait-seconds", "inf"), ("--wait-seconds", "61")):
+    for flag, value in (
+        ("--max-requests", "101"),
+        ("--max-requests", "nan"),
+        ("--wait-seconds", "inf"),
+        ("--wait-seconds", "61"),
+    ):
         with pytest.raises(argparse.ArgumentError, match=flag):
             parser.parse_args([flag, value])
 
 
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--deadline", "nan"), ("--deadline", "inf"), ("--deadline", "1e300"),
-    ("--deadline", "-5m"), ("--max-requests", "nan"), ("--max-requests", "0"),
-    ("--business-deadline", "+inf"), ("--wait-seconds", "nan"),
-])
-def test_bide_watch_refuses_a_non_finite_or_out_of_range_flag(tmp_path: Path, flag: str,
-                                                               value: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--deadline", "nan"),
+        ("--deadline", "inf"),
+        ("--deadline", "1e300"),
+        ("--deadline", "-5m"),
+        ("--max-requests", "nan"),
+        ("--max-requests", "0"),
+        ("--business-deadline", "+inf"),
+        ("--wait-seconds", "nan"),
+    ],
+)
+def test_bide_watch_refuses_a_non_finite_or_out_of_range_flag(
+    tmp_path: Path, flag: str, value: str
+) -> None:
     """``bide watch --deadline nan`` used to exit 0 and register with the profile's default."""
     config = tmp_path / "bide.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
-    run = subprocess.run([*BIDE, "watch", "--provider", "p", "--job", "j", flag, value,
-                          "--config", str(config)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [*BIDE, "watch", "--provider", "p", "--job", "j", flag, value, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     assert flag in run.stderr
     assert not (tmp_path / "state" / "spool").exists() or not any(
-        (tmp_path / "state" / "spool" / "incoming").iterdir())
+        (tmp_path / "state" / "spool" / "incoming").iterdir()
+    )

@@ -30,7 +30,8 @@ def _erofs(*_args: object, **_kwargs: object) -> None:
 
 
 def test_batch_half_written_before_a_read_only_rotation_is_not_doubled(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     keys.generate(tmp_path / "keys")
     keyring, signer = keys.load_keyring(tmp_path / "keys"), keys.load_signer(tmp_path / "keys")
     log = tmp_path / "log"
@@ -46,8 +47,14 @@ def test_batch_half_written_before_a_read_only_rotation_is_not_doubled(
 
     async def run() -> Recovery | None:
         nonlocal read_only
-        async with LogWriter(log, keyring, signer, segment_bytes=4096,
-                             checkpoint_every=10_000, checkpoint_interval=3600) as w:
+        async with LogWriter(
+            log,
+            keyring,
+            signer,
+            segment_bytes=4096,
+            checkpoint_every=10_000,
+            checkpoint_interval=3600,
+        ) as w:
             await w.append_many([b"before %d" % i for i in range(3)])
             monkeypatch.setattr(os, "open", open_)
             monkeypatch.setattr(os, "truncate", _erofs)

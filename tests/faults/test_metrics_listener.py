@@ -21,8 +21,9 @@ import pytest
 from tests.e2e.harness import until, workspace
 from tests.faults.support import metrics_url, scrape
 
-pytestmark = pytest.mark.skipif(shutil.which("prlimit") is None,
-                                reason="prlimit (util-linux) lowers the daemon's fd limit")
+pytestmark = pytest.mark.skipif(
+    shutil.which("prlimit") is None, reason="prlimit (util-linux) lowers the daemon's fd limit"
+)
 
 
 def test_a_flood_of_metrics_connections_leaves_the_daemon_serving(tmp_path: Path) -> None:
@@ -30,13 +31,16 @@ def test_a_flood_of_metrics_connections_leaves_the_daemon_serving(tmp_path: Path
     with workspace(tmp_path, {"long": "running"}, config_extra=extra) as ws:
         daemon = ws.start_daemon()
         url = metrics_url(daemon)
-        assert ws.watch("long", "long", "--deadline", "5m", "--max-requests", "10000"
-                        ).returncode == 0
+        assert (
+            ws.watch("long", "long", "--deadline", "5m", "--max-requests", "10000").returncode == 0
+        )
         ws.sim.wait_for_requests(2, kind="status", timeout=10)
         pid = daemon.proc.pid
         held = len(os.listdir(f"/proc/{pid}/fd"))
-        subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={held + 6}:"],  # soft only
-                       check=True)
+        subprocess.run(
+            ["prlimit", f"--pid={pid}", f"--nofile={held + 6}:"],  # soft only
+            check=True,
+        )
         port = urlsplit(url).port
         assert port is not None
         clients = []

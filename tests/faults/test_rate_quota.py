@@ -33,8 +33,11 @@ def most_in(times: list[float], length: float) -> int:
     return max((sum(1 for u in times if t <= u < t + length) for t in times), default=0)
 
 
-@given(rate=st.sampled_from([0.5, 1.0, 3.0, 8.0, 50.0]), burst=st.integers(1, 10),
-       gaps=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=60))
+@given(
+    rate=st.sampled_from([0.5, 1.0, 3.0, 8.0, 50.0]),
+    burst=st.integers(1, 10),
+    gaps=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=60),
+)
 def test_no_window_holds_more_than_the_quota(rate: float, burst: int, gaps: list[float]) -> None:
     times = granted(rate, burst, gaps)
     for length in (1.0, 2.0, 10.0):

@@ -16,9 +16,11 @@ from tests.e2e.harness import until, workspace
 from tests.faults.support import metrics_url, scrape
 
 KEEP = 50
-EXTRA = (f'\n[spool]\nreceipt_retention_seconds = 3600\nrejected_max_files = {KEEP}\n'
-         f'receipt_max_files = {2 * KEEP}\n'
-         f'\n[metrics]\nlisten = "127.0.0.1:0"\n')
+EXTRA = (
+    f"\n[spool]\nreceipt_retention_seconds = 3600\nrejected_max_files = {KEEP}\n"
+    f"receipt_max_files = {2 * KEEP}\n"
+    f'\n[metrics]\nlisten = "127.0.0.1:0"\n'
+)
 
 
 def test_ten_thousand_junk_files_leave_a_bounded_spool(tmp_path: Path) -> None:
@@ -32,8 +34,12 @@ def test_ten_thousand_junk_files_leave_a_bounded_spool(tmp_path: Path) -> None:
         for _ in range(10_000):
             rid = new_request_id()
             (spool.incoming / f"{rid}.json").write_bytes(b"junk")
-        until(lambda: not any(spool.incoming.iterdir()), timeout=120,
-              what="every junk file to be ingested")
+        until(
+            lambda: not any(spool.incoming.iterdir()),
+            timeout=120,
+            what="every junk file to be ingested",
+        )
+
         def files() -> int:
             return sum(len(list(d.iterdir())) for d in (spool.rejected, spool.receipts))
 

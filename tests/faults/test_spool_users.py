@@ -42,8 +42,12 @@ AGENTS, APPROVERS, SERVICE = "bides-agents", "bides-approvers", "bides-svc"
 #: The deploy guide's users: the daemon's (in both role groups), one it forgot to add to the
 #: agents' group, two agents and an approver (who is in bide-agents too, for the socket).
 USERS: dict[str, tuple[str, ...]] = {
-    "bides-svc": (AGENTS, APPROVERS), "bides-svc2": (APPROVERS,),
-    "bides-agent": (AGENTS,), "bides-agent2": (AGENTS,), "bides-appr": (APPROVERS, AGENTS)}
+    "bides-svc": (AGENTS, APPROVERS),
+    "bides-svc2": (APPROVERS,),
+    "bides-agent": (AGENTS,),
+    "bides-agent2": (AGENTS,),
+    "bides-appr": (APPROVERS, AGENTS),
+}
 SPOOL = f'\n[spool]\nagents_group = "{AGENTS}"\napprovers_group = "{APPROVERS}"\n'
 NO_API = "enabled = false\n"  # the CLI falls back to the spool, as when the socket is silent
 
@@ -65,11 +69,18 @@ def people() -> Iterator[dict[str, User]]:
         for name, groups in USERS.items():
             subprocess.run(["userdel", name], capture_output=True, check=False)
             primary = ["--gid", SERVICE] if name.startswith("bides-svc") else []
-            _run("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", *primary,
-                 "--groups", ",".join(groups), name)
+            _run(
+                "useradd",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                *primary,
+                "--groups",
+                ",".join(groups),
+                name,
+            )
             entry = pwd.getpwnam(name)
-            made[name] = User(name, entry.pw_uid, entry.pw_gid,
-                              os.getgrouplist(name, entry.pw_gid))
+            made[name] = User(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid))
         yield made
     finally:
         for name in USERS:
@@ -119,9 +130,11 @@ def root(shared: Path) -> Iterator[Path]:
 def _unit_spool_lines() -> list[tuple[str, str, int, str]]:
     """(owner, group, mode, path) of each ``ExecStartPre=+/usr/bin/install -d`` line."""
     pattern = r"ExecStartPre=\+/usr/bin/install -d -o (\S+) -g (\S+) -m (\d+) (\S+)"
-    return [(m[1], m[2], int(m[3], 8), m[4])
-            for line in (DEPLOY / "bide.service").read_text().splitlines()
-            if (m := re.fullmatch(pattern, line))]
+    return [
+        (m[1], m[2], int(m[3], 8), m[4])
+        for line in (DEPLOY / "bide.service").read_text().splitlines()
+        if (m := re.fullmatch(pattern, line))
+    ]
 
 
 def deploy(ws: Workspace, service: User, *, old_unit: bool = False) -> None:
@@ -133,8 +146,9 @@ def deploy(ws: Workspace, service: User, *, old_unit: bool = False) -> None:
     for tree in (ws.root / "service-keys", ws.root / "creds"):
         for path in (tree, *tree.rglob("*")):
             os.chown(path, service.uid, service.gid)
-    ws.config.write_text(ws.config.read_text().replace('keys_dir = "keys"',
-                                                       'keys_dir = "service-keys"'))
+    ws.config.write_text(
+        ws.config.read_text().replace('keys_dir = "keys"', 'keys_dir = "service-keys"')
+    )
     os.chmod(ws.config, 0o644)
     state = ws.root / "state"
     state.mkdir(mode=0o751)
@@ -153,9 +167,15 @@ def start_as(ws: Workspace, python: Path, wrapper: list[str], service: User) -> 
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
             [*wrapper, str(python), "-m", "daemon.cli", "run", "--config", str(ws.config)],
-            stdout=out, stderr=subprocess.STDOUT, cwd="/", user=service.uid,
-            group=service.gid, extra_groups=service.groups, umask=0o077,
-            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+            user=service.uid,
+            group=service.gid,
+            extra_groups=service.groups,
+            umask=0o077,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+        )
     daemon = Daemon(proc, log_path)
     ws.daemons.append(daemon)
     daemon.wait_ready()
@@ -168,8 +188,16 @@ def log_of(ws: Workspace) -> LoadedLog:
 
 
 def read_as(user: User, path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["cat", str(path)], capture_output=True, text=True, user=user.uid,
-                          group=user.gid, extra_groups=user.groups, check=False, timeout=30)
+    return subprocess.run(
+        ["cat", str(path)],
+        capture_output=True,
+        text=True,
+        user=user.uid,
+        group=user.gid,
+        extra_groups=user.groups,
+        check=False,
+        timeout=30,
+    )
 
 
 def _rejected(ws: Workspace) -> dict[str, str]:
@@ -178,68 +206,130 @@ def _rejected(ws: Workspace) -> dict[str, str]:
 
 
 def test_requests_dropped_while_the_daemon_is_down_are_taken_when_it_starts(
-        people: dict[str, User], python: Path, unit_filter: list[str], root: Path) -> None:
+    people: dict[str, User], python: Path, unit_filter: list[str], root: Path
+) -> None:
     service, agent, approver = (people[n] for n in ("bides-svc", "bides-agent", "bides-appr"))
     with workspace(root, jobs={"j-odd": "mystery"}, config_extra=SPOOL, api=NO_API) as ws:
         deploy(ws, service)
-        queued = as_user(ws, python, agent, "watch", "--provider", "sim", "--job", "j-odd",
-                         "--operation", "op-a", "--wait-seconds", "0")
+        queued = as_user(
+            ws,
+            python,
+            agent,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j-odd",
+            "--operation",
+            "op-a",
+            "--wait-seconds",
+            "0",
+        )
         assert queued.returncode == 75, queued.stdout + queued.stderr
         assert "queued op-a" in queued.stdout
 
         daemon = start_as(ws, python, unit_filter, service)
-        until(lambda: "op-a" in log_of(ws).ops or _rejected(ws),
-              what="the queued registration to be taken")
+        until(
+            lambda: "op-a" in log_of(ws).ops or _rejected(ws),
+            what="the queued registration to be taken",
+        )
         assert _rejected(ws) == {}
         until(lambda: log_of(ws).ops["op-a"].phase == "escalated", what="the escalation")
         assert log_of(ws).ops["op-a"].registered_by == agent.name
         assert daemon.stop() == 0, daemon.output()
 
-        decided = as_user(ws, python, approver, "decide", "op-a", "abandon", "--escalation",
-                          "1", "--note", "the provider's console says failed",
-                          "--wait-seconds", "0", "--json")
+        decided = as_user(
+            ws,
+            python,
+            approver,
+            "decide",
+            "op-a",
+            "abandon",
+            "--escalation",
+            "1",
+            "--note",
+            "the provider's console says failed",
+            "--wait-seconds",
+            "0",
+            "--json",
+        )
         assert decided.returncode == 75, decided.stdout + decided.stderr
         assert json.loads(decided.stdout)["status"] == "queued"
 
         start_as(ws, python, unit_filter, service)
-        until(lambda: log_of(ws).ops["op-a"].phase == "closed" or _rejected(ws),
-              what="the queued decision to be recorded")
+        until(
+            lambda: log_of(ws).ops["op-a"].phase == "closed" or _rejected(ws),
+            what="the queued decision to be recorded",
+        )
         assert _rejected(ws) == {}
         decisions = [e for _, e in log_of(ws).events if isinstance(e, DecisionRecorded)]
         assert [(d.approver, d.option_id) for d in decisions] == [(approver.name, "abandon")]
-        receipt = (ws.root / "state" / "spool" / "decided"
-                   / f"{json.loads(decided.stdout)['request_id']}.json")
+        receipt = (
+            ws.root
+            / "state"
+            / "spool"
+            / "decided"
+            / f"{json.loads(decided.stdout)['request_id']}.json"
+        )
         assert json.loads(read_as(approver, receipt).stdout)["status"] == "recorded"
         other_approver = people["bides-svc2"]  # in the approvers' group, as the directory is
         assert read_as(other_approver, receipt).returncode != 0
 
 
 def test_the_cli_refuses_to_queue_what_the_daemon_could_not_open(
-        people: dict[str, User], python: Path, root: Path) -> None:
+    people: dict[str, User], python: Path, root: Path
+) -> None:
     """The daemon's user is not in the agents' group, which spool/incoming gives its files:
     the daemon could never open them. Was: "queued", then rejected when the daemon started."""
     forgotten, agent = people["bides-svc2"], people["bides-agent"]
     with workspace(root, jobs={"j": "running"}, config_extra=SPOOL, api=NO_API) as ws:
         deploy(ws, forgotten)
         incoming = ws.root / "state" / "spool" / "incoming"
-        refused = as_user(ws, python, agent, "watch", "--provider", "sim", "--job", "j",
-                          "--operation", "op-never", "--wait-seconds", "0")
+        refused = as_user(
+            ws,
+            python,
+            agent,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j",
+            "--operation",
+            "op-never",
+            "--wait-seconds",
+            "0",
+        )
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "queued" not in refused.stdout
         assert f"{forgotten.name} (who owns {incoming}) is not in group {AGENTS}" in (
-            refused.stderr)
+            refused.stderr
+        )
         assert f"usermod -aG {AGENTS} {forgotten.name}" in refused.stderr
         assert list(incoming.iterdir()) == []  # nothing left behind, not even a dot-file
 
 
 def test_an_agent_s_receipt_is_readable_by_that_agent_alone(
-        people: dict[str, User], python: Path, unit_filter: list[str], root: Path) -> None:
+    people: dict[str, User], python: Path, unit_filter: list[str], root: Path
+) -> None:
     service, alice, bob = (people[n] for n in ("bides-svc", "bides-agent", "bides-agent2"))
     with workspace(root, jobs={"j1": "running"}, config_extra=SPOOL, api=NO_API) as ws:
         deploy(ws, service)
         start_as(ws, python, unit_filter, service)
-        taken = as_user(ws, python, alice, "watch", "--provider", "sim", "--job", "j1",
-                        "--operation", "op-alice", "--json", "--wait-seconds", "30")
+        taken = as_user(
+            ws,
+            python,
+            alice,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j1",
+            "--operation",
+            "op-alice",
+            "--json",
+            "--wait-seconds",
+            "30",
+        )
         assert taken.returncode == 0, taken.stdout + taken.stderr  # alice read her receipt
         receipt = json.loads(taken.stdout)
         assert receipt["status"] == "registered"
@@ -253,19 +343,34 @@ def test_an_agent_s_receipt_is_readable_by_that_agent_alone(
 
 
 def test_a_spool_made_by_the_older_unit_still_takes_what_agents_drop(
-        people: dict[str, User], python: Path, unit_filter: list[str], root: Path) -> None:
+    people: dict[str, User], python: Path, unit_filter: list[str], root: Path
+) -> None:
     """incoming/ 0730 without the setgid bit (the unit before issue 34): the CLI gives the
     file the directory's group itself, and the daemon, which may not set the bit under the
     unit, says how to and takes the file."""
     service, agent = people["bides-svc"], people["bides-agent"]
     with workspace(root, jobs={"j": "running"}, config_extra=SPOOL, api=NO_API) as ws:
         deploy(ws, service, old_unit=True)
-        queued = as_user(ws, python, agent, "watch", "--provider", "sim", "--job", "j",
-                         "--operation", "op-old", "--wait-seconds", "0")
+        queued = as_user(
+            ws,
+            python,
+            agent,
+            "watch",
+            "--provider",
+            "sim",
+            "--job",
+            "j",
+            "--operation",
+            "op-old",
+            "--wait-seconds",
+            "0",
+        )
         assert queued.returncode == 75, queued.stdout + queued.stderr
         daemon = start_as(ws, python, unit_filter, service)
-        until(lambda: "op-old" in log_of(ws).ops or _rejected(ws),
-              what="the queued registration to be taken")
+        until(
+            lambda: "op-old" in log_of(ws).ops or _rejected(ws),
+            what="the queued registration to be taken",
+        )
         assert _rejected(ws) == {}
         if unit_filter:
             assert "spool directory is not setgid" in daemon.output()

@@ -37,8 +37,9 @@ def _setup_lines() -> list[tuple[str, str, int, str]]:
     """(owner, group, mode, path) of each ``ExecStartPre=+/usr/bin/install -d`` line."""
     found = []
     for line in UNIT.splitlines():
-        m = re.fullmatch(r"ExecStartPre=\+/usr/bin/install -d -o (\S+) -g (\S+) -m (\d+) (\S+)",
-                         line)
+        m = re.fullmatch(
+            r"ExecStartPre=\+/usr/bin/install -d -o (\S+) -g (\S+) -m (\d+) (\S+)", line
+        )
         if m:
             found.append((m[1], m[2], int(m[3], 8), m[4]))
     return found
@@ -76,9 +77,11 @@ def _group_for(unit_group: str) -> str:
 
 
 def test_the_unit_s_setup_lets_the_daemon_start_under_its_filter(
-        tmp_path: Path, unit_filter: Path, groups: None) -> None:
-    with workspace(tmp_path, {"j": "running, succeeded with result"},
-                   config_extra=_config_extra()) as ws:
+    tmp_path: Path, unit_filter: Path, groups: None
+) -> None:
+    with workspace(
+        tmp_path, {"j": "running, succeeded with result"}, config_extra=_config_extra()
+    ) as ws:
         state = tmp_path / "state"
         for _owner, group, mode, path in _setup_lines():  # what ExecStartPre=+ does
             target = Path(path.replace("/var/lib/bide", str(state)))
@@ -87,11 +90,18 @@ def test_the_unit_s_setup_lets_the_daemon_start_under_its_filter(
             os.chmod(target, mode)
         log = tmp_path / "filtered.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([str(unit_filter), *BIDE, "run", "--config", str(ws.config)],
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+            proc = subprocess.Popen(
+                [str(unit_filter), *BIDE, "run", "--config", str(ws.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
         try:
-            until(lambda: "msg=ready" in log.read_text() or proc.poll() is not None,
-                  timeout=20, what="the daemon under the filter to be ready")
+            until(
+                lambda: "msg=ready" in log.read_text() or proc.poll() is not None,
+                timeout=20,
+                what="the daemon under the filter to be ready",
+            )
             assert proc.poll() is None, log.read_text()
             assert ws.watch("j", "j").returncode == 0
             assert ws.bide("wait", "j", "--timeout", "20s").returncode == 0
@@ -103,11 +113,17 @@ def test_the_unit_s_setup_lets_the_daemon_start_under_its_filter(
 
 
 def test_without_the_setup_it_refuses_naming_the_fix(
-        tmp_path: Path, unit_filter: Path, groups: None) -> None:
+    tmp_path: Path, unit_filter: Path, groups: None
+) -> None:
     """Was: PermissionError out of os.chown, a traceback, and a unit that never started."""
     with workspace(tmp_path, config_extra=_config_extra()) as ws:
-        done = subprocess.run([str(unit_filter), *BIDE, "run", "--config", str(ws.config)],
-                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        done = subprocess.run(
+            [str(unit_filter), *BIDE, "run", "--config", str(ws.config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         assert "install -d" in done.stderr
         assert "Traceback" not in done.stderr

@@ -26,30 +26,39 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests.e2e.harness import Workspace, workspace
 
 SNAPSHOT = Path(__file__).parent / "tools.json"
-TOOLS = {"watch_job", "submit_job", "get_operation", "list_my_operations",
-         "wait_for_operation", "operation_story", "my_escalations"}
+TOOLS = {
+    "watch_job",
+    "submit_job",
+    "get_operation",
+    "list_my_operations",
+    "wait_for_operation",
+    "operation_story",
+    "my_escalations",
+}
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Workspace]:
     jobs: dict[str, str | list[object]] = {
-        "quick": "running, succeeded with result", "odd": "queued, manual_review",
-        **{f"slow{i}": "running" for i in range(20)}}
+        "quick": "running, succeeded with result",
+        "odd": "queued, manual_review",
+        **{f"slow{i}": "running" for i in range(20)},
+    }
     # The daemon caps every wait at 3 s here (60 s by default), so a wait asked for an hour
     # shows the cap without the suite sitting through a minute.
-    with workspace(tmp_path, jobs=jobs,
-                   api="allow_self_approval = true\nmax_wait_seconds = 3\n") as w:
+    with workspace(
+        tmp_path, jobs=jobs, api="allow_self_approval = true\nmax_wait_seconds = 3\n"
+    ) as w:
         w.start_daemon()
         yield w
 
 
 @asynccontextmanager
-async def session(ws: Workspace, command: list[str] | None = None
-                  ) -> AsyncIterator[ClientSession]:
+async def session(ws: Workspace, command: list[str] | None = None) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
         command=command[0] if command else sys.executable,
-        args=command[1:] if command else ["-m", "daemon.cli", "mcp", "--config",
-                                          str(ws.config)])
+        args=command[1:] if command else ["-m", "daemon.cli", "mcp", "--config", str(ws.config)],
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
         await s.initialize()
         yield s
@@ -63,8 +72,10 @@ async def tool(s: ClientSession, name: str, **arguments: Any) -> dict[str, Any]:
 
 
 def _schemas(tools: list[Any]) -> dict[str, Any]:
-    return {t.name: {"description": t.description, "input": t.input_schema,
-                     "output": t.output_schema} for t in tools}
+    return {
+        t.name: {"description": t.description, "input": t.input_schema, "output": t.output_schema}
+        for t in tools
+    }
 
 
 def test_tools_are_listed_with_their_schemas(ws: Workspace) -> None:
@@ -80,20 +91,22 @@ def test_tools_are_listed_with_their_schemas(ws: Workspace) -> None:
         SNAPSHOT.write_text(json.dumps(listed, indent=1, sort_keys=True) + "\n")
     assert listed == json.loads(SNAPSHOT.read_text()), (
         f"the tools' schemas changed; if on purpose, run with BIDE_UPDATE_SNAPSHOTS=1 and "
-        f"commit {SNAPSHOT.name}")
+        f"commit {SNAPSHOT.name}"
+    )
 
 
 def test_watch_wait_story_and_an_escalation(ws: Workspace) -> None:
     async def main() -> None:
         async with session(ws) as s:
-            watched = await tool(s, "watch_job", provider="sim", job_id="quick",
-                                 operation_id="op-quick")
+            watched = await tool(
+                s, "watch_job", provider="sim", job_id="quick", operation_id="op-quick"
+            )
             assert watched["phase"] == "live"
-            again = await tool(s, "watch_job", provider="sim", job_id="quick",
-                               operation_id="op-quick")
+            again = await tool(
+                s, "watch_job", provider="sim", job_id="quick", operation_id="op-quick"
+            )
             assert again["operation_id"] == "op-quick"
-            done = await tool(s, "wait_for_operation", operation_id="op-quick",
-                              timeout_seconds=30)
+            done = await tool(s, "wait_for_operation", operation_id="op-quick", timeout_seconds=30)
             assert (done["phase"], done["done"]) == ("succeeded", True)
             assert done["provider_results"]["result_url"].endswith("/results/quick")
             story = await tool(s, "operation_story", operation_id="op-quick")
@@ -102,12 +115,14 @@ def test_watch_wait_story_and_an_escalation(ws: Workspace) -> None:
             assert "registered job ⟨provider_text[0]⟩" in resource.contents[0].text  # type: ignore[union-attr]
 
             await tool(s, "watch_job", provider="sim", job_id="odd", operation_id="op-odd")
-            escalated = await tool(s, "wait_for_operation", operation_id="op-odd",
-                                   timeout_seconds=30)
+            escalated = await tool(
+                s, "wait_for_operation", operation_id="op-odd", timeout_seconds=30
+            )
             assert escalated["phase"] == "escalated"
             escalation = escalated["escalation"]
             assert [o["number"] for o in escalation["options"]] == list(
-                range(1, len(escalation["options"]) + 1))
+                range(1, len(escalation["options"]) + 1)
+            )
             assert escalation["decide_command"].startswith("bide decide op-odd ")
             assert "a person must choose" in escalated["advice"]
             mine = await tool(s, "my_escalations")
@@ -139,14 +154,23 @@ def test_waits_are_bounded_and_independent(ws: Workspace) -> None:
     async def main() -> None:
         async with session(ws) as s:
             for i in range(20):
-                await tool(s, "watch_job", provider="sim", job_id=f"slow{i}",
-                           operation_id=f"op-slow{i}", max_status_requests=1000)
+                await tool(
+                    s,
+                    "watch_job",
+                    provider="sim",
+                    job_id=f"slow{i}",
+                    operation_id=f"op-slow{i}",
+                    max_status_requests=1000,
+                )
             started = time.monotonic()
             answers: list[dict[str, Any]] = []
 
             async def wait(i: int, seconds: float) -> None:
-                answers.append(await tool(s, "wait_for_operation",
-                                          operation_id=f"op-slow{i}", timeout_seconds=seconds))
+                answers.append(
+                    await tool(
+                        s, "wait_for_operation", operation_id=f"op-slow{i}", timeout_seconds=seconds
+                    )
+                )
 
             async with anyio.create_task_group() as tg:
                 for i in range(20):
@@ -156,8 +180,9 @@ def test_waits_are_bounded_and_independent(ws: Workspace) -> None:
             assert all(a["still_running"] and a["next_news_at"] for a in answers)
             assert took < 10, took  # 20 waits of 1-2 s at once, not one after another
             capped = time.monotonic()
-            long = await tool(s, "wait_for_operation", operation_id="op-slow0",
-                              timeout_seconds=3600)
+            long = await tool(
+                s, "wait_for_operation", operation_id="op-slow0", timeout_seconds=3600
+            )
             assert long["still_running"]
             assert time.monotonic() - capped < 10  # asked for an hour; capped
 

@@ -102,9 +102,7 @@ class Daemon:
     log: list[Event] = field(default_factory=list)
 
     @classmethod
-    def start(
-        cls, c: Contract | None = None, now: float = T0, **reg: object
-    ) -> Daemon:
+    def start(cls, c: Contract | None = None, now: float = T0, **reg: object) -> Daemon:
         events = register(registration(**reg), c or contract(), now)
         op = evolve(None, events[0])
         return cls(op=op, log=list(events))

@@ -55,7 +55,7 @@ def test_check_on_interleaved_operations() -> None:
         a.poll_and_respond()
         b.poll_and_respond(status=503)
     merged = [e for pair in zip(a.log, b.log, strict=False) for e in pair]
-    merged += a.log[len(b.log):] + b.log[len(a.log):]
+    merged += a.log[len(b.log) :] + b.log[len(a.log) :]
     assert check(merged) == []
 
 

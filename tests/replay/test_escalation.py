@@ -41,8 +41,9 @@ def _escalate(d: Daemon, reason: StopReason) -> EscalationRaised:
             d.poll_and_respond(status=429)
     elif reason == "internal_error":
         d.poll_and_respond()
-        d._append(decide(d.op, InternalFault(detail="ValueError while polling"),
-                         d.op.next_poll_at, 0.0))
+        d._append(
+            decide(d.op, InternalFault(detail="ValueError while polling"), d.op.next_poll_at, 0.0)
+        )
     elif reason == "delivery_ambiguous":
         while d.op.phase == "live":
             now = d.op.next_poll_at
@@ -261,8 +262,12 @@ def test_s36_decision_without_open_escalation_or_stale_is_rejected() -> None:
     "option",
     [
         pytest.param(o, id=f"S36-closes-{o}")
-        for o in ("abandon", "inspect_provider_console", "cancel_at_provider",
-                  "retry_same_idempotency_key")
+        for o in (
+            "abandon",
+            "inspect_provider_console",
+            "cancel_at_provider",
+            "retry_same_idempotency_key",
+        )
     ],
 )
 def test_s36_closing_options_name_a_follow_up(option: str) -> None:

@@ -157,8 +157,14 @@ def test_old_payload_without_new_defaulted_fields_decodes() -> None:
 
 def test_an_event_that_would_not_read_back_is_never_encoded_for_the_log() -> None:
     """Issue 20: a status code of 999 was appended and then failed every reader."""
-    good = StatusResponseReceived(operation_id="op", at=1.0, request_number=1, status_code=200,
-                                  headers=ResponseHeaders(), body=b"{}")
+    good = StatusResponseReceived(
+        operation_id="op",
+        at=1.0,
+        request_number=1,
+        status_code=200,
+        headers=ResponseHeaders(),
+        body=b"{}",
+    )
     assert decode_log_event(encode_checked(good)) == good
     bad = msgspec.structs.replace(good, status_code=999)
     with pytest.raises(InvalidEventError, match="StatusResponseReceived"):

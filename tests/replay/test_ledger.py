@@ -22,20 +22,41 @@ def _history() -> list[LogEvent]:
     ok.poll_and_respond(content=body("running"))
     ok.poll_and_respond(content=body("succeeded", result={"url": "https://r.example/1"}))
     log += ok.log
-    stuck = Daemon.start(simple_contract(default_max_status_requests=1),
-                         operation_id="op-budget", provider_job_id="j2")
+    stuck = Daemon.start(
+        simple_contract(default_max_status_requests=1),
+        operation_id="op-budget",
+        provider_job_id="j2",
+    )
     stuck.poll_and_respond(content=b'{"state": "running"}')
     stuck.decision(stuck.op.next_poll_at + 5, "extend")
     log += stuck.log
-    crashed = Daemon.start(contract(provider="other"), operation_id="op-crash",
-                           provider_job_id="j3", provider="other")
+    crashed = Daemon.start(
+        contract(provider="other"), operation_id="op-crash", provider_job_id="j3", provider="other"
+    )
     crashed.poll(crashed.op.next_poll_at)
     log += crashed.log
-    log.append(StatusResponseReceived(operation_id="op-crash", at=T0 + 60, request_number=1,
-                                      status_code=200, body=body("running")))
-    log.append(ActionIntended(operation_id="op-ok", at=T0 + 70, action_id="op-ok.fetch.1",
-                              kind="fetch", provider="acme", method="GET",
-                              url="https://r.example/1", timeout_seconds=5, max_bytes=10))
+    log.append(
+        StatusResponseReceived(
+            operation_id="op-crash",
+            at=T0 + 60,
+            request_number=1,
+            status_code=200,
+            body=body("running"),
+        )
+    )
+    log.append(
+        ActionIntended(
+            operation_id="op-ok",
+            at=T0 + 70,
+            action_id="op-ok.fetch.1",
+            kind="fetch",
+            provider="acme",
+            method="GET",
+            url="https://r.example/1",
+            timeout_seconds=5,
+            max_bytes=10,
+        )
+    )
     return log
 
 
@@ -58,7 +79,10 @@ def test_round_trip_keeps_everything() -> None:
     full = _fold(_history())
     assert set(full.undecided) == {"op-crash"}
     assert {op.operation_id: op.phase for op in full.ops.values()} == {
-        "op-ok": "succeeded", "op-budget": "live", "op-crash": "live"}
+        "op-ok": "succeeded",
+        "op-budget": "live",
+        "op-crash": "live",
+    }
     assert full.ops["op-budget"].decisions_recorded == 1
     assert len(full.contracts) == 3
     loaded = Ledger.load(full.dump())
@@ -85,8 +109,15 @@ def test_a_copy_does_not_follow_later_events() -> None:
     _same(copy, _fold(events[:5]))
 
 
-@pytest.mark.parametrize("data", [b"", b"\x00" * 10, msgspec.msgpack.encode([2, 0, {}, [], [], []]),
-                                  msgspec.msgpack.encode({"format": 1})])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00" * 10,
+        msgspec.msgpack.encode([2, 0, {}, [], [], []]),
+        msgspec.msgpack.encode({"format": 1}),
+    ],
+)
 def test_bytes_that_are_not_a_snapshot_are_refused(data: bytes) -> None:
     with pytest.raises(SnapshotFormatError):
         Ledger.load(data)
@@ -119,21 +150,23 @@ def test_fold_leaves_out_what_it_cannot_read_and_names_it() -> None:
     encoded = [(seq, encode_event(ev)) for seq, ev in enumerate(events, start=1)]
     registration = encoded[0]
     assert b"operation_registered" in registration[1]
-    damaged = [(seq, b"\x00 not an event" if seq == registration[0] else p)
-               for seq, p in encoded]
+    damaged = [(seq, b"\x00 not an event" if seq == registration[0] else p) for seq, p in encoded]
     skipped: list[tuple[int, str]] = []
     ledger = Ledger()
     ledger.fold(damaged, skipped)
-    op_ok = [seq for seq, ev in enumerate(events, start=1) if ev.operation_id == "op-ok"
-             and not isinstance(ev, ActionIntended)]
+    op_ok = [
+        seq
+        for seq, ev in enumerate(events, start=1)
+        if ev.operation_id == "op-ok" and not isinstance(ev, ActionIntended)
+    ]
     # The registration is unreadable; the rest of its operation cannot follow: all named.
     assert [seq for seq, _ in skipped] == op_ok
     assert "op-ok" not in ledger.ops
-    others = [ev for ev in events if ev.operation_id != "op-ok" or isinstance(ev,
-                                                                              ActionIntended)]
+    others = [ev for ev in events if ev.operation_id != "op-ok" or isinstance(ev, ActionIntended)]
     # The fold records where each registration landed; apply alone does not know.
-    ledger.ops = {k: msgspec.structs.replace(op, registered_seq=None)
-                  for k, op in ledger.ops.items()}
+    ledger.ops = {
+        k: msgspec.structs.replace(op, registered_seq=None) for k, op in ledger.ops.items()
+    }
     _same(ledger, _fold(others))
     with pytest.raises(ReplayError):
         Ledger().fold(damaged)  # without a list to report into, it raises as before

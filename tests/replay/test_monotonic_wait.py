@@ -18,14 +18,18 @@ def _op(**changes: object) -> Operation:
     return msgspec.structs.replace(Daemon.start().op, **changes)
 
 
-@pytest.mark.parametrize(("timer_elapsed", "offset", "expect"), [
-    pytest.param(False, 99.0, [], id="S32-not-due-by-either-clock"),
-    pytest.param(True, 99.0 - HOUR, [True], id="S9-wall-set-back-timer-elapsed-due"),
-    pytest.param(False, 100.0, [False], id="S32-due-by-the-wall-clock"),
-    pytest.param(True, 100.0, [False], id="due-by-both-recorded-as-wall"),
-])
-def test_a_wait_the_timer_says_has_elapsed_is_due(timer_elapsed: bool, offset: float,
-                                                  expect: list[bool]) -> None:
+@pytest.mark.parametrize(
+    ("timer_elapsed", "offset", "expect"),
+    [
+        pytest.param(False, 99.0, [], id="S32-not-due-by-either-clock"),
+        pytest.param(True, 99.0 - HOUR, [True], id="S9-wall-set-back-timer-elapsed-due"),
+        pytest.param(False, 100.0, [False], id="S32-due-by-the-wall-clock"),
+        pytest.param(True, 100.0, [False], id="due-by-both-recorded-as-wall"),
+    ],
+)
+def test_a_wait_the_timer_says_has_elapsed_is_due(
+    timer_elapsed: bool, offset: float, expect: list[bool]
+) -> None:
     op = _op(next_poll_at=T0 + 100)
     events = decide(op, WakeUp(timer_elapsed=timer_elapsed), T0 + offset, 0.0)
     assert [e.due_by_timer for e in events if isinstance(e, StatusRequestIntended)] == expect

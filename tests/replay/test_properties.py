@@ -36,12 +36,31 @@ from replay.events import TransportKind
 from .helpers import OK_RESULT, T0, Daemon, body, contract
 
 STATES = [
-    "queued", "running", "processing", "running", "running", "queued",
-    "succeeded", "succeeded-no-result", "failed", "canceled", "expired", "paused",
+    "queued",
+    "running",
+    "processing",
+    "running",
+    "running",
+    "queued",
+    "succeeded",
+    "succeeded-no-result",
+    "failed",
+    "canceled",
+    "expired",
+    "paused",
 ]
 TRANSPORT = [
-    "connect_refused", "dns", "tls", "connect_timeout", "pool_timeout", "read_timeout",
-    "write_timeout", "connection_reset", "protocol_error", "body_too_large", "not_sent",
+    "connect_refused",
+    "dns",
+    "tls",
+    "connect_timeout",
+    "pool_timeout",
+    "read_timeout",
+    "write_timeout",
+    "connection_reset",
+    "protocol_error",
+    "body_too_large",
+    "not_sent",
 ]
 
 retry_after = st.one_of(
@@ -62,7 +81,8 @@ response = st.one_of(
     st.tuples(st.just("ok"), st.sampled_from(STATES), hint, retry_after, ratelimit),
     st.tuples(st.just("ok"), st.sampled_from(STATES[:3]), hint, retry_after, ratelimit),
     st.tuples(
-        st.just("status"), st.sampled_from([404, 401, 403, 429, 500, 502, 503, 302, 418]),
+        st.just("status"),
+        st.sampled_from([404, 401, 403, 429, 500, 502, 503, 302, 418]),
         retry_after,
     ),
     st.tuples(st.just("transport"), st.sampled_from(TRANSPORT)),

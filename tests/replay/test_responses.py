@@ -218,6 +218,7 @@ def test_s22_202_read_when_contract_lists_it() -> None:
 
 # --- integration failures: 3xx, unexplained codes, over-cap bodies --------------------------------
 
+
 @pytest.mark.parametrize(
     ("status", "truncated"),
     [
@@ -250,6 +251,7 @@ def test_integration_failure_for_body_too_large_transport_kind() -> None:
 
 # --- S23 404 grace window --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("respond_offset", "reason"),
     [
@@ -276,6 +278,7 @@ def test_s23_404_grace_then_not_found(respond_offset: float, reason: str | None)
 
 # --- S24 401/403 -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "status", [pytest.param(401, id="S24-401"), pytest.param(403, id="S24-403")]
 )
@@ -288,6 +291,7 @@ def test_s24_authorization_denied_at_once(status: int) -> None:
 
 
 # --- S25 / S18 / S10 / S11 transport failures -----------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "kind",
@@ -416,15 +420,19 @@ S8_TABLE = [
     pytest.param(
         {"next_check_at": "2025-04-18T10:02:05"}, "local_backoff", None, "offset", id="S8-naive"
     ),
+    pytest.param({"poll_after_seconds": 100000}, "local_backoff", None, "horizon", id="S8-absurd"),
     pytest.param(
-        {"poll_after_seconds": 100000}, "local_backoff", None, "horizon", id="S8-absurd"
-    ),
-    pytest.param(
-        {"poll_after_seconds": 2396}, "local_backoff", None, "past the operation deadline",
+        {"poll_after_seconds": 2396},
+        "local_backoff",
+        None,
+        "past the operation deadline",
         id="S8-past-deadline",
     ),
     pytest.param(
-        {"next_check_at": "2025-04-18T09:00:00Z"}, "local_backoff", None, "in the past",
+        {"next_check_at": "2025-04-18T09:00:00Z"},
+        "local_backoff",
+        None,
+        "in the past",
         id="S8-in-the-past",
     ),
     pytest.param({"poll_after_seconds": 0}, "local_backoff", None, "sooner", id="S8-too-soon"),
@@ -545,6 +553,7 @@ def test_s20_malformed_retry_after_recorded_and_ignored(value: str) -> None:
 
 # --- S21 429 -------------------------------------------------------------------------------------
 
+
 def test_s21_429_without_retry_after_markedly_longer_and_budgeted() -> None:
     c = contract()
     d = Daemon.start(c=c, max_rate_limited=3)
@@ -572,21 +581,42 @@ def test_s21_429_with_retry_after_counts_too() -> None:
 RATELIMIT_TABLE = [
     pytest.param({"ratelimit": '"default";r=0;t=90'}, "rate_limit_policy", 90.0, [], id="RL-r0"),
     pytest.param({"ratelimit": '"default";r=2;t=100'}, "rate_limit_policy", 50.0, [], id="RL-pace"),
-    pytest.param({"ratelimit": "limit=10, remaining=0, reset=70"}, "rate_limit_policy", 70.0, [],
-                 id="RL-old-dictionary"),
-    pytest.param({"ratelimit_policy": '"default";q=2;w=120'}, "rate_limit_policy", 60.0, [],
-                 id="RL-policy"),
+    pytest.param(
+        {"ratelimit": "limit=10, remaining=0, reset=70"},
+        "rate_limit_policy",
+        70.0,
+        [],
+        id="RL-old-dictionary",
+    ),
+    pytest.param(
+        {"ratelimit_policy": '"default";q=2;w=120'}, "rate_limit_policy", 60.0, [], id="RL-policy"
+    ),
     pytest.param(
         {"ratelimit_policy": "10;w=600"}, "rate_limit_policy", 60.0, [], id="RL-old-policy"
     ),
     pytest.param({"ratelimit": '"default";r=100;t=1'}, "local_backoff", 5.0, [], id="RL-no-effect"),
-    pytest.param({"ratelimit": '"default";r=-1;t=5'}, "local_backoff", 5.0, ["ratelimit"],
-                 id="RL-malformed-negative"),
+    pytest.param(
+        {"ratelimit": '"default";r=-1;t=5'},
+        "local_backoff",
+        5.0,
+        ["ratelimit"],
+        id="RL-malformed-negative",
+    ),
     pytest.param({"ratelimit": "%%%"}, "local_backoff", 5.0, ["ratelimit"], id="RL-garbage"),
-    pytest.param({"ratelimit_policy": '"d";q=0;w=5'}, "local_backoff", 5.0, ["ratelimit_policy"],
-                 id="RL-policy-zero-quota"),
-    pytest.param({"ratelimit": '"d";r=0;t=90', "retry_after": "30"}, "provider_retry_after", 30.0,
-                 [], id="RL-retry-after-precedence"),
+    pytest.param(
+        {"ratelimit_policy": '"d";q=0;w=5'},
+        "local_backoff",
+        5.0,
+        ["ratelimit_policy"],
+        id="RL-policy-zero-quota",
+    ),
+    pytest.param(
+        {"ratelimit": '"d";r=0;t=90', "retry_after": "30"},
+        "provider_retry_after",
+        30.0,
+        [],
+        id="RL-retry-after-precedence",
+    ),
 ]
 
 
@@ -645,8 +675,9 @@ def test_ratelimit_paces_a_429_beyond_its_default_delay() -> None:
     assert (scheduled.delay_source, scheduled.delay) == ("rate_limit_policy", 1000.0)
 
 
-@pytest.mark.parametrize("state", [pytest.param(s, id=f"S1-{s}") for s in
-                                   ("queued", "running", "processing")])
+@pytest.mark.parametrize(
+    "state", [pytest.param(s, id=f"S1-{s}") for s in ("queued", "running", "processing")]
+)
 def test_s1_pending_only_permits_observing_again(state: str) -> None:
     d = Daemon.start()
     events = d.poll_and_respond(

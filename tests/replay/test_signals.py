@@ -22,9 +22,7 @@ VECTORS = pathlib.Path(__file__).parent.parent / "vectors"
 
 def _retry_after_vectors() -> list[object]:
     doc = json.loads((VECTORS / "retry_after.json").read_text(encoding="utf-8"))
-    return [
-        pytest.param(doc["now"], v["value"], v["until"], id=v["id"]) for v in doc["vectors"]
-    ]
+    return [pytest.param(doc["now"], v["value"], v["until"], id=v["id"]) for v in doc["vectors"]]
 
 
 @pytest.mark.parametrize(("now", "value", "until"), _retry_after_vectors())

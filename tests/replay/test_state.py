@@ -37,7 +37,7 @@ def test_fold_interleaved_operations_and_skips_rejected_registrations() -> None:
     assert isinstance(rejected[0], RegistrationRejected)
     log = [a.log[0], b.log[0], *rejected]
     log += [e for pair in zip(a.log[1:], b.log[1:], strict=False) for e in pair]
-    log += a.log[len(b.log):] + b.log[len(a.log):]
+    log += a.log[len(b.log) :] + b.log[len(a.log) :]
     assert fold(log) == {"a": a.op, "b": b.op}
 
 
@@ -48,8 +48,12 @@ def test_illegal_moves_raise_and_name_no_secret() -> None:
     with pytest.raises(ReplayOrderError, match="registered twice"):
         evolve(d.op, registered)
     later = PollScheduled(
-        operation_id=d.op.operation_id, at=T0, next_poll_at=T0, delay_source="local_backoff",
-        raw_delay=0, delay=0,
+        operation_id=d.op.operation_id,
+        at=T0,
+        next_poll_at=T0,
+        delay_source="local_backoff",
+        raw_delay=0,
+        delay=0,
     )
     with pytest.raises(ReplayOrderError, match="precedes its registration"):
         evolve(None, later)

@@ -221,8 +221,12 @@ def test_s5_s12_registration_record_has_defaults_from_contract() -> None:
 
 
 def test_s7_first_poll_follows_the_provider_schedule() -> None:
-    fast = contract(first_poll_after_seconds=0.5, backoff_base_seconds=1.0,
-                    backoff_cap_seconds=10.0, rate_limited_delay_seconds=60.0)
+    fast = contract(
+        first_poll_after_seconds=0.5,
+        backoff_base_seconds=1.0,
+        backoff_cap_seconds=10.0,
+        rate_limited_delay_seconds=60.0,
+    )
     [event] = register(registration(), fast, T0)
     assert isinstance(event, OperationRegistered)
     assert event.first_poll_at == T0 + 0.5

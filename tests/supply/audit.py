@@ -66,8 +66,11 @@ class Verdict:
         return 0 if self.audited else 3
 
 
-def judge(pinned: Mapping[str, str], pip_audit_report: Mapping[str, object],
-          project_page: Callable[[str], ProjectPage | None]) -> Verdict:
+def judge(
+    pinned: Mapping[str, str],
+    pip_audit_report: Mapping[str, object],
+    project_page: Callable[[str], ProjectPage | None],
+) -> Verdict:
     """Sort every pin into vulnerable, audited or not audited (with why)."""
     verdict = Verdict()
     reported: dict[str, Mapping[str, object]] = {}
@@ -86,8 +89,13 @@ def judge(pinned: Mapping[str, str], pip_audit_report: Mapping[str, object],
             verdict.unaudited.append((name, version, "the registry did not answer"))
         elif page.latest != version:
             verdict.unaudited.append(
-                (name, version, f"the registry gives advisories for the newest release only "
-                                f"({page.latest}): refresh the lock"))
+                (
+                    name,
+                    version,
+                    f"the registry gives advisories for the newest release only "
+                    f"({page.latest}): refresh the lock",
+                )
+            )
         else:
             _sort(verdict, name, version, page.advisories)
     return verdict
@@ -106,8 +114,12 @@ def _advisories(raw: object, *, id_key: str, fixed_key: str) -> tuple[Advisory, 
         if not isinstance(v, dict) or v.get("withdrawn"):
             continue
         fixed = v.get(fixed_key) or []
-        out.append(Advisory(str(v.get(id_key, "?")),
-                            tuple(str(f) for f in fixed) if isinstance(fixed, list) else ()))
+        out.append(
+            Advisory(
+                str(v.get(id_key, "?")),
+                tuple(str(f) for f in fixed) if isinstance(fixed, list) else (),
+            )
+        )
     return tuple(out)
 
 
@@ -123,29 +135,44 @@ def fetch_project_page(client: httpx.Client, name: str) -> ProjectPage | None:
         latest = str(data["info"]["version"])
     except (ValueError, KeyError, TypeError):
         return None
-    return ProjectPage(latest, _advisories(data.get("vulnerabilities", []), id_key="id",
-                                           fixed_key="fixed_in"))
+    return ProjectPage(
+        latest, _advisories(data.get("vulnerabilities", []), id_key="id", fixed_key="fixed_in")
+    )
 
 
 def run_pip_audit(locks: Iterable[Path]) -> Mapping[str, object]:
     """pip-audit's JSON report over ``locks``; an empty report when it could not run."""
-    cmd = [sys.executable, "-m", "pip_audit", "--disable-pip", "--vulnerability-service",
-           "pypi", "--format", "json", "--progress-spinner", "off"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip_audit",
+        "--disable-pip",
+        "--vulnerability-service",
+        "pypi",
+        "--format",
+        "json",
+        "--progress-spinner",
+        "off",
+    ]
     for lock in locks:
         cmd += ["--requirement", str(lock)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     try:
         report = json.loads(done.stdout)
     except ValueError:
-        print(f"pip-audit gave no report (exit {done.returncode}): "
-              f"{done.stderr.strip()[-500:]}", file=sys.stderr)
+        print(
+            f"pip-audit gave no report (exit {done.returncode}): {done.stderr.strip()[-500:]}",
+            file=sys.stderr,
+        )
         return {}
     return report if isinstance(report, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.supply.audit",
-                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.supply.audit",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     parser.add_argument("locks", nargs="+", type=Path, help="requirements lock files")
     args = parser.parse_args(argv)
     pinned: dict[str, str] = {}
@@ -160,11 +187,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"VULNERABLE {name}=={version}: {v.id} (fixed in {fixed})")
     for name, version, why in verdict.unaudited:
         print(f"not audited {name}=={version}: {why}")
-    print(f"dependency audit: {len(pinned)} pinned, {len(verdict.audited)} audited clean, "
-          f"{len(verdict.vulnerable)} vulnerable, {len(verdict.unaudited)} not audited")
+    print(
+        f"dependency audit: {len(pinned)} pinned, {len(verdict.audited)} audited clean, "
+        f"{len(verdict.vulnerable)} vulnerable, {len(verdict.unaudited)} not audited"
+    )
     if verdict.exit_code == 3:
-        print("dependency audit: nothing could be audited (the registry did not answer)",
-              file=sys.stderr)
+        print(
+            "dependency audit: nothing could be audited (the registry did not answer)",
+            file=sys.stderr,
+        )
     return verdict.exit_code
 
 
