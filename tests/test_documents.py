@@ -18,6 +18,7 @@ GUIDES = {
     "daemon/api/README.md": "agent developer",
     "eventlog/AUDIT.md": "auditor",
     "tests/bench/RESULTS.md": "benchmark",
+    "daemon/ARCHITECTURE.md": "maintainer",
 }
 DOCUMENTS = ["README.md", "CHANGELOG.md", *GUIDES]
 
