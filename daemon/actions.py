@@ -231,20 +231,16 @@ class ActionRunner:
                 return action
         return op_id
 
-    async def ingest_fetch(
-        self, rid: str, ff: FetchFile, requester: int, *, operator: bool = False
-    ) -> ActionIntended:
+    async def ingest_fetch(self, rid: str, ff: FetchFile, requester: int) -> ActionIntended:
         """Record a fetch asked for by the user ``requester`` (the API's peer or the spool
         file's owner) and start it; returns its intent.
 
-        Only the operation's own registrant (or an operator) may fetch its result, with the
-        provider's credential: for anyone else the operation does not exist, exactly as a
-        missing one. Each principal is held to ``[fetch] per_principal_per_minute``."""
+        Who may fetch is the intake's rule (``daemon.engine.intake.Authority.may_fetch``),
+        checked before this is called. Each principal is held to ``[fetch]
+        per_principal_per_minute``."""
         ports = self.ports
         op = ports.operation(self.resolve(ff.operation_id, requester))
-        if op is None or not (
-            operator or (op.registered_by_uid is not None and op.registered_by_uid == requester)
-        ):
+        if op is None:
             raise Refused(
                 f"no operation {ff.operation_id!r}", kind=RefusalKind.NOT_FOUND, code="not_found"
             )

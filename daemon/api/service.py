@@ -269,7 +269,7 @@ class Api:
                     if action.kind == "submit" or parent is None
                     else parent.registered_by_uid
                 )
-        if found is None or not (self._reads_all(caller) or owner == caller.peer.uid):
+        if found is None or not self.authority.may_read(caller.roles, owner, caller.peer.uid):
             raise Refused(f"no operation {op_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
         return found
 
@@ -484,7 +484,8 @@ class Api:
         if action is not None and action.kind == "fetch":
             op = self.sup.ops.get(action.operation_id)
             owner = op.registered_by_uid if op is not None else None
-            if "operator" in caller.roles or (owner is not None and owner == caller.peer.uid):
+            operator = "operator" in caller.roles
+            if self.authority.may_fetch(owner, caller.peer.uid, operator=operator):
                 return action
         raise Refused(f"no fetch {action_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
 

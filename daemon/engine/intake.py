@@ -198,6 +198,19 @@ class Authority:
         """Approvers and operators read every operation; agents their own."""
         return "operator" in roles or "approver" in roles
 
+    @classmethod
+    def may_read(cls, roles: list[Role], owner: int | None, uid: int) -> bool:
+        """Whether ``uid`` (with ``roles``) sees an operation registered by ``owner``; for
+        anyone else it does not exist (404, as a missing one)."""
+        return cls.reads_all(roles) or (owner is not None and owner == uid)
+
+    @staticmethod
+    def may_fetch(owner: int | None, requester: int, *, operator: bool) -> bool:
+        """Whether ``requester`` may have bide download an operation's result with the
+        provider's credential, or see that download: its own registrant, or an operator
+        (approvers read every operation, but fetch none)."""
+        return operator or (owner is not None and owner == requester)
+
     def need_approver(self, uid: int, name: str, roles: list[Role]) -> None:
         """Refuse (forbidden) an answer to an escalation from a caller who is no approver,
         saying why when it is the daemon's user or root."""
@@ -256,7 +269,7 @@ class Authority:
     def is_operator(self, uid: int, gid: int) -> bool:
         """Root, the daemon's own user, or a member of ``[api] operators_group``."""
         group = self.config.api.operators_group
-        return uid in (0, os.geteuid()) or bool(group and group in groups_of(uid, gid))
+        return uid in (0, self.daemon_uid) or bool(group and group in groups_of(uid, gid))
 
 
 # -- the door ---------------------------------------------------------------------------------
@@ -417,9 +430,18 @@ class Intake:
         """Record a fetch and start it; its intent. One at a time per operation: each
         fetch's number follows the recorded ones."""
         async with self.one_at_a_time(f"{cmd.request.operation_id}\x00fetch"):
-            return await self.runner.ingest_fetch(
-                spool_request, cmd.request, cmd.requester, operator=cmd.operator
-            )
+            op_id = self.runner.resolve(cmd.request.operation_id, cmd.requester)
+            op = self.chain.ops.get(op_id)
+            owner = op.registered_by_uid if op is not None else None
+            if op is None or not self.authority.may_fetch(
+                owner, cmd.requester, operator=cmd.operator
+            ):
+                raise Refused(
+                    f"no operation {cmd.request.operation_id!r}",
+                    kind=RefusalKind.NOT_FOUND,
+                    code="not_found",
+                )
+            return await self.runner.ingest_fetch(spool_request, cmd.request, cmd.requester)
 
     # -- decisions and withdrawals ------------------------------------------------------------
 

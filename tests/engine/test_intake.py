@@ -267,3 +267,15 @@ def test_every_kind_of_refusal_has_one_http_status() -> None:
     assert STATUS_OF[RefusalKind.CONFLICT] == 409
     assert STATUS_OF[RefusalKind.NOT_FOUND] == 404
     assert STATUS_OF[RefusalKind.RATE_LIMITED] == 429
+
+
+def test_approvers_read_every_operation_but_fetch_only_their_own() -> None:
+    alice, bob = 1001, 1002
+    assert Authority.may_read(["agent"], alice, alice)
+    assert not Authority.may_read(["agent"], alice, bob)
+    assert Authority.may_read(["approver"], alice, bob)
+    assert not Authority.may_read(["agent"], None, bob)  # nobody's: as a missing one
+    assert Authority.may_fetch(alice, alice, operator=False)
+    assert not Authority.may_fetch(alice, bob, operator=False)  # even an approver
+    assert Authority.may_fetch(alice, bob, operator=True)
+    assert not Authority.may_fetch(None, bob, operator=False)
