@@ -14,9 +14,9 @@ import pytest
 from daemon.api.client import ApiCallError
 from daemon.spool import FetchFile, Spool, new_request_id
 from replay.events import ActionIntended, ActionSucceeded
-from tests.api.bidea_users import as_user, python_for_everyone, shared_dir, unix_users, why_not
 from tests.api.test_api import api, watch
 from tests.e2e.harness import Workspace, until, workspace
+from tests.unixusers import as_user, python_for_everyone, shared_dir, unix_users, why_not
 
 GROUPS = ("bidea-fagents", "bidea-fapi")
 USERS: dict[str, tuple[str, ...]] = {"bidea-f1": GROUPS, "bidea-f2": GROUPS}

@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from daemon.api.client import ApiCallError, ApiClient
-from tests.api.bidea_users import as_user, python_for_everyone, shared_dir, unix_users, why_not
 from tests.api.test_api import api, watch
 from tests.e2e.harness import Daemon, until, workspace
+from tests.unixusers import as_user, python_for_everyone, shared_dir, unix_users, why_not
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from tests.api.bidea_users import as_user, python_for_everyone, shared_dir, unix_users, why_not
 from tests.e2e.harness import workspace
 from tests.e2e.test_actions import submit_profile
+from tests.unixusers import as_user, python_for_everyone, shared_dir, unix_users, why_not
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 

@@ -14,21 +14,16 @@ under a directory other users cannot enter).
 from __future__ import annotations
 
 import grp
-import importlib.metadata
 import os
-import pwd
-import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Workspace, until, workspace
+from tests.e2e.harness import until, workspace
+from tests.unixusers import User, as_user, python_for_everyone, unix_users, why_not
+from tests.unixusers import shared_dir as shared_dir_of_users
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("bide-t-agents", "bide-t-approvers", "bide-t-api")
@@ -40,143 +35,19 @@ USERS = {
 }  # may reach the socket, has no role
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "creates Unix users: needs root (CI runs as root)"
-    for tool in ("useradd", "userdel", "groupadd", "groupdel"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-    if not system.exists():
-        return f"{system} (a Python other users can run, of this minor version) is missing"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
-
-
-def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
-    groups: list[int]
+pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 
 
 @pytest.fixture
 def users() -> Iterator[dict[str, User]]:
-    for group in GROUPS:
-        subprocess.run(["groupdel", group], capture_output=True, check=False)
-        _run("groupadd", group)
-    made: dict[str, User] = {}
-    try:
-        for name, groups in USERS.items():
-            subprocess.run(["userdel", name], capture_output=True, check=False)
-            _run(
-                "useradd",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                "--groups",
-                ",".join(groups),
-                name,
-            )
-            entry = pwd.getpwnam(name)
-            made[name] = User(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid))
+    with unix_users(USERS, GROUPS) as made:
         yield made
-    finally:
-        for name in USERS:
-            subprocess.run(["userdel", name], capture_output=True, check=False)
-        for group in GROUPS:
-            subprocess.run(["groupdel", group], capture_output=True, check=False)
 
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory other users can enter (pytest's own tmp is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="bide-users-"))
-    path.chmod(0o755)
-    try:
+    with shared_dir_of_users() as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _requirements(dist: str, extras: tuple[str, ...] = ()) -> set[str]:
-    """The installed distributions ``dist`` (with ``extras``) needs, itself included."""
-    seen: set[str] = set()
-    todo = [(dist, extras)]
-    while todo:
-        name, wanted = todo.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen:
-            continue
-        try:
-            requires = importlib.metadata.requires(name) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        seen.add(key)
-        for line in requires:
-            requirement, _, marker = line.partition(";")
-            extra = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", marker)
-            if extra and extra.group(1) not in wanted:
-                continue
-            m = re.match(r"\s*([A-Za-z0-9._-]+)(?:\[([^\]]*)\])?", requirement)
-            if m:
-                todo.append(
-                    (
-                        m.group(1),
-                        tuple(e.strip() for e in (m.group(2) or "").split(",") if e.strip()),
-                    )
-                )
-    return seen
-
-
-def _python_for_everyone(where: Path, extras: tuple[str, ...] = ()) -> Path:
-    """A venv on the system's Python holding a copy of bide and the distributions it needs
-    (with ``extras``): the checkout and its venv may be under a directory other users cannot
-    enter (/root)."""
-    env = where / "env"
-    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    _run(system, "-m", "venv", "--without-pip", str(env))
-    site = next((env / "lib").glob("python*/site-packages"))
-    for package in ("daemon", "eventlog", "replay"):
-        shutil.copytree(
-            ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    for name in _requirements("bide", extras) - {"bide"}:
-        dist = importlib.metadata.distribution(name)
-        for file in dist.files or []:
-            source = Path(str(dist.locate_file(file)))
-            if file.parts[0].endswith(".data") or not source.is_file() or ".." in file.parts:
-                continue
-            target = site / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
-    return env / "bin" / "python"
-
-
-def as_user(
-    ws: Workspace, python: Path, user: User, *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [str(python), "-m", "daemon.cli", *args, "--config", str(ws.config)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/",
-        user=user.uid,
-        group=user.gid,
-        extra_groups=user.groups,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
-    )
-    ws.outputs += [proc.stdout, proc.stderr]
-    return proc
 
 
 API = """\
@@ -193,7 +64,7 @@ approvers_group = "bide-t-approvers"
 def test_three_users_their_own_operations_and_approvals(
     users: dict[str, User], shared_dir: Path
 ) -> None:
-    python = _python_for_everyone(shared_dir)
+    python = python_for_everyone(shared_dir)
     root = shared_dir / "ws"
     root.mkdir()
     with workspace(root, jobs={"j-odd": "mystery"}, config_extra=SPOOL, api=API) as ws:
@@ -286,7 +157,7 @@ def test_three_users_their_own_operations_and_approvals(
 def test_an_agent_watch_succeeds_once_and_queues_while_the_daemon_is_down(
     users: dict[str, User], shared_dir: Path
 ) -> None:
-    python = _python_for_everyone(shared_dir)
+    python = python_for_everyone(shared_dir)
     root = shared_dir / "ws"
     root.mkdir()
     with workspace(
@@ -322,7 +193,7 @@ def test_an_agent_s_mcp_server_sees_only_that_agent_s_operations(
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    python = _python_for_everyone(shared_dir, extras=("mcp",))
+    python = python_for_everyone(shared_dir, extras=("mcp",))
     root = shared_dir / "ws"
     root.mkdir()
     with workspace(root, jobs={"j-a": "running"}, config_extra=SPOOL, api=API) as ws:

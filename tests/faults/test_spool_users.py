@@ -20,7 +20,6 @@ import grp
 import json
 import os
 import platform
-import pwd
 import re
 import shutil
 import subprocess
@@ -33,8 +32,8 @@ import pytest
 from daemon.readers import LoadedLog, load_log
 from eventlog.keys import load_keyring
 from replay.events import DecisionRecorded
-from tests.api.test_users import User, _python_for_everyone, _why_not, as_user
 from tests.e2e.harness import Daemon, Workspace, until, workspace
+from tests.unixusers import User, as_user, python_for_everyone, run, shared_dir, unix_users, why_not
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 FILTER_SOURCE = Path(__file__).parent / "seccomp" / "unit_filter.c"
@@ -51,59 +50,28 @@ USERS: dict[str, tuple[str, ...]] = {
 SPOOL = f'\n[spool]\nagents_group = "{AGENTS}"\napprovers_group = "{APPROVERS}"\n'
 NO_API = "enabled = false\n"  # the CLI falls back to the spool, as when the socket is silent
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
-
-
-def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
 
 
 @pytest.fixture(scope="module")
 def people() -> Iterator[dict[str, User]]:
     """The groups and users of deploy/README.md section 1, removed however the tests end."""
-    made: dict[str, User] = {}
-    try:
-        for group in (AGENTS, APPROVERS, SERVICE):
-            subprocess.run(["groupdel", group], capture_output=True, check=False)
-            _run("groupadd", "--system", group)
-        for name, groups in USERS.items():
-            subprocess.run(["userdel", name], capture_output=True, check=False)
-            primary = ["--gid", SERVICE] if name.startswith("bides-svc") else []
-            _run(
-                "useradd",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                *primary,
-                "--groups",
-                ",".join(groups),
-                name,
-            )
-            entry = pwd.getpwnam(name)
-            made[name] = User(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid))
+    service = {name: SERVICE for name in USERS if name.startswith("bides-svc")}
+    with unix_users(USERS, (AGENTS, APPROVERS, SERVICE), primary=service) as made:
         yield made
-    finally:
-        for name in USERS:
-            subprocess.run(["userdel", name], capture_output=True, check=False)
-        for group in (AGENTS, APPROVERS, SERVICE):
-            subprocess.run(["groupdel", group], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Path]:
     """A directory every user can enter (pytest's own tmp is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="bides-spool-"))
-    path.chmod(0o755)
-    try:
+    with shared_dir("bides-spool-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def python(shared: Path) -> Path:
     """A Python every user can run, holding bide (the daemon's and the users')."""
-    return _python_for_everyone(shared)
+    return python_for_everyone(shared)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +80,7 @@ def unit_filter(shared: Path) -> list[str]:
     if platform.machine() != "x86_64" or shutil.which("cc") is None:
         return []
     out = shared / "unit_filter"
-    _run("cc", "-O2", "-o", str(out), str(FILTER_SOURCE))
+    run("cc", "-O2", "-o", str(out), str(FILTER_SOURCE))
     out.chmod(0o755)
     return [str(out)]
 
