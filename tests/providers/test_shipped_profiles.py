@@ -75,6 +75,27 @@ CASES = [
     ("google-lro", "deadline-exceeded", "deadline_exceeded", "failure"),
     ("google-lro", "cancelled", "cancelled", "canceled"),
     ("google-lro", "done-without-outcome", None, "unknown"),
+    *[
+        ("openai-batch", s, s, "pending")
+        for s in ("validating", "in_progress", "finalizing", "cancelling")
+    ],
+    ("openai-batch", "completed", "completed", "success"),
+    ("openai-batch", "failed", "failed", "failure"),
+    ("openai-batch", "expired", "expired", "expired"),
+    ("openai-batch", "cancelled", "cancelled", "canceled"),
+    ("anthropic-batch", "in_progress", "in_progress", "pending"),
+    ("anthropic-batch", "canceling", "canceling", "pending"),
+    ("anthropic-batch", "ended", "ended", "success"),
+    ("azure-operation", "NotStarted", "NotStarted", "pending"),
+    ("azure-operation", "Running", "Running", "pending"),
+    ("azure-operation", "Succeeded", "Succeeded", "success"),
+    ("azure-operation", "Failed", "Failed", "failure"),
+    ("azure-operation", "Canceled", "Canceled", "canceled"),
+    ("replicate-prediction", "starting", "starting", "pending"),
+    ("replicate-prediction", "processing", "processing", "pending"),
+    ("replicate-prediction", "succeeded", "succeeded", "success"),
+    ("replicate-prediction", "failed", "failed", "failure"),
+    ("replicate-prediction", "canceled", "canceled", "canceled"),
 ]
 
 #: The decision the daemon takes for each category (the first event after ResponseClassified).
@@ -126,6 +147,9 @@ def test_each_documented_state_is_read_as_the_reference_means_it(
         ("databricks-runs", "TERMINATED-FAILED", "Task Orders_Ingest failed with message: failed"),
         ("kubernetes-job", "failed", "BackoffLimitExceeded"),
         ("google-lro", "error", "Invalid argument: the model has no version"),
+        ("openai-batch", "failed", "invalid_json_line"),
+        ("azure-operation", "Failed", "The training data is empty."),
+        ("replicate-prediction", "failed", "CUDA out of memory"),
     ],
 )
 def test_a_failure_carries_the_providers_error(profile: str, fixture: str, error: str) -> None:
@@ -159,6 +183,28 @@ def test_a_failure_carries_the_providers_error(profile: str, fixture: str, error
             {"succeeded": "1", "completion_time": "2024-05-01T10:05:00Z"},
         ),
         ("google-lro", "done", {"metadata": None}),
+        (
+            "openai-batch",
+            "completed",
+            {"output_file_id": "file-cvaTdG", "error_file_id": "file-HOWS94"},
+        ),
+        (
+            "anthropic-batch",
+            "ended",
+            {
+                "results_url": "https://api.anthropic.com/v1/messages/batches/msgbatch_013Zva2CMHLNnXjNJJKqJ2EF/results",
+                "errored": "2",
+            },
+        ),
+        ("azure-operation", "Succeeded", {"result": '{"modelId":"my-model"}'}),
+        (
+            "replicate-prediction",
+            "succeeded",
+            {
+                "output": "hello Alice",
+                "web_url": "https://replicate.com/p/gm3qorzdhgbfurvjtvhg6dckhu",
+            },
+        ),
     ],
 )
 def test_a_success_carries_the_results_a_next_step_needs(
