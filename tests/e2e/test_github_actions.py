@@ -63,7 +63,7 @@ def run(tmp_path: Path, final: str) -> tuple[dict[str, object], str]:
         return status, story
 
 
-def test_a_failed_workflow_run_ends_as_a_failure_never_a_success(tmp_path: Path) -> None:
+def test_s3_a_failed_workflow_run_ends_as_a_failure_never_a_success(tmp_path: Path) -> None:
     status, story = run(tmp_path, "completed-failure")
     assert status["stop_reason"] == "provider_failure", status
     assert status["provider_error"] == "failure"

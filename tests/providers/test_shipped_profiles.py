@@ -121,7 +121,7 @@ def test_every_fixture_is_covered() -> None:
 
 
 @pytest.mark.parametrize(("profile", "fixture", "state", "category"), CASES)
-def test_each_documented_state_is_read_as_the_reference_means_it(
+def test_s3_each_documented_state_is_read_as_the_reference_means_it(
     profile: str, fixture: str, state: str | None, category: str
 ) -> None:
     report = sample(profile, fixture)

@@ -33,7 +33,7 @@ def rule(state: str, category: str, *when: Condition, fallback: bool = False) ->
 
 
 @given(st.lists(st.tuples(st.sampled_from("abc"), scalars), min_size=1, max_size=6), scalars)
-def test_the_first_matching_rule_wins_and_no_match_is_none(
+def test_s3_the_first_matching_rule_wins_and_no_match_is_none(
     specs: list[tuple[str, object]], value: object
 ) -> None:
     rules = [rule(f"s{n}", CATEGORIES[n % 5], eq(f"/{k}", v)) for n, (k, v) in enumerate(specs)]
@@ -46,7 +46,7 @@ def test_the_first_matching_rule_wins_and_no_match_is_none(
 
 
 @given(scalars, scalars)
-def test_values_compare_by_json_type(a: object, b: object) -> None:
+def test_s3_values_compare_by_json_type(a: object, b: object) -> None:
     same_type = (
         (isinstance(a, bool) and isinstance(b, bool))
         or (isinstance(a, str) and isinstance(b, str))
@@ -158,7 +158,7 @@ def test_no_rule_matching_is_unknown_and_says_what_it_saw() -> None:
     assert state is not None and "/conclusion=null" in state
 
 
-def test_a_numeric_id_in_the_body_matches_the_registered_id_as_text() -> None:
+def test_s5_a_numeric_id_in_the_body_matches_the_registered_id_as_text() -> None:
     assert read({"id": 42, "status": "queued"})[1] == "pending"
     c = msgspec.convert(RULES, Contract)
     d = Daemon.start(c, provider="gh", provider_job_id="43")
@@ -223,7 +223,7 @@ def test_the_digest_covers_the_rules() -> None:
         ),
     ],
 )
-def test_the_analysis_refuses_unsound_rules(rules: list[StateRule], message: str) -> None:
+def test_s3_the_analysis_refuses_unsound_rules(rules: list[StateRule], message: str) -> None:
     problems = rule_problems(rules)
     assert len(problems) == 1 and message in problems[0], problems
 
