@@ -78,9 +78,7 @@ def _run_sample(args: argparse.Namespace) -> int:
             parse_header(profile, text, headers)
         if not 100 <= args.status <= 599:
             raise SampleError(f"--status {args.status}: an HTTP status is 100..599")
-        report = read_sample(
-            profile, body, status=args.status, headers=headers, job_id=args.job_id
-        )
+        report = read_sample(profile, body, status=args.status, headers=headers, job_id=args.job_id)
     except (ConfigError, SampleError, OSError) as exc:
         print(json.dumps({"ok": False, "error": str(exc)}) if args.json else f"error: {exc}")
         return 1

@@ -131,7 +131,8 @@ def test_s3_each_documented_state_is_read_as_the_reference_means_it(
     else:
         assert report["state"].startswith("no rule matched")
     decision = [e["event"] for e in report["decision"]]
-    assert decision[0] == "response_classified" and decision[1] == STOPS[category], decision
+    assert decision[0] == "response_classified", decision
+    assert decision[1] == STOPS[category], decision
     if category == "unknown":
         assert report["decision"][1]["reason"] == "unknown_state"
     if category == "failure":

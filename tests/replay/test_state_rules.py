@@ -82,7 +82,8 @@ def test_present_absent_null_range_and_some() -> None:
         True,
         False,
     ]
-    assert holds(ranged, {"v": 1.5}) and not holds(ranged, {"v": True})
+    assert holds(ranged, {"v": 1.5})
+    assert not holds(ranged, {"v": True})
     assert not holds(ranged, {"v": "1.5"})
     some = Condition(
         pointer="/c", test="some", where=(eq("/type", "Failed"), eq("/status", "True"))
@@ -155,7 +156,8 @@ def test_a_completed_failed_run_is_a_failure_with_its_error() -> None:
 def test_no_rule_matching_is_unknown_and_says_what_it_saw() -> None:
     state, outcome, _ = read({"id": 42, "status": "completed", "conclusion": None})
     assert outcome == "unknown"
-    assert state is not None and "/conclusion=null" in state
+    assert state is not None
+    assert "/conclusion=null" in state
 
 
 def test_s5_a_numeric_id_in_the_body_matches_the_registered_id_as_text() -> None:
@@ -173,7 +175,8 @@ def test_s5_a_numeric_id_in_the_body_matches_the_registered_id_as_text() -> None
         ),
         d.op.next_poll_at,
     )
-    assert reading.unreadable is not None and reading.unreadable.reason == "contradiction"
+    assert reading.unreadable is not None
+    assert reading.unreadable.reason == "contradiction"
 
 
 def test_results_and_errors_may_come_from_array_elements() -> None:
@@ -225,7 +228,8 @@ def test_the_digest_covers_the_rules() -> None:
 )
 def test_s3_the_analysis_refuses_unsound_rules(rules: list[StateRule], message: str) -> None:
     problems = rule_problems(rules)
-    assert len(problems) == 1 and message in problems[0], problems
+    assert len(problems) == 1, problems
+    assert message in problems[0]
 
 
 def test_exclusive_rules_and_a_declared_fallback_are_sound() -> None:
