@@ -369,6 +369,11 @@ class ActionRunner:
         n = 1 + sum(
             1 for a in self.actions.values() if a.operation_id == op_id and a.kind == "cancel"
         )
+        try:
+            cancel_url = profile.cancel_url(op.provider_job_id)
+        except ValueError as exc:  # a {+job_id} path id with a dot or empty segment
+            logfmt.error("cancel not sent", op=op_id, reason=str(exc))
+            return
         intent = ActionIntended(
             operation_id=op_id,
             at=ports.clock(),
@@ -376,7 +381,7 @@ class ActionRunner:
             kind="cancel",
             provider=op.provider,
             method=profile.cancel.method,
-            url=profile.cancel_url(op.provider_job_id),
+            url=cancel_url,
             timeout_seconds=profile.cancel.timeout_seconds,
         )
         await ports.record([intent])

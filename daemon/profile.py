@@ -49,9 +49,11 @@ the quota holds back is recorded as a ``local_quota`` delay, never sent in a wav
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -66,6 +68,8 @@ from replay.contract import Contract, contract_digest
 
 SAFE_METHODS = ("GET", "HEAD")
 _PLACEHOLDER = "{job_id}"
+#: RFC 6570 reserved expansion: the job id is a path whose slashes are kept.
+_PATH_PLACEHOLDER = "{+job_id}"
 
 
 class StatusCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -176,15 +180,44 @@ class Profile:
         """The path under which a provider-named status resource may lie (S22)."""
         if self.submit is not None and self.submit.status_path_prefix is not None:
             return self.submit.status_path_prefix
-        return urlsplit(self.status.url.split(_PLACEHOLDER, 1)[0]).path or "/"
+        before = re.split(r"\{\+?job_id\}", self.status.url, maxsplit=1)[0]
+        return urlsplit(before).path or "/"
 
     def cancel_url(self, job_id: str) -> str:
         assert self.cancel is not None
-        return self.cancel.url.replace(_PLACEHOLDER, _encode_id(job_id))
+        return expand(self.cancel.url, job_id)
 
     def status_url(self, job_id: str) -> str:
         """The status URL for ``job_id``, percent-encoded so it cannot change the path."""
-        return self.status.url.replace(_PLACEHOLDER, _encode_id(job_id))
+        return expand(self.status.url, job_id)
+
+
+def expand(template: str, job_id: str) -> str:
+    """``template`` with its job id placeholder filled in: ``{job_id}`` as one segment (or one
+    query value), ``{+job_id}`` as a path (RFC 6570 reserved expansion, see
+    :func:`encode_path_id`)."""
+    if _PATH_PLACEHOLDER in template:
+        return template.replace(_PATH_PLACEHOLDER, encode_path_id(job_id))
+    return template.replace(_PLACEHOLDER, _encode_id(job_id))
+
+
+def encode_path_id(job_id: str) -> str:
+    """A job id that is a path (Google's ``projects/p/operations/o``): slashes kept, every
+    other character outside RFC 3986's unreserved set percent-encoded, so the id can neither
+    add a query or fragment nor climb out of the template's path.
+
+    Raises:
+        ValueError: The id has an empty segment or a dot segment (``.``, ``..``), which a
+            client or server would normalise away, leaving the template's path prefix.
+    """
+    segments = job_id.split("/")
+    for segment in segments:
+        if segment in ("", ".", ".."):
+            raise ValueError(
+                f"job id {job_id!r} has an empty or dot segment, which would leave the status "
+                f"URL's path; a {_PATH_PLACEHOLDER} id is segments joined by single slashes"
+            )
+    return "/".join(quote(segment, safe="") for segment in segments)
 
 
 def _encode_id(job_id: str) -> str:
@@ -232,10 +265,17 @@ def load_profile(path: Path) -> Profile:
             f"{path}: contract.provider is {raw.contract['provider']!r} but the file is named "
             f"for provider {name!r}; drop the key or rename the file"
         )
+    contract_table = dict(raw.contract)
+    if "state_rules" in contract_table:
+        contract_table["state_rules"] = _rules_from_toml(path, text, contract_table["state_rules"])
     try:
-        contract = msgspec.convert({**raw.contract, "provider": name}, Contract)
+        contract = msgspec.convert({**contract_table, "provider": name}, Contract)
     except msgspec.ValidationError as exc:
         message = str(exc).replace("$.", "$.contract.", 1)
+        if "`$" not in message and contract_table.get("state_rules"):
+            # The rules' own analysis (replay.rules.rule_problems), raised by the contract.
+            line = _line_of(text, ("contract",), "state_rules")
+            raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
     _check_url(path, text, raw.status.url, "status")
     if raw.cancel is not None:
@@ -262,6 +302,137 @@ def load_profile(path: Path) -> Profile:
     )
 
 
+_CATEGORIES = ("pending", "success", "failure", "canceled", "expired")
+_RULE_KEYS = ("state", "category", "when", "some", "fallback")
+_CONDITION_KEYS = ("equals", "present", "absent", "null", "min", "max")
+_SOME_KEYS = ("pointer", "when")
+
+
+def _nearest(word: str, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
+
+
+def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, object]]:
+    """``[[contract.state_rules]]`` as written (``when`` a table of pointer -> condition, ``some``
+    a table or a list of tables) to :class:`replay.rules.StateRule` 's stored form."""
+    headers = [
+        n
+        for n, line in enumerate(text.splitlines(), start=1)
+        if re.match(r"^\s*\[\[\s*contract\s*\.\s*state_rules\s*\]\]", line)
+    ]
+
+    def fail(index: int, key: str, why: str) -> ConfigError:
+        line = (
+            headers[index] if index < len(headers) else _line_of(text, ("contract",), "state_rules")
+        )
+        return ConfigError(f"{path}:{line}: contract.state_rules[{index + 1}]{key}: {why}")
+
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: contract.state_rules must be an array of tables")
+    rules: list[dict[str, object]] = []
+    for index, rule in enumerate(raw):
+        if not isinstance(rule, dict):
+            raise fail(index, "", "a rule is a table")
+        for key in rule:
+            if key not in _RULE_KEYS:
+                raise fail(index, f".{key}", f"unknown key{_nearest(key, _RULE_KEYS)}")
+        category = rule.get("category")
+        if not isinstance(category, str) or category not in _CATEGORIES:
+            raise fail(
+                index,
+                ".category",
+                f"{category!r} is not a category{_nearest(str(category), _CATEGORIES)}",
+            )
+        conditions = _conditions(rule.get("when", {}), ".when", functools.partial(fail, index))
+        somes = rule.get("some", [])
+        for n, some in enumerate(somes if isinstance(somes, list) else [somes]):
+            where = f".some[{n + 1}]" if isinstance(somes, list) else ".some"
+            if not isinstance(some, dict):
+                raise fail(index, where, "a table with pointer and when")
+            for key in some:
+                if key not in _SOME_KEYS:
+                    raise fail(index, f"{where}.{key}", f"unknown key{_nearest(key, _SOME_KEYS)}")
+            if not isinstance(some.get("pointer"), str) or not some.get("when"):
+                raise fail(index, where, "needs pointer (an array's) and when (on one element)")
+            inner = _conditions(some["when"], f"{where}.when", functools.partial(fail, index))
+            conditions.append({"pointer": some["pointer"], "test": "some", "where": inner})
+        if not conditions:
+            raise fail(
+                index, "", "a rule needs when or some (a rule with no condition matches any body)"
+            )
+        out: dict[str, object] = {
+            "state": rule.get("state"),
+            "category": category,
+            "when": conditions,
+        }
+        if "fallback" in rule:
+            out["fallback"] = rule["fallback"]
+        rules.append(out)
+    return rules
+
+
+def _conditions(
+    table: object, prefix: str, fail_at: Callable[[str, str], ConfigError]
+) -> list[dict[str, object]]:
+    """``{pointer = condition}``: a value or a list of values (equals one of them), or a table
+    ``{ equals = [...] }``, ``{ present = true }``, ``{ absent = true }``, ``{ null = true }``,
+    ``{ min = A, max = B }`` (a number in that range)."""
+
+    def fail(key: str, why: str) -> ConfigError:
+        return fail_at(f"{prefix}.{key}" if key else prefix, why)
+
+    if not isinstance(table, dict):
+        raise fail("", "a table of JSON pointer = condition")
+    out: list[dict[str, object]] = []
+    for pointer, spec in table.items():
+        key = f'"{pointer}"'
+        if not pointer.startswith("/") and pointer != "":
+            raise fail(key, 'a JSON pointer starts with "/" (RFC 6901)')
+        if isinstance(spec, list):
+            out.append({"pointer": pointer, "test": "equals", "values": spec})
+        elif not isinstance(spec, dict):
+            out.append({"pointer": pointer, "test": "equals", "values": [spec]})
+        else:
+            for word in spec:
+                if word not in _CONDITION_KEYS:
+                    raise fail(
+                        f"{key}.{word}", f"unknown condition{_nearest(word, _CONDITION_KEYS)}"
+                    )
+            tests = [w for w in ("equals", "present", "absent", "null") if w in spec]
+            ranged = "min" in spec or "max" in spec
+            if len(tests) + ranged != 1:
+                raise fail(
+                    key, "one condition per pointer: equals, present, absent, null, or min/max"
+                )
+            if ranged:
+                out.append(
+                    {
+                        "pointer": pointer,
+                        "test": "range",
+                        "minimum": spec.get("min"),
+                        "maximum": spec.get("max"),
+                    }
+                )
+            elif tests[0] == "equals":
+                values = spec["equals"]
+                out.append(
+                    {
+                        "pointer": pointer,
+                        "test": "equals",
+                        "values": values if isinstance(values, list) else [values],
+                    }
+                )
+            elif spec[tests[0]] is not True:
+                raise fail(
+                    f"{key}.{tests[0]}",
+                    f"write {tests[0]} = true (for the opposite of present use absent or null)",
+                )
+            else:
+                out.append({"pointer": pointer, "test": tests[0]})
+    return out
+
+
 def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract) -> None:
     line = _line_of(text, ("submit",), "url")
     parts = urlsplit(submit.url)
@@ -279,13 +450,22 @@ def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract)
 
 def _check_url(path: Path, text: str, url: str, table: str) -> None:
     line = _line_of(text, (table,), "url")
-    if url.count(_PLACEHOLDER) != 1:
-        raise ConfigError(f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} exactly once")
-    parts = urlsplit(url.replace(_PLACEHOLDER, "x"))
+    simple, reserved = url.count(_PLACEHOLDER), url.count(_PATH_PLACEHOLDER)
+    if simple + reserved != 1:
+        raise ConfigError(
+            f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} (one path segment or "
+            f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once"
+        )
+    parts = urlsplit(url.replace(_PLACEHOLDER, "x").replace(_PATH_PLACEHOLDER, "x"))
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(f"{path}:{line}: {table}.url must be an absolute http(s) URL")
-    if _PLACEHOLDER in url.split("//", 1)[1].split("/", 1)[0]:
+    if "job_id}" in url.split("//", 1)[1].split("/", 1)[0].split("?", 1)[0]:
         raise ConfigError(f"{path}:{line}: {_PLACEHOLDER} may not be in the host")
+    if reserved and _PATH_PLACEHOLDER not in urlsplit(url).path:
+        raise ConfigError(
+            f"{path}:{line}: {_PATH_PLACEHOLDER} is a path and belongs in the URL's path; "
+            f"use {_PLACEHOLDER} in a query"
+        )
 
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")

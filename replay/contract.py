@@ -26,11 +26,14 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from replay.rules import Scalar, StateRule, rule_problems
+
 __all__ = [
     "Contract",
     "JsonPointer",
     "ResultField",
     "ResultKind",
+    "StateRule",
     "StateTable",
     "contract_digest",
 ]
@@ -103,8 +106,14 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         provider: The provider's name (matches the registration's provider).
-        states: The state table (S3).
+        states: The state table (S3), with ``state_pointer``; unset when ``state_rules`` read
+            the state instead.
         state_pointer: JSON pointer to the job state in the status body.
+        state_rules: Ordered rules deriving the state from several fields
+            (:mod:`replay.rules`); the first that matches gives the state and its category,
+            none matching is unknown (S15). Exclusive with ``states`` and ``state_pointer``.
+        documented_states: The provider's documented values per pointer (``/a/*/b`` for a
+            field of an array's elements); each must be classified by some rule.
         job_id_pointer: JSON pointer to the job id in the status body; when set, it must equal
             the registered job id, else the response is a contradiction (identity, S5).
         results: Result fields recorded on success; required ones must validate (S14).
@@ -139,8 +148,16 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     provider: ProviderName
-    states: StateTable
-    state_pointer: JsonPointer
+    states: StateTable | None = None
+    state_pointer: JsonPointer | None = None
+    state_rules: Annotated[tuple[StateRule, ...], Meta(max_length=64)] = ()
+    documented_states: Annotated[
+        dict[
+            Annotated[str, Meta(pattern=r"^(/([^~/]|~[01])*)*$", max_length=512)],
+            Annotated[tuple[Scalar, ...], Meta(max_length=128)],
+        ],
+        Meta(max_length=32),
+    ] = msgspec.field(default_factory=dict)
     job_id_pointer: JsonPointer | None = None
     results: Annotated[tuple[ResultField, ...], Meta(max_length=32)] = ()
     next_check_at_pointer: JsonPointer | None = None
@@ -172,6 +189,19 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     idempotent_submit: bool = False
 
     def __post_init__(self) -> None:
+        table = self.states is not None or self.state_pointer is not None
+        if self.state_rules:
+            if table:
+                raise ValueError(
+                    "state_rules replace state_pointer and states: give one form, not both"
+                )
+            problems = rule_problems(self.state_rules, self.documented_states.items())
+            if problems:
+                raise ValueError("; ".join(problems))
+        elif self.states is None or self.state_pointer is None:
+            raise ValueError("give state_pointer and states, or state_rules")
+        elif self.documented_states:
+            raise ValueError("documented_states are checked against state_rules only")
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be at least backoff_base_seconds")
         if self.rate_limited_delay_seconds < 2 * self.backoff_cap_seconds:
@@ -191,6 +221,13 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
         if len(set(names)) != len(names):
             raise ValueError("result field names must be unique")
 
+    @property
+    def success_states(self) -> tuple[str, ...]:
+        """The names of the success states, from the table or the rules."""
+        if self.states is not None:
+            return self.states.success
+        return tuple(r.state for r in self.state_rules if r.category == "success")
+
 
 _canonical = msgspec.json.Encoder(order="sorted")
 
@@ -204,4 +241,14 @@ def contract_digest(contract: Contract) -> str:
     Returns:
         64 lowercase hex characters.
     """
-    return hashlib.sha256(_canonical.encode(contract)).hexdigest()
+    data = msgspec.to_builtins(contract)
+    # Keys added with the state rules are left out when unused, so a contract written before
+    # them keeps its digest (recorded operations still name the profile in force).
+    for key in _OMITTED_WHEN_UNSET:
+        value = data.get(key)
+        if value is None or (isinstance(value, tuple | list | dict) and not value):
+            del data[key]
+    return hashlib.sha256(_canonical.encode(data)).hexdigest()
+
+
+_OMITTED_WHEN_UNSET = ("state_rules", "documented_states", "states", "state_pointer")

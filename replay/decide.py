@@ -281,7 +281,7 @@ def register(
                 f"a budget of {asked} exceeds the profile's {limit} {getattr(contract, limit)}",
             )
     expected = request.expected_terminal_state
-    if expected is not None and expected not in contract.states.success:
+    if expected is not None and expected not in contract.success_states:
         return reject("unknown_expected_state", "the expected state is not a success state")
     first_after = request.first_poll_after_seconds
     if first_after is None:

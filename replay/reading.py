@@ -28,6 +28,7 @@ import msgspec
 
 from replay.contract import Contract
 from replay.events import HintName, HttpOutcome, JobOutcome, StatusResponseReceived
+from replay.rules import first_match, unmatched_state
 from replay.signals import (
     Rejected,
     parse_instant,
@@ -181,6 +182,8 @@ def read_response(op: Operation, response: StatusResponseReceived, now: float) -
 def job_outcome(contract: Contract, state: str) -> JobOutcome:
     """What ``state`` means in the contract's state table (S3); in no list: unknown (S15)."""
     table = contract.states
+    if table is None:
+        return "unknown"
     for category in ("pending", "success", "failure", "canceled", "expired"):
         if state in getattr(table, category):
             outcome: JobOutcome = category
@@ -202,14 +205,23 @@ def _read_body(
     parsed, document = parse_json(response.body)  # bounded: never a RecursionError
     if not parsed:
         return _unreadable(reading, "unparseable_response", str(document))
-    found, state = resolve_pointer(document, contract.state_pointer)
-    if not found or not isinstance(state, str) or not state:
-        return _unreadable(
-            reading,
-            "unparseable_response",
-            f"no job state (a non-empty string) at {contract.state_pointer!r}",
-        )
-    outcome = job_outcome(contract, state)
+    outcome: JobOutcome
+    if contract.state_pointer is None:
+        # State rules (replay.rules): the first that matches names the state; none is unknown.
+        rule = first_match(contract.state_rules, document)
+        if rule is None:
+            state, outcome = unmatched_state(contract.state_rules, document, _STATE_CAP), "unknown"
+        else:
+            state, outcome = rule.state, rule.category
+    else:
+        found, value = resolve_pointer(document, contract.state_pointer)
+        if not found or not isinstance(value, str) or not value:
+            return _unreadable(
+                reading,
+                "unparseable_response",
+                f"no job state (a non-empty string) at {contract.state_pointer!r}",
+            )
+        state, outcome = value, job_outcome(contract, value)
     reading = msgspec.structs.replace(
         reading, job_state=cap(state, _STATE_CAP), job_outcome=outcome
     )

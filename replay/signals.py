@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from replay.contract import ResultKind
+if TYPE_CHECKING:  # the contract's module reads state with this one's pointers
+    from replay.contract import ResultKind
 
 __all__ = [
     "MAX_JSON_DEPTH",

@@ -318,7 +318,16 @@ class Poller:
                 detail="not sent: the lease would not outlive the request once the intent "
                 "was durable",
             )
-        url = op.status_location or client.profile.status_url(op.provider_job_id)
+        try:
+            url = op.status_location or client.profile.status_url(op.provider_job_id)
+        except ValueError as exc:  # a {+job_id} path id with a dot or empty segment
+            return TransportFailed(
+                operation_id=op.operation_id,
+                at=self.clock(),
+                request_number=intent.request_number,
+                kind="not_sent",
+                detail=f"not sent: {exc}"[:200],
+            )
         fact = await client.fetch(
             operation_id=op.operation_id,
             url=url,
