@@ -219,7 +219,9 @@ def _check(op: Operation, reading: Reading, now: float, events: list[Event]) -> 
         if last.delay_source == "provider_poll_hint":
             assert reading.retry_after_at is None
             assert reading.hint_at is not None
-            assert last.next_poll_at == min(reading.hint_at, end)
+            # The hint's time, never before now (a reading handed straight to the rules may
+            # carry a hint already past) and never past the deadline.
+            assert last.next_poll_at == max(now, min(reading.hint_at, end))
         if last.delay_source == "rate_limit_policy":
             assert reading.retry_after_at is None
             assert reading.pacing is not None
