@@ -82,9 +82,6 @@ class StatusCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
-
-
 class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Exactly one of ``file`` (a static token, re-read on change) or ``command`` (a program
     that prints a token and its expiry: :mod:`daemon.credentials`); the rest is the command's."""
@@ -98,7 +95,7 @@ class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout_seconds: Annotated[float, Meta(gt=0, le=300)] = 10.0
     expiry_skew_seconds: Annotated[float, Meta(ge=0, le=3600)] = 60.0
     cache_seconds: Annotated[float, Meta(gt=0, le=3600)] = 300.0
-    env: dict[EnvName, Annotated[str, Meta(max_length=4096)]] = msgspec.field(default_factory=dict)
+    env: dict[str, Annotated[str, Meta(max_length=4096)]] = msgspec.field(default_factory=dict)
 
 
 class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -486,8 +483,14 @@ def _check_credential(path: Path, text: str, ref: CredentialRef) -> None:
             f'(command = ["/usr/local/bin/get-token", "arg", ...]); bide runs it without a '
             f"shell and without searching PATH"
         )
-    if any("\0" in arg for arg in ref.command) or any("\0" in v for v in ref.env.values()):
+    if any("\0" in arg for arg in ref.command):
         raise ConfigError(f"{where('command')}: credential.command: an argument holds a NUL byte")
+    for name, value in ref.env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) or "\0" in value:
+            raise ConfigError(
+                f"{where('env')}: credential.env: {name!r} is not an environment variable name "
+                f"(letters, digits, '_', not starting with a digit) or its value holds a NUL byte"
+            )
 
 
 def _check_url(path: Path, text: str, url: str, table: str) -> None:
