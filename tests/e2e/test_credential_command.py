@@ -11,8 +11,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
+import pytest
+
+from daemon.credentials import CommandCredential, CredentialError
+from daemon.profile import CredentialRef
 from replay.events import OperationStopped, TransportFailed
 from tests.e2e.harness import TOKEN, Workspace, drop_registration, until, workspace
 
@@ -37,10 +43,12 @@ elif step == "garbage":
 elif step == "fail":
     print("error: the secret " + token, file=sys.stderr)
     sys.exit(3)
-else:  # "ok SECONDS": a token good for that long
+else:  # "ok SECONDS [DELAY]": a token good for that long, printed after DELAY seconds
     assert os.environ.get("PATH") == "/usr/local/bin:/usr/bin:/bin", os.environ
     assert os.environ.get("TOKEN_AUDIENCE") == "sim", os.environ
-    print(json.dumps({{"token": token, "expires_in": float(step.split()[1])}}))
+    words = step.split()
+    time.sleep(float(words[2]) if len(words) > 2 else 0)
+    print(json.dumps({{"token": token, "expires_in": float(words[1])}}))
 """
 
 
@@ -151,6 +159,29 @@ def test_a_program_that_always_fails_spends_the_transport_budget_never_fails_the
         assert_secret_kept(ws, "op3")
 
 
+def test_requests_that_need_the_token_meanwhile_wait_for_the_one_run(tmp_path: Path) -> None:
+    """Five requests at once, a program that takes 0.5 s and a token too close to expiry to
+    keep: one run, its token for all five; the next request runs the program again."""
+    program, runs, plan = credential_program(tmp_path / "bin", ["ok 30 0.5"])
+    ref = CredentialRef(command=[str(program), str(runs), str(plan)], env={"TOKEN_AUDIENCE": "sim"})
+    credential = CommandCredential("sim", ref)
+    tokens: list[str] = []
+
+    async def main() -> None:
+        async def one() -> None:
+            tokens.append(await credential.token(5.0))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(one)
+        assert run_count(runs) == 1
+        tokens.append(await credential.token(5.0))  # not cached: 30 s left, skew 60 s
+
+    anyio.run(main)
+    assert tokens == [TOKEN] * 6
+    assert run_count(runs) == 2
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -158,3 +189,52 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"  # a zombie is dead, waiting for its reaper
+
+
+def _printed(tmp_path: Path, output: str) -> CommandCredential:
+    """A credential whose program is ``/bin/cat`` of ``output``: what a program printed."""
+    path = tmp_path / "out.json"
+    path.write_text(output)
+    return CommandCredential("sim", CredentialRef(command=["/bin/cat", str(path)]))
+
+
+def _in(seconds: float) -> str:
+    when = datetime.now(UTC) + timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_kubectl_exec_credential_and_expires_at_are_read_and_cached(tmp_path: Path) -> None:
+    exec_credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": TOKEN, "expirationTimestamp": _in(3600)},
+    }
+    for output in (exec_credential, {"token": TOKEN, "expires_at": _in(3600)}):
+        credential = _printed(tmp_path, json.dumps(output))
+        assert anyio.run(credential.token, 5.0) == TOKEN
+        assert anyio.run(credential.token, 5.0) == TOKEN
+        assert credential.runs == 1  # good for an hour: the second request used the cache
+
+
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        ({"token": TOKEN, "expires_at": _in(-5)}, "has already expired"),
+        ({"token": TOKEN, "expires_at": "tomorrow " + TOKEN}, "not an RFC 3339 time"),
+        ({"token": TOKEN, "expires_in": "soon"}, "expires_in that is not seconds"),
+        ({"token": TOKEN + "\r\nX-Evil: 1"}, "cannot be sent in a header"),
+        ({"token": ""}, 'printed no "token"'),
+        ({"AccessKeyId": "AKIA" + TOKEN, "Version": 1}, "AWS keys"),
+        ([TOKEN], "not an object"),
+        ("x" * (64 * 1024 + 1), "more than 65536 bytes"),
+    ],
+)
+def test_a_bad_answer_is_refused_without_quoting_it(
+    tmp_path: Path, output: object, why: str
+) -> None:
+    credential = _printed(tmp_path, output if isinstance(output, str) else json.dumps(output))
+    with pytest.raises(CredentialError) as info:
+        anyio.run(credential.token, 5.0)
+    assert why in str(info.value)
+    assert TOKEN not in str(info.value)
+    assert str(info.value).startswith("credential command /bin/cat for provider sim ")
