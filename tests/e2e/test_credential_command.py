@@ -135,6 +135,8 @@ def test_a_hanging_garbage_or_failing_program_is_a_transport_failure_then_recove
         assert "exited with status 3" in exited
         assert log.ops["op2"].transport_failures_used == 3  # the transport budget, not the job
         assert run_count(runs) == 4
+        [daemon] = ws.daemons
+        assert daemon.output().count('msg="credential command failed"') == 3
         child = int((tmp_path / "bin" / "runs.child").read_text())
         until(lambda: not _alive(child), 5, "the hanging program's child to be killed")
         assert_secret_kept(ws, "op2")
