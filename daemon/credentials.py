@@ -16,13 +16,14 @@ prints one JSON object on stdout, one of:
 (``AccessKeyId``/``SecretAccessKey``) is keys for request signing, not a token, and is refused.
 
 The token is cached until ``expiry_skew_seconds`` before it expires (a token without expiry for
-``cache_seconds``); one run at a time per profile, and every request that needs the token
-meanwhile waits for that run's result, good or bad. The run is bounded by ``timeout_seconds``
-(and by the waiting request's own time budget), its stdout by :data:`MAX_OUTPUT`; the whole
-process group is killed when either bound is hit. Any failure is a :class:`CredentialError`,
-which the HTTP shell records as a ``not_sent`` transport failure of that request (counted in the
-transport-failure budget), never a job failure. Neither the token nor stdout is ever logged or
-put in an error; of stderr only its length is told (a program may echo the token there).
+``cache_seconds``), or until the provider answers 401 to it; one run at a time per profile, and
+every request that needs the token meanwhile waits for that run's result, good or bad. The run
+is bounded by ``timeout_seconds`` (and by the waiting request's own time budget), its stdout by
+:data:`MAX_OUTPUT`; the whole process group is killed when either bound is hit. Any failure is a
+:class:`CredentialError`, which the HTTP shell records as a ``not_sent`` transport failure of
+that request (counted in the transport-failure budget), never a job failure. Neither the token
+nor stdout is ever logged or put in an error; of stderr only its length is told (a program may
+echo the token there).
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ class CommandCredential:
             raise run.error
         assert run.token is not None
         return run.token
+
+    def forget(self) -> None:
+        """Drop the cached token (the provider refused it: revoked before its expiry), so the
+        next request runs the program again."""
+        self._cached = None
 
     def _name(self, what: str) -> str:
         return f"credential command {self.argv[0]} for provider {self.provider} {what}"

@@ -269,11 +269,15 @@ class StatusClient:
         transport = self._transport
         self._users[transport] = self._users.get(transport, 0) + 1
         try:
-            return await self._exchange(
+            result = await self._exchange(
                 transport, method, url, request_headers, body, budget, cap, sink
             )
         finally:
             await self._release(transport, 1)
+        refused = isinstance(result, Answer) and result.status == 401
+        if refused and credential is not None and self._command is not None:
+            self._command.forget()  # refused before its expiry: ask the program again
+        return result
 
     async def _exchange(
         self,

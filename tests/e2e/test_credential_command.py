@@ -40,6 +40,8 @@ if step == "hang":
     time.sleep(60)
 elif step == "garbage":
     print("not json, but the secret " + token)
+elif step.startswith("wrong"):  # a token the provider refuses (revoked), good for an hour
+    print(json.dumps({{"token": "revoked-" + str(runs), "expires_in": 3600}}))
 elif step == "fail":
     print("error: the secret " + token, file=sys.stderr)
     sys.exit(3)
@@ -159,6 +161,30 @@ def test_a_program_that_always_fails_spends_the_transport_budget_never_fails_the
         assert ws.sim.requests(kind="status", job_id="j3") == []  # nothing sent without a token
         assert run_count(runs) == 2
         assert_secret_kept(ws, "op3")
+
+
+def test_a_token_the_provider_refuses_is_not_kept(tmp_path: Path) -> None:
+    """Run 1's token is good for an hour but revoked: the provider answers 401, that operation
+    stops (authorization denied), and the next operation's request runs the program again
+    rather than sending the refused token until its stated expiry."""
+    program, runs, plan = credential_program(tmp_path / "bin", ["wrong", "ok 3600"])
+    jobs: dict[str, list[object]] = {
+        "j4": [{"state": "running"}],
+        "j5": [{"state": "succeeded", "result": True}],
+    }
+    (tmp_path / "ws").mkdir()
+    with workspace(tmp_path / "ws", jobs) as ws:
+        command_profile(ws, program, runs, plan, "")
+        ws.start_daemon()
+        assert ws.watch("j4", "op4").returncode == 0
+        ws.bide("wait", "op4", "--timeout", "30s")
+        [stopped] = [e for _, e in ws.log().events if isinstance(e, OperationStopped)]
+        assert stopped.reason == "authorization_denied"
+        assert ws.watch("j5", "op5").returncode == 0
+        ws.bide("wait", "op5", "--timeout", "30s")
+        assert ws.log().ops["op5"].phase == "succeeded"
+        assert run_count(runs) == 2
+        assert_secret_kept(ws, "op5")
 
 
 def test_requests_that_need_the_token_meanwhile_wait_for_the_one_run(tmp_path: Path) -> None:
