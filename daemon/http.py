@@ -45,6 +45,7 @@ import certifi
 import httpx
 
 from daemon import connections
+from daemon.credentials import CommandCredential, CredentialError
 from daemon.profile import Profile
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
@@ -77,8 +78,7 @@ def tls_context() -> ssl.SSLContext:
     return ctx
 
 
-class CredentialError(Exception):
-    """A credential file is missing or unreadable; the message names the file, not its value."""
+__all__ = ["CredentialError", "StatusClient", "read_credential"]
 
 
 def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str] | None:
@@ -88,7 +88,7 @@ def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str]
     becomes a header value); errors name the file and what is wrong, never its bytes.
     """
     ref = profile.credential
-    if ref is None:
+    if ref is None or ref.file is None:
         return None
     if directory is None:
         raise CredentialError(
@@ -139,8 +139,11 @@ class StatusClient:
         ref = profile.credential
         self._credential_file = (
             os.fspath(credentials_dir / ref.file)
-            if ref is not None and credentials_dir is not None
+            if ref is not None and ref.file is not None and credentials_dir is not None
             else None
+        )
+        self._command = (
+            CommandCredential(profile.name, ref) if ref is not None and ref.command else None
         )
 
     def _build(self) -> httpx.AsyncHTTPTransport:
@@ -178,8 +181,10 @@ class StatusClient:
                 await transport.aclose()
 
     def check_credential(self) -> None:
-        """Raise :class:`CredentialError` if the credential cannot be read right now."""
-        self._credential()
+        """Raise :class:`CredentialError` if the credential file cannot be read right now. (A
+        credential command's failure is the request's: a recorded transport failure.)"""
+        if self._command is None:
+            self._credential()
 
     def _credential(self) -> tuple[str, str] | None:
         """The credential as the file holds it now. The file is read again whenever a stat
@@ -203,8 +208,21 @@ class StatusClient:
         self._credential_seen = ((*key, now), value)
         return value
 
-    def _request_headers(self, url_origin: str, extra: dict[str, str] | None) -> dict[str, str]:
-        """Headers for one call; the credential only for the provider's own origin."""
+    async def _credential_for(self, url_origin: str, budget: float) -> tuple[str, str] | None:
+        """The credential for a call to ``url_origin``: only the provider's own origin gets
+        one; a credential command runs (or its cached token is used) within ``budget``."""
+        ref = self.profile.credential
+        if url_origin != self.profile.origin or ref is None:
+            return None
+        if self._command is None:
+            return self._credential()
+        token = await self._command.token(budget)
+        return ref.header, f"{ref.scheme} {token}" if ref.scheme else token
+
+    def _request_headers(
+        self, extra: dict[str, str] | None, credential: tuple[str, str] | None
+    ) -> dict[str, str]:
+        """Headers for one call, with ``credential`` (see :meth:`_credential_for`)."""
         headers = {
             "User-Agent": USER_AGENT,
             "Accept": "application/json",
@@ -212,10 +230,8 @@ class StatusClient:
             **self.profile.status.headers,
             **(extra or {}),
         }
-        if url_origin == self.profile.origin:
-            credential = self._credential()
-            if credential is not None:
-                headers[credential[0]] = credential[1]
+        if credential is not None:
+            headers[credential[0]] = credential[1]
         return headers
 
     async def call(
@@ -242,18 +258,26 @@ class StatusClient:
         url_origin = _origin_of(url)
         if not url_origin:
             return NoAnswer("not_sent", "not sent: the URL does not parse")
+        started = time.monotonic()
         try:
-            request_headers = self._request_headers(url_origin, headers)
+            credential = await self._credential_for(url_origin, budget)
         except CredentialError as exc:
             return NoAnswer("not_sent", f"not sent: {exc}")
+        # A credential command's run counts in the call's time: one call stays within budget.
+        budget = max(MIN_TIMEOUT, budget - (time.monotonic() - started))
+        request_headers = self._request_headers(headers, credential)
         transport = self._transport
         self._users[transport] = self._users.get(transport, 0) + 1
         try:
-            return await self._exchange(
+            result = await self._exchange(
                 transport, method, url, request_headers, body, budget, cap, sink
             )
         finally:
             await self._release(transport, 1)
+        refused = isinstance(result, Answer) and result.status == 401
+        if refused and credential is not None and self._command is not None:
+            self._command.forget()  # refused before its expiry: ask the program again
+        return result
 
     async def _exchange(
         self,

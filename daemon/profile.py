@@ -14,7 +14,8 @@ Example (``profiles/acme.toml``)::
     request_id_header = "X-Request-Id"
 
     [credential]                 # optional; read at request time, never logged
-    file = "acme.token"          # under credentials_dir or $CREDENTIALS_DIRECTORY
+    file = "acme.token"          # under credentials_dir or $CREDENTIALS_DIRECTORY, or instead
+                                 # command = ["/abs/prog", ...] (see daemon.credentials)
     header = "Authorization"
     scheme = "Bearer"
 
@@ -82,9 +83,19 @@ class StatusCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    file: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+    """Exactly one of ``file`` (a static token, re-read on change) or ``command`` (a program
+    that prints a token and its expiry: :mod:`daemon.credentials`); the rest is the command's."""
+
+    file: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
+    command: Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=64)] | None = (
+        None
+    )
     header: Annotated[str, Meta(pattern=r"^[A-Za-z0-9-]{1,64}$")] = "Authorization"
     scheme: Annotated[str, Meta(max_length=32)] = "Bearer"
+    timeout_seconds: Annotated[float, Meta(gt=0, le=300)] = 10.0
+    expiry_skew_seconds: Annotated[float, Meta(ge=0, le=3600)] = 60.0
+    cache_seconds: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    env: dict[str, Annotated[str, Meta(max_length=4096)]] = msgspec.field(default_factory=dict)
 
 
 class Quota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -278,6 +289,8 @@ def load_profile(path: Path) -> Profile:
             raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
     _check_url(path, text, raw.status.url, "status")
+    if raw.credential is not None:
+        _check_credential(path, text, raw.credential)
     if raw.cancel is not None:
         _check_url(path, text, raw.cancel.url, "cancel")
     if contract.cancel_documented != (raw.cancel is not None):
@@ -446,6 +459,38 @@ def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract)
         raise ConfigError(
             f"{path}: contract.idempotent_submit is true but submit.idempotency_header is not set"
         )
+
+
+def _check_credential(path: Path, text: str, ref: CredentialRef) -> None:
+    """Exactly one source of the token; a command is an absolute program path, no NUL bytes."""
+
+    def where(key: str) -> str:
+        line = _line_of(text, ("credential",), key) or _line_of(text, (), "credential")
+        return f"{path}:{line}" if line else str(path)
+
+    if (ref.file is None) == (ref.command is None):
+        key = "file" if ref.file is not None else "credential"
+        raise ConfigError(
+            f"{where(key)}: credential: give exactly one of file (a token file) or command "
+            f"(a program printing a token and its expiry as JSON), "
+            f"({'both are' if ref.file is not None else 'neither is'} set)"
+        )
+    if ref.command is None:
+        return
+    if not ref.command or not ref.command[0].startswith("/"):
+        raise ConfigError(
+            f"{where('command')}: credential.command: the program must be an absolute path "
+            f'(command = ["/usr/local/bin/get-token", "arg", ...]); bide runs it without a '
+            f"shell and without searching PATH"
+        )
+    if any("\0" in arg for arg in ref.command):
+        raise ConfigError(f"{where('command')}: credential.command: an argument holds a NUL byte")
+    for name, value in ref.env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) or "\0" in value:
+            raise ConfigError(
+                f"{where('env')}: credential.env: {name!r} is not an environment variable name "
+                f"(letters, digits, '_', not starting with a digit) or its value holds a NUL byte"
+            )
 
 
 def _check_url(path: Path, text: str, url: str, table: str) -> None:
