@@ -45,6 +45,7 @@ import certifi
 import httpx
 
 from daemon import connections
+from daemon.awssign import Signer, SigningError
 from daemon.profile import Profile
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
@@ -136,6 +137,9 @@ class StatusClient:
         self._users: dict[httpx.AsyncHTTPTransport, int] = {}
         self._retired: set[httpx.AsyncHTTPTransport] = set()
         self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
+        self._signer = (
+            Signer(profile.aws, credentials_dir, profile.name) if profile.aws is not None else None
+        )
         ref = profile.credential
         self._credential_file = (
             os.fspath(credentials_dir / ref.file)
@@ -180,6 +184,11 @@ class StatusClient:
     def check_credential(self) -> None:
         """Raise :class:`CredentialError` if the credential cannot be read right now."""
         self._credential()
+        if self._signer is not None:
+            try:
+                self._signer.check()
+            except SigningError as exc:
+                raise CredentialError(str(exc)) from None
 
     def _credential(self) -> tuple[str, str] | None:
         """The credential as the file holds it now. The file is read again whenever a stat
@@ -244,7 +253,10 @@ class StatusClient:
             return NoAnswer("not_sent", "not sent: the URL does not parse")
         try:
             request_headers = self._request_headers(url_origin, headers)
-        except CredentialError as exc:
+            if self._signer is not None and url_origin == self.profile.origin:
+                # SigV4 over exactly what is sent (daemon/awssign.py), timestamped now.
+                request_headers = self._signer.sign(method, url, request_headers, body)
+        except (CredentialError, SigningError) as exc:
             return NoAnswer("not_sent", f"not sent: {exc}")
         transport = self._transport
         self._users[transport] = self._users.get(transport, 0) + 1
@@ -360,8 +372,10 @@ class StatusClient:
         request_number: int,
         time_left: float,
         clock: Callable[[], float],
+        job_id: str = "",
     ) -> StatusResponseReceived | TransportFailed:
-        """The one status request of a poll, as the fact the model reads."""
+        """The one status request of a poll, as the fact the model reads (``job_id`` fills a
+        POST read's body, daemon/readpost.py)."""
         status = self.profile.status
         refused = _url_refused(url, self.profile.origin, self.profile.status_path_prefix)
         if refused is not None:  # S22: only the profile's own status resources
@@ -377,6 +391,7 @@ class StatusClient:
             url,
             seconds=min(status.timeout_seconds, time_left),
             cap=status.max_body_bytes,
+            body=self.profile.status_body(job_id),
         )
         if isinstance(result, NoAnswer):
             return TransportFailed(
