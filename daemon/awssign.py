@@ -18,6 +18,7 @@ is wrong with it.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -94,6 +95,9 @@ class Signer:
         self.provider = provider
         self._path = credentials_dir / config.credentials_file if credentials_dir else None
         self._seen: tuple[tuple[int, ...], Any] | None = None
+        # botocore logs the canonical request at DEBUG, and with temporary credentials that
+        # holds the session token: never, whatever level the daemon's logging is at.
+        logging.getLogger("botocore.auth").setLevel(logging.INFO)
 
     def _credentials(self) -> Any:
         """botocore ``Credentials`` as the file holds them now."""
