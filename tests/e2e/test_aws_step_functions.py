@@ -1,7 +1,8 @@
 """The real daemon, waiting with the shipped Step Functions profile on a simulator that speaks
 AWS's JSON protocol and verifies every request's Signature V4 with botocore, from a secret
 only the test and the credentials file know: the status read is a signed POST whose body names
-the execution, and a FAILED execution ends as a failure with AWS's cause, never a success."""
+the execution (a read declared as such, S19), and a FAILED execution ends as a failure with
+AWS's cause, never a success."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def test_s3_a_failed_execution_read_by_a_signed_post_ends_as_a_failure(tmp_path:
         assert "state FAILED, stopped: provider_failure" in story
         assert check.returncode == 0, check.stdout + check.stderr
         assert "0 mismatch" in check.stdout
-        # Every read was a POST the simulator verified (a bad signature is a 403), naming the
-        # execution in its body; the secret went nowhere but the signature.
+        # S19: every read was a POST declared a read, naming the execution in its fixed body,
+        # and the simulator verified its signature (a bad one is a 403); the secret went
+        # nowhere but into the signature.
         reads = ws.sim.requests(kind="status", job_id=ARN)
         assert len(reads) == 3
         assert {(r.method, r.target, r.status) for r in reads} == {("POST", "/", 200)}

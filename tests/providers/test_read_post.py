@@ -120,7 +120,7 @@ def test_check_profile_refuses_an_undeclared_post(tmp_path: Path) -> None:
         "tab\tnewline\n\u00e9\u2028",
     ],
 )
-def test_the_job_id_is_json_escaped_into_the_body(job_id: str) -> None:
+def test_s19_the_job_id_is_json_escaped_into_the_body(job_id: str) -> None:
     body = load_profile(SHIPPED).status_body(job_id)
     assert body is not None
     assert json.loads(body) == {"executionArn": job_id}  # one key, the id verbatim
