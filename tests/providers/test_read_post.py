@@ -134,6 +134,25 @@ def test_without_botocore_a_sigv4_profile_is_refused(monkeypatch: pytest.MonkeyP
         load_profile(SHIPPED)
 
 
+def test_check_profile_without_botocore_says_install_bide_aws() -> None:
+    """The CLI path, in a Python where botocore cannot be imported (as without the extra)."""
+    blocked = "botocore", "botocore.auth", "botocore.awsrequest", "botocore.credentials"
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); "
+        "from daemon.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "check-profile", str(SHIPPED)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert out.returncode == 1
+    assert "install bide[aws]" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+
+
 def keys_file(tmp_path: Path, secret: str = SECRET, mode: int = 0o600) -> Path:
     path = tmp_path / "aws.json"
     path.write_text(json.dumps({"access_key_id": KEY_ID, "secret_access_key": secret}))
