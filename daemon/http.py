@@ -45,6 +45,7 @@ import certifi
 import httpx
 
 from daemon import connections
+from daemon.awssign import Signer, SigningError
 from daemon.credentials import CommandCredential, CredentialError
 from daemon.profile import Profile
 from replay.actions import origin
@@ -136,6 +137,9 @@ class StatusClient:
         self._users: dict[httpx.AsyncHTTPTransport, int] = {}
         self._retired: set[httpx.AsyncHTTPTransport] = set()
         self._credential_seen: tuple[tuple[float, ...], tuple[str, str] | None] | None = None
+        self._signer = (
+            Signer(profile.aws, credentials_dir, profile.name) if profile.aws is not None else None
+        )
         ref = profile.credential
         self._credential_file = (
             os.fspath(credentials_dir / ref.file)
@@ -181,10 +185,16 @@ class StatusClient:
                 await transport.aclose()
 
     def check_credential(self) -> None:
-        """Raise :class:`CredentialError` if the credential file cannot be read right now. (A
-        credential command's failure is the request's: a recorded transport failure.)"""
+        """Raise :class:`CredentialError` if the credential file (or the AWS signing keys)
+        cannot be read right now. (A credential command's failure is the request's: a
+        recorded transport failure.)"""
         if self._command is None:
             self._credential()
+        if self._signer is not None:
+            try:
+                self._signer.check()
+            except SigningError as exc:
+                raise CredentialError(str(exc)) from None
 
     def _credential(self) -> tuple[str, str] | None:
         """The credential as the file holds it now. The file is read again whenever a stat
@@ -261,11 +271,14 @@ class StatusClient:
         started = time.monotonic()
         try:
             credential = await self._credential_for(url_origin, budget)
-        except CredentialError as exc:
+            request_headers = self._request_headers(headers, credential)
+            if self._signer is not None and url_origin == self.profile.origin:
+                # SigV4 over exactly what is sent (daemon/awssign.py), timestamped now.
+                request_headers = self._signer.sign(method, url, request_headers, body)
+        except (CredentialError, SigningError) as exc:
             return NoAnswer("not_sent", f"not sent: {exc}")
         # A credential command's run counts in the call's time: one call stays within budget.
         budget = max(MIN_TIMEOUT, budget - (time.monotonic() - started))
-        request_headers = self._request_headers(headers, credential)
         transport = self._transport
         self._users[transport] = self._users.get(transport, 0) + 1
         try:
@@ -384,8 +397,10 @@ class StatusClient:
         request_number: int,
         time_left: float,
         clock: Callable[[], float],
+        job_id: str = "",
     ) -> StatusResponseReceived | TransportFailed:
-        """The one status request of a poll, as the fact the model reads."""
+        """The one status request of a poll, as the fact the model reads (``job_id`` fills a
+        POST read's body, daemon/readpost.py)."""
         status = self.profile.status
         refused = _url_refused(url, self.profile.origin, self.profile.status_path_prefix)
         if refused is not None:  # S22: only the profile's own status resources
@@ -401,6 +416,7 @@ class StatusClient:
             url,
             seconds=min(status.timeout_seconds, time_left),
             cap=status.max_body_bytes,
+            body=self.profile.status_body(job_id),
         )
         if isinstance(result, NoAnswer):
             return TransportFailed(

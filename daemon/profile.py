@@ -8,7 +8,8 @@ Example (``profiles/acme.toml``)::
 
     [status]
     url = "https://api.acme.example/v1/exports/{job_id}"   # job id is percent-encoded in
-    method = "GET"                                         # GET or HEAD only (S19, S34)
+    method = "GET"                                         # GET or HEAD (S19, S34); POST only
+                                                           # with body and read_only_post
     timeout_seconds = 10
     max_body_bytes = 65536
     request_id_header = "X-Request-Id"
@@ -63,6 +64,8 @@ from urllib.parse import quote, urlsplit
 import msgspec
 from msgspec import Meta
 
+from daemon import readpost
+from daemon.awssign import AwsSigning, botocore_missing
 from daemon.errors import ConfigError
 from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, contract_digest
@@ -75,11 +78,18 @@ _PATH_PLACEHOLDER = "{+job_id}"
 
 class StatusCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str
-    method: Literal["GET", "HEAD"] = "GET"
+    method: Literal["GET", "HEAD", "POST"] = "GET"
     timeout_seconds: Annotated[float, Meta(gt=0, le=300)] = 10.0
     max_body_bytes: Annotated[int, Meta(ge=256, le=16 * 1024 * 1024)] = 64 * 1024
     request_id_header: str = "X-Request-Id"
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+    #: A POST read (daemon/readpost.py): the fixed JSON body, and the operator's word.
+    body: str | None = None
+    read_only_post: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method == "POST" and not (self.read_only_post and self.body is not None):
+            raise ValueError("a POST status read needs read_only_post = true and a body (S19)")
 
 
 class CredentialRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -150,6 +160,7 @@ class ProfileFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     submit: SubmitCall | None = None
     fetch: FetchCall = msgspec.field(default_factory=FetchCall)
     cancel: CancelCall | None = None
+    aws: AwsSigning | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,13 @@ class Profile:
     submit: SubmitCall | None = None
     fetch: FetchCall = field(default_factory=FetchCall)
     cancel: CancelCall | None = None
+    aws: AwsSigning | None = None
+
+    def status_body(self, job_id: str) -> bytes | None:
+        """The body of a POST status read for ``job_id`` (None for GET and HEAD)."""
+        if self.status.body is None:
+            return None
+        return readpost.status_body(self.status.body, job_id)
 
     @functools.cached_property
     def origin(self) -> str:
@@ -260,6 +278,9 @@ def load_profile(path: Path) -> Profile:
             f"{path}: the file name is the provider's name and must be letters, digits, "
             f"'_', '.', '-' (at most 64)"
         )
+    readpost.check_status_table(
+        path, table.get("status"), {k: _line_of(text, ("status",), k) for k in _STATUS_KEYS}
+    )
     try:
         raw = msgspec.convert(table, ProfileFile)
     except msgspec.ValidationError as exc:
@@ -288,9 +309,11 @@ def load_profile(path: Path) -> Profile:
             line = _line_of(text, ("contract",), "state_rules")
             raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
-    _check_url(path, text, raw.status.url, "status")
+    _check_url(path, text, raw.status.url, "status", job_id_in_body=raw.status.body is not None)
     if raw.credential is not None:
         _check_credential(path, text, raw.credential)
+    if raw.aws is not None and (missing := botocore_missing()) is not None:
+        raise ConfigError(f"{path}:{_line_of(text, (), 'aws')}: [aws]: {missing}")
     if raw.cancel is not None:
         _check_url(path, text, raw.cancel.url, "cancel")
     if contract.cancel_documented != (raw.cancel is not None):
@@ -312,9 +335,11 @@ def load_profile(path: Path) -> Profile:
         raw.submit,
         raw.fetch,
         raw.cancel,
+        raw.aws,
     )
 
 
+_STATUS_KEYS = ("method", "body", "read_only_post", "url")
 _CATEGORIES = ("pending", "success", "failure", "canceled", "expired")
 _RULE_KEYS = ("state", "category", "when", "some", "fallback")
 _CONDITION_KEYS = ("equals", "present", "absent", "null", "min", "max")
@@ -493,10 +518,10 @@ def _check_credential(path: Path, text: str, ref: CredentialRef) -> None:
             )
 
 
-def _check_url(path: Path, text: str, url: str, table: str) -> None:
+def _check_url(path: Path, text: str, url: str, table: str, job_id_in_body: bool = False) -> None:
     line = _line_of(text, (table,), "url")
     simple, reserved = url.count(_PLACEHOLDER), url.count(_PATH_PLACEHOLDER)
-    if simple + reserved != 1:
+    if simple + reserved != (0 if job_id_in_body else 1):
         raise ConfigError(
             f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} (one path segment or "
             f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once"

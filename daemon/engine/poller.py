@@ -334,6 +334,7 @@ class Poller:
             request_number=intent.request_number,
             time_left=time_left,
             clock=self.clock,
+            job_id=op.provider_job_id,
         )
         self.metrics.requests_sent += 1
         return fact

@@ -18,6 +18,8 @@ Routes::
     POST     /_sim/jobs          admin: add a job (no token needed): {"id"?, "steps",
                                  "result_size"?}, or a bare JSON list of steps
     GET      /_sim/requests      admin: the request log as a JSON array
+    POST     /                   with [server.aws_json]: status as AWS's JSON protocol, the
+                                 job named in the body, SigV4 verified (simulator/awsjson.py)
 
 Job ids are single path segments, percent-decoded (``/jobs/a%2Fb`` is job ``a/b``); a path
 with a ``.`` or ``..`` segment is answered 404 and logged as ``path_escape``.
@@ -39,6 +41,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
+from daemon.simulator import awsjson
 from daemon.simulator.requestlog import (
     RequestLog,
     RequestRecord,
@@ -195,6 +198,9 @@ class Provider:
         self.base_url = base_url
         self._token = token
         self._secrets: tuple[str, ...] = (token,) if token else ()
+        aws = script.server.aws_json
+        if aws is not None and aws.secret_access_key:
+            self._secrets += (aws.secret_access_key,)
         self._seq = 0
         self._submitted = 0
         self._jobs: dict[str, _JobState] = {}
@@ -304,6 +310,8 @@ class Provider:
         if any(part in (".", "..") for part in segments):
             return _error(404), _Routed("path_escape")
         method = request.method
+        if raw_path == "/" and self.script.server.aws_json is not None:
+            return self._aws_json(request, self.script.server.aws_json, wall)
         match segments:
             case ["_sim", "requests"]:
                 if method != "GET":
@@ -343,6 +351,44 @@ class Provider:
         return self._result(job), routed
 
     # -- endpoints -------------------------------------------------------------------------
+
+    def _aws_json(
+        self, request: Request, config: awsjson.AwsJson, wall: float
+    ) -> tuple[Reply, _Routed]:
+        """A status read in AWS's JSON protocol: the job named by the body's ``job_field``,
+        errors as AWS gives them (``__type``, HTTP 400/403)."""
+
+        def aws_error(status: int, kind: str, message: str) -> Reply:
+            return _json_reply(status, {"__type": kind, "message": message})
+
+        if request.method != "POST":
+            return _error(405, None, ("Allow", "POST")), _Routed("status")
+        try:
+            doc = msgspec.json.decode(request.body)
+            job_id = doc[config.job_field] if isinstance(doc, dict) else None
+        except msgspec.DecodeError:
+            job_id = None
+        if not isinstance(job_id, str):
+            message = f"the body must be a JSON object with a string {config.job_field!r}"
+            return aws_error(400, "SerializationException", message), _Routed("status")
+        routed = _Routed("status", job_id)
+        if config.secret_access_key:
+            problem = awsjson.signature_problem(
+                config,
+                method=request.method,
+                url=f"http://{request.header('Host') or ''}{request.target}",
+                headers=request.headers,
+                body=request.body,
+                wall=wall,
+            )
+            if problem is not None:
+                return aws_error(403, "InvalidSignatureException", problem), routed
+        elif not self._authorized(request):
+            return _error(401, None, ("WWW-Authenticate", 'Bearer realm="simulator"')), routed
+        job = self._jobs.get(job_id)
+        if job is None:
+            return aws_error(400, "ExecutionDoesNotExist", "Execution Does Not Exist"), routed
+        return self._status(job, wall)
 
     def _status(self, job: _JobState, wall: float) -> tuple[Reply, _Routed]:
         job.calls += 1

@@ -92,6 +92,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 
 from daemon.errors import UsageError
+from daemon.simulator.awsjson import AwsJson
 
 __all__ = [
     "FORMAT_HELP",
@@ -292,6 +293,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cancel: bool = True
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     submit_steps: tuple[SubmitStep, ...] = ()
+    #: ``POST /`` as AWS's JSON protocol (daemon/simulator/awsjson.py), if set.
+    aws_json: AwsJson | None = None
 
     def __post_init__(self) -> None:
         if self.request_id_header:

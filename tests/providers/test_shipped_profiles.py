@@ -96,6 +96,11 @@ CASES = [
     ("replicate-prediction", "succeeded", "succeeded", "success"),
     ("replicate-prediction", "failed", "failed", "failure"),
     ("replicate-prediction", "canceled", "canceled", "canceled"),
+    *[("aws-step-functions", s, s, "pending") for s in ("RUNNING", "PENDING_REDRIVE")],
+    ("aws-step-functions", "SUCCEEDED", "SUCCEEDED", "success"),
+    ("aws-step-functions", "FAILED", "FAILED", "failure"),
+    ("aws-step-functions", "TIMED_OUT", "TIMED_OUT", "failure"),
+    ("aws-step-functions", "ABORTED", "ABORTED", "canceled"),
 ]
 
 #: The decision the daemon takes for each category (the first event after ResponseClassified).
@@ -151,6 +156,8 @@ def test_s3_each_documented_state_is_read_as_the_reference_means_it(
         ("openai-batch", "failed", "invalid_json_line"),
         ("azure-operation", "Failed", "The training data is empty."),
         ("replicate-prediction", "failed", "CUDA out of memory"),
+        ("aws-step-functions", "FAILED", "Lambda function ChargeCard failed: card declined"),
+        ("aws-step-functions", "TIMED_OUT", "exceeded its TimeoutSeconds"),
     ],
 )
 def test_a_failure_carries_the_providers_error(profile: str, fixture: str, error: str) -> None:
@@ -206,6 +213,11 @@ def test_a_failure_carries_the_providers_error(profile: str, fixture: str, error
                 "web_url": "https://replicate.com/p/gm3qorzdhgbfurvjtvhg6dckhu",
             },
         ),
+        (
+            "aws-step-functions",
+            "SUCCEEDED",
+            {"output": '{"invoice": "s3://orders/42/invoice.pdf"}', "stop_date": "1714557712.456"},
+        ),
     ],
 )
 def test_a_success_carries_the_results_a_next_step_needs(
@@ -238,7 +250,8 @@ def test_the_providers_retry_after_is_read() -> None:
 
 
 @pytest.mark.parametrize(
-    "profile", ["github-actions", "databricks-runs", "kubernetes-job", "google-lro"]
+    "profile",
+    ["github-actions", "databricks-runs", "kubernetes-job", "google-lro", "aws-step-functions"],
 )
 def test_check_profile_accepts_each_shipped_profile(profile: str) -> None:
     out = subprocess.run(
