@@ -37,7 +37,7 @@ audit: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m pip install --quiet uv
 	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o deploy/requirements.lock
-	$(VENV)/bin/uv pip compile pyproject.toml --extra mcp --extra postgres $(LOCK_FLAGS) \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra mcp --extra postgres --extra aws $(LOCK_FLAGS) \
 		-o deploy/requirements-extras.lock
 
 clean:

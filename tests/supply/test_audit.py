@@ -14,7 +14,10 @@ from tests.supply.audit import Advisory, ProjectPage, canonical, judge, pins
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-LOCKS = {"deploy/requirements.lock": (), "deploy/requirements-extras.lock": ("mcp", "postgres")}
+LOCKS = {
+    "deploy/requirements.lock": (),
+    "deploy/requirements-extras.lock": ("mcp", "postgres", "aws"),
+}
 
 
 @pytest.mark.parametrize(("lock", "extras"), LOCKS.items())
