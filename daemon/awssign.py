@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
+
+from daemon.secretfiles import CredentialError, read_private_file
 
 INSTALL_HINT = "install bide[aws] (pip install 'bide[aws]') for AWS Signature V4"
 
@@ -65,17 +66,9 @@ class _Keys(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def read_keys(path: Path, provider: str) -> _Keys:
     """The key pair in ``path`` (0600, JSON); :class:`SigningError` names what is wrong."""
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SigningError(
-            f"AWS credentials file {path} for provider {provider}: {exc.strerror}"
-        ) from None
-    if mode & 0o077:
-        raise SigningError(
-            f"AWS credentials file {path} for provider {provider} is open to group or others "
-            f"(mode {mode:04o}); fix: chmod 0600 {path}"
-        )
+        raw = read_private_file(path, "AWS credentials file", provider)
+    except CredentialError as exc:
+        raise SigningError(str(exc)) from None
     try:
         return msgspec.json.decode(raw, type=_Keys)
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -43,14 +43,11 @@ import msgspec
 
 from daemon import logfmt
 from daemon.profile import CredentialRef
+from daemon.secretfiles import CredentialError
 
 MAX_OUTPUT = 64 * 1024  # bytes of stdout read from the program; more is a failure
 MAX_TOKEN = 16 * 1024  # bytes of token sent as a header value
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-class CredentialError(Exception):
-    """A credential cannot be had; the message names the file or program, never the value."""
 
 
 @dataclass

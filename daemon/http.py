@@ -34,7 +34,6 @@ import contextlib
 import functools
 import os
 import ssl
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,8 +45,9 @@ import httpx
 
 from daemon import connections
 from daemon.awssign import Signer, SigningError
-from daemon.credentials import CommandCredential, CredentialError
+from daemon.credentials import CommandCredential
 from daemon.profile import Profile
+from daemon.secretfiles import CredentialError, read_private_file
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
 from replay.signals import check_provider_url
@@ -97,18 +97,7 @@ def read_credential(profile: Profile, directory: Path | None) -> tuple[str, str]
             f"credentials_dir nor $CREDENTIALS_DIRECTORY is set"
         )
     path = directory / ref.file
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise CredentialError(
-            f"credential file {path} for provider {profile.name}: {exc.strerror}"
-        ) from None
-    if mode & 0o077:
-        raise CredentialError(
-            f"credential file {path} for provider {profile.name} is open to group or others "
-            f"(mode {mode:04o}); fix: chmod 0600 {path}"
-        )
+    raw = read_private_file(path, "credential file", profile.name)
     secret = raw.strip(b" \t\r\n")
     if not secret or b"\n" in secret or b"\r" in secret:
         raise CredentialError(f"credential file {path} must hold one non-empty line")

@@ -41,7 +41,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
-from daemon.simulator import awsjson
+import daemon.simulator.awsjson as awsjson
 from daemon.simulator.requestlog import (
     RequestLog,
     RequestRecord,

@@ -17,8 +17,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from daemon.credentials import CommandCredential, CredentialError
+from daemon.credentials import CommandCredential
 from daemon.profile import CredentialRef
+from daemon.secretfiles import CredentialError
 from replay.events import OperationStopped, TransportFailed
 from tests.e2e.harness import TOKEN, Workspace, drop_registration, until, workspace
 
