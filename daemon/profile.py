@@ -296,7 +296,8 @@ def load_profile(path: Path) -> Profile:
         )
     if raw.contract.get("provider", name) != name:
         raise ConfigError(
-            f"{path}: contract.provider is {raw.contract['provider']!r} but the file is named "
+            f"{_at(path, text, 'contract', 'provider')}: contract.provider is "
+            f"{raw.contract['provider']!r} but the file is named "
             f"for provider {name!r}; drop the key or rename the file"
         )
     _unknown_nested_keys(path, text, raw.contract)
@@ -320,8 +321,13 @@ def load_profile(path: Path) -> Profile:
     if raw.cancel is not None:
         _check_url(path, text, raw.cancel.url, "cancel")
     if contract.cancel_documented != (raw.cancel is not None):
+        where = (
+            _at(path, text, "contract", "cancel_documented")
+            if "cancel_documented" in raw.contract
+            else _at(path, text, "cancel")
+        )
         raise ConfigError(
-            f"{path}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
+            f"{where}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
             f"but the profile {'has no' if raw.cancel is None else 'has a'} [cancel] section; "
             f"a cancel is offered only where the provider documents one, so make them agree"
         )
@@ -415,7 +421,10 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
         return ConfigError(f"{path}:{line}: contract.state_rules[{index + 1}]{key}: {why}")
 
     if not isinstance(raw, list):
-        raise ConfigError(f"{path}: contract.state_rules must be an array of tables")
+        raise ConfigError(
+            f"{_at(path, text, 'contract', 'state_rules')}: contract.state_rules must be an "
+            f"array of tables ([[contract.state_rules]])"
+        )
     rules: list[dict[str, object]] = []
     for index, rule in enumerate(raw):
         if not isinstance(rule, dict):
@@ -546,11 +555,13 @@ def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract)
         raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
     if submit.job_id_from == "body" and not submit.job_id_pointer:
         raise ConfigError(
-            f'{path}: submit.job_id_from is "body" but submit.job_id_pointer is not set'
+            f'{_at(path, text, "submit", "job_id_from")}: submit.job_id_from is "body" but '
+            f"submit.job_id_pointer is not set"
         )
     if contract.idempotent_submit and not submit.idempotency_header:
         raise ConfigError(
-            f"{path}: contract.idempotent_submit is true but submit.idempotency_header is not set"
+            f"{_at(path, text, 'contract', 'idempotent_submit')}: contract.idempotent_submit "
+            f"is true but submit.idempotency_header is not set"
         )
 
 
@@ -705,6 +716,12 @@ def _literal_at(keys: KeyPath) -> tuple[str, ...]:
 
 
 _key_lines = functools.lru_cache(maxsize=4)(key_lines)
+
+
+def _at(path: Path, text: str, *keys: str) -> str:
+    """``FILE:LINE`` of ``keys`` (or of the nearest enclosing key written), else ``FILE``."""
+    line = line_of(_key_lines(text), keys)
+    return f"{path}:{line}" if line else str(path)
 
 
 def _line_of(text: str, table: tuple[str, ...], key: str) -> int:

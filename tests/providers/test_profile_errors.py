@@ -159,3 +159,14 @@ def test_overlapping_rules_point_at_the_rule_named_first(tmp_path: Path) -> None
     # Rule 3 now matches every "done" body, as rule 2 (a failure) does.
     path, _, out = check(tmp_path, '"/status" = "done", "/ok" = true', '"/status" = "done"')
     assert f"{path}:22: contract.state_rules: rule 3 ('succeeded', success) and rule 2" in out
+
+
+def test_a_cancel_documented_without_cancel_points_at_its_key(tmp_path: Path) -> None:
+    path, line, out = check(tmp_path, 'job_id_pointer = "/id"', "cancel_documented = true")
+    assert f"{path}:{line}: contract.cancel_documented is true but the profile has no" in out
+
+
+def test_a_body_job_id_without_pointer_points_at_job_id_from(tmp_path: Path) -> None:
+    submit = '[submit]\nurl = "https://api.example.com/v1/runs"\njob_id_from = "body"\n\n'
+    path, line, out = check(tmp_path, "[contract]\n", submit + "[contract]\n")
+    assert f'{path}:{line + 2}: submit.job_id_from is "body"' in out
