@@ -55,10 +55,11 @@ import difflib
 import functools
 import re
 import tomllib
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 from urllib.parse import quote, urlsplit
 
 import msgspec
@@ -67,8 +68,9 @@ from msgspec import Meta
 from daemon import readpost
 from daemon.awssign import AwsSigning, botocore_missing
 from daemon.errors import ConfigError
+from daemon.tomllines import KeyPath, key_lines, line_of
 from replay.actions import SubmitSpec, origin
-from replay.contract import Contract, contract_digest
+from replay.contract import Contract, ResultField, StateTable, contract_digest
 
 SAFE_METHODS = ("GET", "HEAD")
 _PLACEHOLDER = "{job_id}"
@@ -288,15 +290,17 @@ def load_profile(path: Path) -> Profile:
     unknown = sorted(set(raw.contract) - _CONTRACT_FIELDS - {"provider"})
     if unknown:
         line = _line_of(text, ("contract",), unknown[0])
+        known = tuple(sorted(_CONTRACT_FIELDS - {"provider"}))
         raise ConfigError(
-            f"{path}:{line}: unknown key contract.{unknown[0]} (known keys: "
-            f"{', '.join(sorted(_CONTRACT_FIELDS - {'provider'}))})"
+            f"{path}:{line}: contract.{unknown[0]}: unknown key{_nearest(unknown[0], known)}"
         )
     if raw.contract.get("provider", name) != name:
         raise ConfigError(
-            f"{path}: contract.provider is {raw.contract['provider']!r} but the file is named "
+            f"{_at(path, text, 'contract', 'provider')}: contract.provider is "
+            f"{raw.contract['provider']!r} but the file is named "
             f"for provider {name!r}; drop the key or rename the file"
         )
+    _unknown_nested_keys(path, text, raw.contract)
     contract_table = dict(raw.contract)
     if "state_rules" in contract_table:
         contract_table["state_rules"] = _rules_from_toml(path, text, contract_table["state_rules"])
@@ -306,7 +310,7 @@ def load_profile(path: Path) -> Profile:
         message = str(exc).replace("$.", "$.contract.", 1)
         if "`$" not in message and contract_table.get("state_rules"):
             # The rules' own analysis (replay.rules.rule_problems), raised by the contract.
-            line = _line_of(text, ("contract",), "state_rules")
+            line = _rules_problem_line(text, message)
             raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
     _check_url(path, text, raw.status.url, "status", job_id_in_body=raw.status.body is not None)
@@ -317,8 +321,13 @@ def load_profile(path: Path) -> Profile:
     if raw.cancel is not None:
         _check_url(path, text, raw.cancel.url, "cancel")
     if contract.cancel_documented != (raw.cancel is not None):
+        where = (
+            _at(path, text, "contract", "cancel_documented")
+            if "cancel_documented" in raw.contract
+            else _at(path, text, "cancel")
+        )
         raise ConfigError(
-            f"{path}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
+            f"{where}: contract.cancel_documented is {str(contract.cancel_documented).lower()} "
             f"but the profile {'has no' if raw.cancel is None else 'has a'} [cancel] section; "
             f"a cancel is offered only where the provider documents one, so make them agree"
         )
@@ -351,49 +360,110 @@ def _nearest(word: str, choices: tuple[str, ...]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
 
 
+def pointer_problem(pointer: str) -> str | None:
+    """Why ``pointer`` is not an RFC 6901 JSON pointer, in words (None when it is one)."""
+    if pointer and not pointer.startswith("/"):
+        return (
+            f'{pointer!r} is not a JSON pointer: it starts with "/" '
+            f'(write "/{pointer}"; "" is the whole body)'
+        )
+    if re.search(r"~(?![01])", pointer):
+        return (
+            f'{pointer!r} is not a JSON pointer: "~" is written "~0" and a "/" inside a name '
+            f'"~1" (RFC 6901)'
+        )
+    if len(pointer) > 512:
+        return "a JSON pointer is at most 512 characters"
+    return None
+
+
+def _rules_problem_line(text: str, message: str) -> int:
+    """The line of what :func:`replay.rules.rule_problems` names first: the rule (``rule N
+    (...)``), or the documented state's pointer."""
+    if rule := re.match(r"rule (\d+) ", message):
+        return line_of(_key_lines(text), ("contract", "state_rules", int(rule.group(1)) - 1))
+    if state := re.match(r"documented state .+? at (\S*) is classified by no rule", message):
+        return line_of(_key_lines(text), ("contract", "documented_states", state.group(1)))
+    return _line_of(text, ("contract",), "state_rules")
+
+
+def _unknown_nested_keys(path: Path, text: str, contract: dict[str, object]) -> None:
+    """``[contract.states]`` and each result are checked for keys they do not have: a
+    misspelt ``canceld = [...]`` would otherwise be dropped, its states read as unknown."""
+    tables: list[tuple[KeyPath, object, tuple[str, ...]]] = [
+        (("contract", "states"), contract.get("states"), StateTable.__struct_fields__)
+    ]
+    results = contract.get("results")
+    if isinstance(results, list):
+        tables += [
+            (("contract", "results", n), result, ResultField.__struct_fields__)
+            for n, result in enumerate(results)
+        ]
+    for where, table, known in tables:
+        if not isinstance(table, dict):
+            continue
+        for key in table:
+            if key not in known:
+                keys = (*where, key)
+                line = line_of(_key_lines(text), keys)
+                raise ConfigError(
+                    f"{path}:{line}: {_dotted(keys)}: unknown key{_nearest(key, known)}"
+                )
+
+
 def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, object]]:
     """``[[contract.state_rules]]`` as written (``when`` a table of pointer -> condition, ``some``
     a table or a list of tables) to :class:`replay.rules.StateRule` 's stored form."""
-    headers = [
-        n
-        for n, line in enumerate(text.splitlines(), start=1)
-        if re.match(r"^\s*\[\[\s*contract\s*\.\s*state_rules\s*\]\]", line)
-    ]
+    lines = _key_lines(text)
 
-    def fail(index: int, key: str, why: str) -> ConfigError:
-        line = (
-            headers[index] if index < len(headers) else _line_of(text, ("contract",), "state_rules")
-        )
+    def fail(index: int, key: str, why: str, at: KeyPath = ()) -> ConfigError:
+        line = line_of(lines, ("contract", "state_rules", index, *at))
         return ConfigError(f"{path}:{line}: contract.state_rules[{index + 1}]{key}: {why}")
 
     if not isinstance(raw, list):
-        raise ConfigError(f"{path}: contract.state_rules must be an array of tables")
+        raise ConfigError(
+            f"{_at(path, text, 'contract', 'state_rules')}: contract.state_rules must be an "
+            f"array of tables ([[contract.state_rules]])"
+        )
     rules: list[dict[str, object]] = []
     for index, rule in enumerate(raw):
         if not isinstance(rule, dict):
             raise fail(index, "", "a rule is a table")
         for key in rule:
             if key not in _RULE_KEYS:
-                raise fail(index, f".{key}", f"unknown key{_nearest(key, _RULE_KEYS)}")
+                raise fail(index, f".{key}", f"unknown key{_nearest(key, _RULE_KEYS)}", (key,))
         category = rule.get("category")
         if not isinstance(category, str) or category not in _CATEGORIES:
             raise fail(
                 index,
                 ".category",
                 f"{category!r} is not a category{_nearest(str(category), _CATEGORIES)}",
+                ("category",),
             )
-        conditions = _conditions(rule.get("when", {}), ".when", functools.partial(fail, index))
+        conditions = _conditions(
+            rule.get("when", {}), ".when", ("when",), functools.partial(fail, index)
+        )
         somes = rule.get("some", [])
         for n, some in enumerate(somes if isinstance(somes, list) else [somes]):
             where = f".some[{n + 1}]" if isinstance(somes, list) else ".some"
+            at: KeyPath = ("some", n) if isinstance(somes, list) else ("some",)
             if not isinstance(some, dict):
-                raise fail(index, where, "a table with pointer and when")
+                raise fail(index, where, "a table with pointer and when", at)
             for key in some:
                 if key not in _SOME_KEYS:
-                    raise fail(index, f"{where}.{key}", f"unknown key{_nearest(key, _SOME_KEYS)}")
+                    raise fail(
+                        index,
+                        f"{where}.{key}",
+                        f"unknown key{_nearest(key, _SOME_KEYS)}",
+                        (*at, key),
+                    )
             if not isinstance(some.get("pointer"), str) or not some.get("when"):
-                raise fail(index, where, "needs pointer (an array's) and when (on one element)")
-            inner = _conditions(some["when"], f"{where}.when", functools.partial(fail, index))
+                raise fail(index, where, "needs pointer (an array's) and when (on one element)", at)
+            if problem := pointer_problem(some["pointer"]):
+                raise fail(index, f"{where}.pointer", problem, (*at, "pointer"))
+            inner = _conditions(
+                some["when"], f"{where}.when", (*at, "when"), functools.partial(fail, index)
+            )
             conditions.append({"pointer": some["pointer"], "test": "some", "where": inner})
         if not conditions:
             raise fail(
@@ -411,22 +481,22 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
 
 
 def _conditions(
-    table: object, prefix: str, fail_at: Callable[[str, str], ConfigError]
+    table: object, prefix: str, at: KeyPath, fail_at: Callable[[str, str, KeyPath], ConfigError]
 ) -> list[dict[str, object]]:
     """``{pointer = condition}``: a value or a list of values (equals one of them), or a table
     ``{ equals = [...] }``, ``{ present = true }``, ``{ absent = true }``, ``{ null = true }``,
     ``{ min = A, max = B }`` (a number in that range)."""
 
-    def fail(key: str, why: str) -> ConfigError:
-        return fail_at(f"{prefix}.{key}" if key else prefix, why)
+    def fail(key: str, why: str, *inner: str) -> ConfigError:
+        return fail_at(f"{prefix}.{key}" if key else prefix, why, (*at, *inner))
 
     if not isinstance(table, dict):
         raise fail("", "a table of JSON pointer = condition")
     out: list[dict[str, object]] = []
     for pointer, spec in table.items():
         key = f'"{pointer}"'
-        if not pointer.startswith("/") and pointer != "":
-            raise fail(key, 'a JSON pointer starts with "/" (RFC 6901)')
+        if problem := pointer_problem(pointer):
+            raise fail(key, problem, pointer)
         if isinstance(spec, list):
             out.append({"pointer": pointer, "test": "equals", "values": spec})
         elif not isinstance(spec, dict):
@@ -435,13 +505,18 @@ def _conditions(
             for word in spec:
                 if word not in _CONDITION_KEYS:
                     raise fail(
-                        f"{key}.{word}", f"unknown condition{_nearest(word, _CONDITION_KEYS)}"
+                        f"{key}.{word}",
+                        f"unknown condition{_nearest(word, _CONDITION_KEYS)}",
+                        pointer,
+                        word,
                     )
             tests = [w for w in ("equals", "present", "absent", "null") if w in spec]
             ranged = "min" in spec or "max" in spec
             if len(tests) + ranged != 1:
                 raise fail(
-                    key, "one condition per pointer: equals, present, absent, null, or min/max"
+                    key,
+                    "one condition per pointer: equals, present, absent, null, or min/max",
+                    pointer,
                 )
             if ranged:
                 out.append(
@@ -465,6 +540,8 @@ def _conditions(
                 raise fail(
                     f"{key}.{tests[0]}",
                     f"write {tests[0]} = true (for the opposite of present use absent or null)",
+                    pointer,
+                    tests[0],
                 )
             else:
                 out.append({"pointer": pointer, "test": tests[0]})
@@ -478,11 +555,13 @@ def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract)
         raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
     if submit.job_id_from == "body" and not submit.job_id_pointer:
         raise ConfigError(
-            f'{path}: submit.job_id_from is "body" but submit.job_id_pointer is not set'
+            f'{_at(path, text, "submit", "job_id_from")}: submit.job_id_from is "body" but '
+            f"submit.job_id_pointer is not set"
         )
     if contract.idempotent_submit and not submit.idempotency_header:
         raise ConfigError(
-            f"{path}: contract.idempotent_submit is true but submit.idempotency_header is not set"
+            f"{_at(path, text, 'contract', 'idempotent_submit')}: contract.idempotent_submit "
+            f"is true but submit.idempotency_header is not set"
         )
 
 
@@ -538,45 +617,116 @@ def _check_url(path: Path, text: str, url: str, table: str, job_id_in_body: bool
         )
 
 
-_PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+_PATH_RE = re.compile(r"(?: - )?at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+_STEP_RE = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]")
+#: The patterns a profile's strings are checked against, in words.
+_PATTERN_WORDS = {
+    r"^(/([^~/]|~[01])*)*$": 'a JSON pointer: "" (the whole body) or "/"-separated names, '
+    'with "~" written "~0" and a "/" inside a name "~1" (RFC 6901)',
+    r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$": "a name: a letter or '_', then letters, digits, "
+    "'_', '.', '-' (at most 64)",
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$": "a file name in the credentials directory: "
+    "a letter or digit, then letters, digits, '_', '.', '-' (no slashes)",
+    r"^[A-Za-z0-9-]{1,64}$": "an HTTP header name: letters, digits and '-'",
+    r"^/[\x21-\x7e]*$": 'a URL path: starts with "/", no spaces or non-ASCII characters',
+}
 
 
 def _explain(path: Path, text: str, message: str) -> str:
-    """Turn msgspec's ``... - at `$.a.b` `` into ``FILE:LINE: a.b: ...``."""
+    """Turn msgspec's ``... - at `$.a[0].b` `` into ``FILE:LINE: a[1].b: ...``, the line
+    being the key's own, with the nearest valid word for an unknown key or value."""
     m = _PATH_RE.search(message)
-    if not m:
+    if not m and not message.startswith("Object "):
         return f"{path}: {message}"
-    keys = [k for k in re.findall(r"\.([A-Za-z0-9_]+)", m.group(1))]
-    dotted = ".".join(keys)
-    line = _line_of(text, tuple(keys[:-1]), keys[-1]) if keys else 0
-    detail = message[: m.start()].rstrip(" -")
-    where = f"{path}:{line}" if line else str(path)
-    if "Object missing required field" in message:
-        return f"{where}: {message.replace(' - at', ' in')}"
-    return f"{where}: {dotted}: {detail}"
+    # msgspec names no place for the profile's top level.
+    keys: KeyPath = tuple(
+        name if name else int(index) for name, index in _STEP_RE.findall(m.group(1) if m else "")
+    )
+    detail = message[: m.start()] if m else message
+    if found := re.match(r"Object contains unknown field `([^`]+)`", detail):
+        keys = (*keys, found.group(1))
+        detail = f"unknown key{_nearest(found.group(1), _fields_at(keys[:-1]))}"
+    elif found := re.match(r"Object missing required field `([^`]+)`", detail):
+        keys = (*keys, found.group(1))
+        detail = "missing (this key is required)"
+    elif found := re.match(r"Invalid enum value (.+)", detail):
+        choices = _literal_at(keys)
+        value = found.group(1)
+        nearest = _nearest(value.strip("'"), choices) if choices else ""
+        detail = f"{value} is not valid{nearest}"
+    elif (found := re.match(r"Expected `str` matching regex '(.+)'$", detail)) and (
+        words := _PATTERN_WORDS.get(found.group(1))
+    ):
+        detail = f"must be {words}"
+    dotted = _dotted(keys)
+    where = keys
+    if keys[:2] == ("contract", "state_rules") and "when" in keys:
+        # The rules were rewritten before msgspec saw them: their "when" is a list there.
+        where = keys[: keys.index("when") + 1]
+    line = line_of(_key_lines(text), where)
+    return f"{path}:{line}: {dotted}: {detail}" if line else f"{path}: {dotted}: {detail}"
+
+
+def _dotted(keys: KeyPath) -> str:
+    """``("contract", "results", 0, "kind")`` as ``contract.results[1].kind`` (from 1)."""
+    return "".join(f"[{k + 1}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+
+
+def _unwrap(tp: object) -> object:
+    """``Annotated[X, ...]`` and ``X | None`` to ``X``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _type_at(keys: KeyPath) -> object:
+    """The declared type of the value at ``keys`` in a profile (None when not declared)."""
+    tp: object = ProfileFile
+    for key in keys:
+        tp = _unwrap(tp)
+        if tp is ProfileFile and key == "contract":
+            tp = Contract
+        elif isinstance(key, int):
+            args = get_args(tp)
+            tp = args[0] if args else None
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            tp = get_type_hints(tp, include_extras=True).get(key)
+        else:
+            return None
+    return _unwrap(tp)
+
+
+def _fields_at(keys: KeyPath) -> tuple[str, ...]:
+    tp = _type_at(keys)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tuple(f for f in tp.__struct_fields__ if f != "provider")
+    return ()
+
+
+def _literal_at(keys: KeyPath) -> tuple[str, ...]:
+    tp = _type_at(keys)
+    return tuple(str(a) for a in get_args(tp)) if get_origin(tp) is Literal else ()
+
+
+_key_lines = functools.lru_cache(maxsize=4)(key_lines)
+
+
+def _at(path: Path, text: str, *keys: str) -> str:
+    """``FILE:LINE`` of ``keys`` (or of the nearest enclosing key written), else ``FILE``."""
+    line = line_of(_key_lines(text), keys)
+    return f"{path}:{line}" if line else str(path)
 
 
 def _line_of(text: str, table: tuple[str, ...], key: str) -> int:
-    """Best-effort line number of ``key`` inside ``[table]`` (0 when not found)."""
-    current: tuple[str, ...] = ()
-    want = ".".join(table)
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
-        if header:
-            current = tuple(p.strip().strip('"') for p in header.group(1).split("."))
-            if current == (*table, key):
-                return number
-            continue
-        m = re.match(r"^([A-Za-z0-9_\-\"\.]+)\s*=", line)
-        if m:
-            dotted = tuple(p.strip('"') for p in m.group(1).split("."))
-            full = (*current, *dotted)
-            if ".".join(full[:-1]) == want and full[-1] == key:
-                return number
-            if ".".join(full) == f"{want}.{key}" if want else full == (key,):
-                return number
-    return 0
+    """The line of ``key`` inside ``[table]``, else of the nearest enclosing key (0: none)."""
+    return line_of(_key_lines(text), (*table, key))
 
 
 def load_profiles(directory: Path) -> tuple[dict[str, Profile], dict[Path, str]]:

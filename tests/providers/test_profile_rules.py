@@ -57,7 +57,7 @@ def test_rules_load_and_name_their_states(tmp_path: Path) -> None:
 
 def test_an_unknown_category_names_the_nearest(tmp_path: Path) -> None:
     message = refused(tmp_path, HEAD + GOOD_RULES.replace('"failure"', '"failed"'))
-    assert "prov.toml:12: contract.state_rules[2].category" in message
+    assert "prov.toml:14: contract.state_rules[2].category" in message  # the key, not [[...]]
     assert "did you mean 'failure'?" in message
 
 

@@ -1,0 +1,181 @@
+"""Where each key of a TOML document is written: the line of every key path.
+
+:mod:`tomllib` gives values but no positions, so a profile error could only point at a
+table's header. This scanner reads a document ``tomllib`` has already accepted and records,
+for every key path (``("contract", "state_rules", 2, "category")``: names, and indices of
+array elements and of ``[[array of tables]]`` entries), the line it starts on. It assumes
+valid TOML and never judges it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+KeyPath = tuple[str | int, ...]
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_SCALAR_END = re.compile(r"[,\]}\n#]")
+
+
+def key_lines(text: str) -> dict[KeyPath, int]:
+    """Every key path of ``text`` (already valid TOML) and the line (from 1) it starts on."""
+    return _Scanner(text).scan()
+
+
+def line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:
+    """The line of ``path``, else of its nearest enclosing key written in the file (0: none)."""
+    for end in range(len(path), 0, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return 0
+
+
+class _Scanner:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+        self.lines: dict[KeyPath, int] = {}
+        self.arrays: dict[KeyPath, int] = {}  # [[array of tables]] path -> entries so far
+
+    @property
+    def line(self) -> int:
+        return self.text.count("\n", 0, self.pos) + 1
+
+    def peek(self, n: int = 1) -> str:
+        return self.text[self.pos : self.pos + n]
+
+    def skip(self, newlines: bool) -> None:
+        """Skip blanks and comments (and newlines when ``newlines``)."""
+        while self.pos < len(self.text):
+            c = self.text[self.pos]
+            if c in " \t\r" or (newlines and c == "\n"):
+                self.pos += 1
+            elif c == "#":
+                end = self.text.find("\n", self.pos)
+                self.pos = len(self.text) if end < 0 else end
+            else:
+                return
+
+    def note(self, path: KeyPath, line: int) -> None:
+        self.lines.setdefault(path, line)
+
+    def scan(self) -> dict[KeyPath, int]:
+        current: KeyPath = ()
+        while True:
+            self.skip(newlines=True)
+            if self.pos >= len(self.text):
+                return self.lines
+            line = self.line
+            if self.peek(2) == "[[":
+                self.pos += 2
+                current = self.header(self.dotted_key(), line, array=True)
+                self.pos = self.text.index("]]", self.pos) + 2
+            elif self.peek() == "[":
+                self.pos += 1
+                current = self.header(self.dotted_key(), line, array=False)
+                self.pos = self.text.index("]", self.pos) + 1
+            else:
+                self.key_value(current)
+
+    def header(self, keys: list[str], line: int, array: bool) -> KeyPath:
+        resolved: KeyPath = ()
+        for n, key in enumerate(keys):
+            resolved = (*resolved, key)
+            if array and n == len(keys) - 1:
+                self.arrays[resolved] = self.arrays.get(resolved, 0) + 1
+            if resolved in self.arrays:
+                self.note(resolved, line)
+                resolved = (*resolved, self.arrays[resolved] - 1)
+            self.note(resolved, line)
+        return resolved
+
+    def key_value(self, table: KeyPath) -> None:
+        line = self.line
+        keys = self.dotted_key()
+        for end in range(1, len(keys) + 1):  # a.b = 1 also writes table a
+            self.note((*table, *keys[:end]), line)
+        path = (*table, *keys)
+        self.skip(newlines=False)
+        self.pos += 1  # "="
+        self.value(path)
+
+    def dotted_key(self) -> list[str]:
+        keys = []
+        while True:
+            self.skip(newlines=False)
+            keys.append(self.simple_key())
+            self.skip(newlines=False)
+            if self.peek() != ".":
+                return keys
+            self.pos += 1
+
+    def simple_key(self) -> str:
+        c = self.peek()
+        if c in "\"'":
+            raw = self.string()
+            return str(tomllib.loads(f"k = {raw}")["k"])
+        match = _BARE_KEY.match(self.text, self.pos)
+        assert match is not None, "the document was valid TOML"
+        self.pos = match.end()
+        return match.group()
+
+    def string(self) -> str:
+        """Consume a string of any of TOML's four forms; return its source text."""
+        start = self.pos
+        quote = self.peek()
+        if self.peek(3) == quote * 3:
+            end = self.text.index(quote * 3, self.pos + 3)
+            while quote == '"' and _escaped(self.text, end):
+                end = self.text.index(quote * 3, end + 1)
+            end += 3
+            while self.text[end : end + 1] == quote:  # up to two quotes may close the content
+                end += 1
+        else:
+            end = self.pos + 1
+            while self.text[end] != quote:
+                end += 2 if quote == '"' and self.text[end] == "\\" else 1
+            end += 1
+        self.pos = end
+        return self.text[start:end]
+
+    def value(self, path: KeyPath) -> None:
+        self.skip(newlines=False)
+        c = self.peek()
+        if c == "[":
+            self.pos += 1
+            index = 0
+            while True:
+                self.skip(newlines=True)
+                if self.peek() == "]":
+                    self.pos += 1
+                    return
+                self.note((*path, index), self.line)
+                self.value((*path, index))
+                self.skip(newlines=True)
+                if self.peek() == ",":
+                    self.pos += 1
+                index += 1
+        elif c == "{":
+            self.pos += 1
+            while True:
+                self.skip(newlines=True)
+                if self.peek() == "}":
+                    self.pos += 1
+                    return
+                if self.peek() == ",":
+                    self.pos += 1
+                    continue
+                self.key_value(path)
+        elif c in "\"'":
+            self.string()
+        else:
+            match = _SCALAR_END.search(self.text, self.pos)
+            self.pos = match.start() if match else len(self.text)
+
+
+def _escaped(text: str, at: int) -> bool:
+    backslashes = 0
+    while at - backslashes - 1 >= 0 and text[at - backslashes - 1] == "\\":
+        backslashes += 1
+    return backslashes % 2 == 1
