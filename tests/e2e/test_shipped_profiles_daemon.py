@@ -6,16 +6,17 @@ fixture forever, and checks how the daemon ends every one: a success succeeds wi
 results the profile requires, each failure kind stops as ``provider_failure`` with the
 provider's error, cancel and expiry states stop as ``canceled`` and ``expired``, a state no
 rule matches stops as ``unknown_state``, and a pending state keeps being polled. Only the
-profile's address (the simulator's), its credential file and its waiting times differ from
-the shipped file; its URL template is kept: Google's ``{+job_id}`` sends resource names with
-their slashes, Databricks' ``?run_id={job_id}`` sends the id in the query.
+profile's address (the simulator's), its credential (the simulator's Bearer token; AWS keys
+for the signed read) and its waiting times and quota differ from the shipped file; its URL
+template and static headers are kept and checked on every request: Google's ``{+job_id}``
+sends resource names with their slashes, Databricks' ``?run_id={job_id}`` the id in a query.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "deploy" / "profiles"
 FIXTURES = ROOT / "tests" / "providers" / "fixtures"
 
-#: How the daemon ends a wait in each category (``None``: it succeeds; pending: still live).
+#: How the daemon stops a wait on a job that ended without success, by category.
 REASONS = {
     "failure": "provider_failure",
     "canceled": "canceled",
@@ -48,6 +49,7 @@ class Api:
     address: str  # the status URL's fixed prefix, replaced by the simulator's ``path``
     credential: str | None  # the bearer token's file (the workspace's instead); None: AWS keys
     server: dict[str, object]  # the simulator's [server] table
+    target: str = "/jobs/{id}"  # the request target the template gives for job ``id``
     path: str = "/jobs"
 
 
@@ -55,11 +57,13 @@ APIS = {
     "github-actions": Api(
         "https://api.github.com/repos/OWNER/REPO/actions/runs", "github.token", {}
     ),
+    # {+job_id}: the resource name's slashes reach the provider as slashes.
     "google-lro": Api("https://SERVICE.googleapis.com/v1", "google.token", {"path_ids": True}),
     "databricks-runs": Api(
         "https://WORKSPACE.cloud.databricks.com/api/2.1/jobs/runs/get",
         "databricks.token",
         {"job_query": "run_id"},
+        target="/jobs?run_id={id}",
     ),
     "kubernetes-job": Api(
         "https://APISERVER:6443/apis/batch/v1/namespaces/NAMESPACE/jobs", "kubernetes.token", {}
@@ -67,12 +71,19 @@ APIS = {
     "openai-batch": Api("https://api.openai.com/v1/batches", "openai.token", {}),
     "anthropic-batch": Api("https://api.anthropic.com/v1/messages/batches", "anthropic.key", {}),
     "azure-operation": Api(
-        "https://RESOURCE.cognitiveservices.azure.com/operations", "azure.token", {}
+        "https://RESOURCE.cognitiveservices.azure.com/operations",
+        "azure.token",
+        {},
+        target="/jobs/{id}?api-version=2024-11-30",
     ),
     "replicate-prediction": Api("https://api.replicate.com/v1/predictions", "replicate.token", {}),
     # A signed POST read (AWS's JSON protocol), the signature verified by the simulator.
     "aws-step-functions": Api(
-        "https://states.us-east-1.amazonaws.com/", None, {"aws_json": AWS_JSON}, path="/"
+        "https://states.us-east-1.amazonaws.com/",
+        None,
+        {"aws_json": AWS_JSON},
+        target="/",
+        path="/",
     ),
 }
 
@@ -96,7 +107,9 @@ def profile_for(name: str, base_url: str) -> str:
     if api.credential is not None:
         text = text.replace(f'file = "{api.credential}"', 'file = "sim.token"')
     # The simulator takes the token as a Bearer credential only (Anthropic's is x-api-key).
-    text = text.replace('header = "x-api-key"\nscheme = ""', 'header = "Authorization"')
+    if 'header = "x-api-key"' in text:
+        text, n = re.subn(r'header = "x-api-key"\nscheme = ""', 'header = "Authorization"', text)
+        assert n == 1, "anthropic's credential header"
     for key, value in TIMINGS.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
         assert n == 1, key
@@ -125,12 +138,14 @@ def with_job_id(doc: dict[str, Any], pointer: str, index: int) -> tuple[str, dic
 
 @dataclass(frozen=True)
 class Case:
+    """One fixture as one job: what the reference means by it, and the body served."""
+
     fixture: str
     state: str | None
     category: str
     op: str
     job_id: str
-    body: str
+    body: str = field(repr=False)
 
 
 def cases_of(profile: str) -> list[Case]:
@@ -242,6 +257,13 @@ def test_s3_the_daemon_ends_every_documented_state_as_the_reference_means_it(
         assert reads, case
         assert {r.status for r in reads} == {200}, case
         assert len(reads) >= (2 if case.category == "pending" else 1), case
+        # The shipped URL template and static headers reached the provider as they are.
+        target = APIS[profile].target.format(id=case.job_id)
+        assert {r.target for r in reads} == {target}, case
+        for r in reads:
+            sent = {name.lower(): value for name, value in r.headers}
+            for name, value in loaded.status.headers.items():
+                assert sent.get(name.lower()) == value, (case, name)
         if case.state is not None:
             assert log.ops[case.op].last_state == case.state, case
         assert_ended_as_documented(loaded, case, endings.get(case.op), shown[case.op])
