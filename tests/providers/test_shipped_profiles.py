@@ -104,6 +104,7 @@ CASES = [
     ("anthropic-batch", "undocumented", "paused", "unknown"),
     ("azure-operation", "undocumented", "Paused", "unknown"),
     ("replicate-prediction", "undocumented", "paused", "unknown"),
+    ("aws-step-functions", "undocumented", "PAUSED", "unknown"),
     *[("aws-step-functions", s, s, "pending") for s in ("RUNNING", "PENDING_REDRIVE")],
     ("aws-step-functions", "SUCCEEDED", "SUCCEEDED", "success"),
     ("aws-step-functions", "FAILED", "FAILED", "failure"),
