@@ -15,6 +15,8 @@ Routes::
     POST     /jobs               submit a scenario -> 202 + Location (per `server.submit`)
     POST     /jobs/{id}/cancel   the job answers "canceled" from then on
     GET|HEAD /results/{id}       a result file of the job's `result_size` bytes
+    GET|HEAD /jobs?NAME={id}     with `server.job_query = NAME`: status, the id in the query
+    GET|HEAD /jobs/{a}/{b}/...   with `server.path_ids`: status of job `a/b/...`
     POST     /_sim/jobs          admin: add a job (no token needed): {"id"?, "steps",
                                  "result_size"?}, or a bare JSON list of steps
     GET      /_sim/requests      admin: the request log as a JSON array
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import formatdate
 from typing import Any, Final, Literal
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 import msgspec
 
@@ -310,8 +312,14 @@ class Provider:
         if any(part in (".", "..") for part in segments):
             return _error(404), _Routed("path_escape")
         method = request.method
-        if raw_path == "/" and self.script.server.aws_json is not None:
-            return self._aws_json(request, self.script.server.aws_json, wall)
+        server = self.script.server
+        if raw_path == "/" and server.aws_json is not None:
+            return self._aws_json(request, server.aws_json, wall)
+        queried = _query_id(request.target, server.job_query) if method != "POST" else None
+        if segments == ["jobs"] and queried:
+            segments = ["jobs", queried]
+        elif server.path_ids and segments[0] == "jobs" and segments[2:] not in ([], ["cancel"]):
+            segments = ["jobs", "/".join(segments[1:])]  # /jobs/{id}/cancel stays a cancel
         match segments:
             case ["_sim", "requests"]:
                 if method != "GET":
@@ -553,3 +561,11 @@ class Provider:
             return _error(409, str(exc)), _Routed("admin", new.id)
         url = self.base_url + self._job_url(job_id)
         return _json_reply(201, {"id": job_id, "url": url}), _Routed("admin", job_id)
+
+
+def _query_id(target: str, name: str | None) -> str | None:
+    """The job id a ``?NAME=ID`` query names, if the server reads ids from one."""
+    if name is None:
+        return None
+    values = parse_qs(target.partition("?")[2]).get(name)
+    return values[0] if values else None

@@ -18,6 +18,8 @@ Full example::
     cancel = true                # POST /jobs/{id}/cancel exists
     submit_steps = [{ delay = 5 }, { fault = "reset" }, { status = 500 }]  # 1st, 2nd, 3rd submit
     headers = { RateLimit-Policy = "10;w=60" }   # on every response
+    job_query = "run_id"          # GET /jobs?run_id=ID reads job ID (default: none)
+    path_ids = false             # true: GET /jobs/a/b/c reads job "a/b/c"
 
     [jobs.export-1]              # GET /jobs/export-1
     steps = "queued x2, running x3, succeeded with result"
@@ -295,6 +297,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     submit_steps: tuple[SubmitStep, ...] = ()
     #: ``POST /`` as AWS's JSON protocol (daemon/simulator/awsjson.py), if set.
     aws_json: AwsJson | None = None
+    #: ``GET /jobs?NAME=ID`` reads job ID (Databricks' ``runs/get?run_id=``), if set.
+    job_query: str | None = None
+    #: Job ids may span path segments: ``GET /jobs/projects/p/operations/o`` reads job
+    #: ``projects/p/operations/o`` (Google's resource names, ``{+job_id}`` templates).
+    path_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.request_id_header:

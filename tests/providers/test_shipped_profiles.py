@@ -96,6 +96,15 @@ CASES = [
     ("replicate-prediction", "succeeded", "succeeded", "success"),
     ("replicate-prediction", "failed", "failed", "failure"),
     ("replicate-prediction", "canceled", "canceled", "canceled"),
+    # A state the reference does not document (a Job with no status at all): no rule or state
+    # list matches, and the wait stops as ``unknown_state`` rather than guess.
+    ("databricks-runs", "undocumented", None, "unknown"),
+    ("kubernetes-job", "undocumented", None, "unknown"),
+    ("openai-batch", "undocumented", "paused", "unknown"),
+    ("anthropic-batch", "undocumented", "paused", "unknown"),
+    ("azure-operation", "undocumented", "Paused", "unknown"),
+    ("replicate-prediction", "undocumented", "paused", "unknown"),
+    ("aws-step-functions", "undocumented", "PAUSED", "unknown"),
     *[("aws-step-functions", s, s, "pending") for s in ("RUNNING", "PENDING_REDRIVE")],
     ("aws-step-functions", "SUCCEEDED", "SUCCEEDED", "success"),
     ("aws-step-functions", "FAILED", "FAILED", "failure"),

@@ -184,3 +184,25 @@ def test_waiting_for_requests_is_bounded(sim: SimulatorHandle, client: httpx.Cli
     assert [r.call for r in sim.wait_for_requests(1, job_id="seq", timeout=5)] == [1]
     with pytest.raises(TimeoutError, match="not met within"):
         sim.wait_for_requests(2, kind="cancel", timeout=0.05)
+
+
+def test_ids_in_a_query_or_across_path_segments_only_where_the_script_asks() -> None:
+    """Databricks' ``runs/get?run_id=ID`` and Google's ``v1/{+name}`` resource names."""
+    jobs = '[jobs."7"]\nsteps = "running"\n[jobs."projects/p/operations/o"]\nsteps = "queued"\n'
+    plain = parse_script(jobs)
+    with run_in_thread(plain) as sim:
+        assert httpx.get(sim.url("/jobs?run_id=7")).status_code == 405
+        assert httpx.get(sim.url("/jobs/projects/p/operations/o")).status_code == 404
+    shaped = parse_script(f'[server]\njob_query = "run_id"\npath_ids = true\n{jobs}')
+    with run_in_thread(shaped) as sim:
+        assert httpx.get(sim.url("/jobs?run_id=7")).json()["status"] == "running"
+        assert httpx.get(sim.url("/jobs?other=7")).status_code == 405
+        named = httpx.get(sim.url("/jobs/projects/p/operations/o"))
+        assert named.json()["status"] == "queued"
+        assert httpx.get(sim.url("/jobs/projects/p/operations/x")).status_code == 404
+        assert httpx.post(sim.url("/jobs/7/cancel")).status_code == 202
+        assert [r.job_id for r in sim.requests(kind="status")] == [
+            "7",
+            "projects/p/operations/o",
+            "projects/p/operations/x",
+        ]
