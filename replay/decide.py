@@ -555,6 +555,8 @@ def _on_reading(
     if reading.job_outcome == "expired":
         return stop("expired", f"the job reported {state!r}; it is not resubmitted")  # S29
     if reading.job_outcome == "unknown":
+        if contract.state_rules:  # the state names what the rules looked at (replay/rules.py)
+            return stop("unknown_state", f"{state}: no state rule classifies this answer")
         return stop("unknown_state", f"state {state!r} is in no list of the state table")
 
     # Pending. S4: "running" past the job's own expiry is a contradiction.

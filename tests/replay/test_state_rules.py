@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replay import Contract, StatusResponseReceived, contract_digest
+from replay.events import OperationStopped
 from replay.reading import read_response
 from replay.rules import Condition, StateRule, first_match, holds, rule_problems
 from tests.replay.helpers import Daemon, contract
@@ -158,6 +159,18 @@ def test_no_rule_matching_is_unknown_and_says_what_it_saw() -> None:
     assert outcome == "unknown"
     assert state is not None
     assert "/conclusion=null" in state
+
+
+def test_s3_no_rule_matching_stops_the_wait_naming_what_the_rules_saw() -> None:
+    d = Daemon.start(msgspec.convert(RULES, Contract), provider="gh", provider_job_id="42")
+    now = d.op.next_poll_at
+    d.poll(now)
+    events = d.respond(now, content=b'{"id": 42, "status": "completed", "conclusion": null}')
+    stopped = [e for e in events if isinstance(e, OperationStopped)]
+    assert [e.reason for e in stopped] == ["unknown_state"]
+    assert "/conclusion=null" in stopped[0].detail
+    assert "no state rule classifies this answer" in stopped[0].detail
+    assert "state table" not in stopped[0].detail  # the simple format's words, not the rules'
 
 
 def test_s5_a_numeric_id_in_the_body_matches_the_registered_id_as_text() -> None:
