@@ -305,3 +305,58 @@ def test_check_profile_sample_prints_the_reading_and_the_decision() -> None:
     report = json.loads(data.stdout)
     assert (report["state"], report["category"]) == ("failure", "failure")
     assert report["hints"]["retry_after_in_seconds"] == 30.0
+
+
+#: (profile, fixture under errors/, HTTP status, how the first answer is decided): error
+#: bodies as each reference documents them, with the status they come with.
+ERRORS = [
+    *[
+        (p, "401", 401, "authorization_denied")
+        for p in (
+            "github-actions",
+            "google-lro",
+            "databricks-runs",
+            "kubernetes-job",
+            "openai-batch",
+            "anthropic-batch",
+            "azure-operation",
+            "replicate-prediction",
+        )
+    ],
+    ("aws-step-functions", "403", 403, "authorization_denied"),
+    *[
+        (p, "404", 404, "not_found")  # S24: polled again inside the grace window, else stopped
+        for p in (
+            "github-actions",
+            "google-lro",
+            "databricks-runs",
+            "kubernetes-job",
+            "openai-batch",
+            "anthropic-batch",
+            "azure-operation",
+            "replicate-prediction",
+        )
+    ],
+    # AWS's JSON protocol says "no such execution" with a 400 the contract does not explain.
+    ("aws-step-functions", "400", 400, "integration_failure"),
+]
+
+
+def test_every_error_body_is_covered() -> None:
+    on_disk = {(d.parent.name, f.stem) for d in FIXTURES.glob("*/errors") for f in d.glob("*.json")}
+    assert on_disk == {(p, f) for p, f, _, _ in ERRORS}
+
+
+@pytest.mark.parametrize(("profile", "fixture", "status", "decided"), ERRORS)
+def test_an_error_answer_is_never_read_as_a_state(
+    profile: str, fixture: str, status: int, decided: str
+) -> None:
+    body = (FIXTURES / profile / "errors" / f"{fixture}.json").read_bytes()
+    report = read_sample(load_profile(PROFILES / f"{profile}.toml"), body, status=status)
+    assert report["state"] is None  # an error body carries no job state, whatever it holds
+    events = [e["event"] for e in report["decision"]]
+    assert "operation_succeeded" not in events
+    if decided == "not_found" and events[-1] == "poll_scheduled":
+        return  # inside the profile's not_found_grace_seconds: eventual consistency
+    [stopped] = [e for e in report["decision"] if e["event"] == "operation_stopped"]
+    assert stopped["reason"] == decided
