@@ -140,7 +140,7 @@ def test_any_spool_file_and_any_answer_leave_the_daemon_up_and_the_log_whole(
             registered: list[str] = []
 
             @settings(
-                max_examples=40,
+                max_examples=80,
                 deadline=None,
                 database=None,
                 derandomize=True,
