@@ -326,7 +326,7 @@ class StatusClient:
                             f"outside 100-599: not an HTTP answer",
                         )
                     data, size, truncated = await self._read_capped(resp, cap, sink)
-                    kept = _headers(resp, self.profile.status.request_id_header)
+                    kept = _headers(resp, self.profile)
                     answer = Answer(
                         resp.status_code,
                         kept,
@@ -474,17 +474,23 @@ def _capped(value: str | None) -> str | None:
     return value[:HEADER_CAP] if value is not None else None
 
 
-def _headers(resp: httpx.Response, request_id_header: str) -> ResponseHeaders:
-    def get(name: str) -> str | None:
-        return _capped(resp.headers.get(name))
+def _headers(resp: httpx.Response, profile: Profile) -> ResponseHeaders:
+    """The headers bide reads, capped; the provider's own rate-limit headers only when the
+    contract names them (so nothing else is recorded for the other profiles)."""
+    contract = profile.contract
+
+    def get(name: str | None) -> str | None:
+        return None if name is None else _capped(resp.headers.get(name))
 
     return ResponseHeaders(
         retry_after=get("retry-after"),
         ratelimit=get("ratelimit"),
         ratelimit_policy=get("ratelimit-policy"),
-        request_id=get(request_id_header),
+        request_id=get(profile.status.request_id_header),
         location=get("location"),
         content_type=get("content-type"),
+        ratelimit_remaining=get(contract.rate_limit_remaining_header),
+        ratelimit_reset=get(contract.rate_limit_reset_header),
     )
 
 

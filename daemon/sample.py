@@ -52,14 +52,30 @@ def parse_header(profile: Profile, text: str, into: dict[str, str]) -> None:
     if not sep or not name.strip():
         raise SampleError(f"--header {text!r}: write it as 'Name: value'")
     key = name.strip().lower()
+    contract = profile.contract
+    own = {
+        header.lower(): field
+        for header, field in (
+            (contract.rate_limit_remaining_header, "ratelimit_remaining"),
+            (contract.rate_limit_reset_header, "ratelimit_reset"),
+        )
+        if header is not None
+    }
     if key == profile.status.request_id_header.lower():
         into["request_id"] = value.strip()
+    elif key in own:
+        into[own[key]] = value.strip()
     elif key in _HEADER_FIELDS:
         into[_HEADER_FIELDS[key]] = value.strip()
     else:
+        also = "".join(
+            f", {h}"
+            for h in (contract.rate_limit_remaining_header, contract.rate_limit_reset_header)
+            if h is not None
+        )
         raise SampleError(
             f"--header {name.strip()!r}: bide does not read it; it reads Retry-After, "
-            f"RateLimit, RateLimit-Policy, Location, Content-Type and "
+            f"RateLimit, RateLimit-Policy, Location, Content-Type{also} and "
             f"{profile.status.request_id_header}"
         )
 
@@ -148,6 +164,9 @@ def read_sample(
             if reading.hint_at is None
             else round(reading.hint_at - now, 3),
             "pacing_seconds": reading.pacing,
+            "rate_limit_reset_in_seconds": None
+            if reading.rate_limit_reset_at is None
+            else round(reading.rate_limit_reset_at - now, 3),
             "refused": [
                 {"hint": r.hint, "value": r.value, "reason": r.reason}
                 for r in (*reading.header_refusals, *reading.body_refusals)

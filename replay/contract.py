@@ -45,6 +45,8 @@ StateName = Annotated[str, Meta(min_length=1, max_length=128)]
 #: A name for a result field, used in ``OperationSucceeded.results``.
 FieldName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
 #: A provider name, as it appears in profiles, events and stories.
+#: An HTTP header name (RFC 9110 §5.1, a token), as a profile names one.
+HeaderName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
 ProviderName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 _DAY = 86_400.0
@@ -145,6 +147,11 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
         limit_rate_limited: The largest rate-limited budget it may ask for.
         cancel_documented: The provider documents a cancel call (S27: only then offered).
         idempotent_submit: Submissions are idempotent by key (S29).
+        rate_limit_remaining_header: The provider's own header counting the requests left in
+            its window (GitHub: ``x-ratelimit-remaining``). With ``rate_limit_reset_header``:
+            a 403 or 429 whose remaining is ``0`` is rate-limited, not a refused credential.
+        rate_limit_reset_header: The provider's own header giving when that window resets, as
+            POSIX (epoch) seconds (GitHub: ``x-ratelimit-reset``); no poll before it.
     """
 
     provider: ProviderName
@@ -187,6 +194,8 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
     limit_rate_limited: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
     cancel_documented: bool = False
     idempotent_submit: bool = False
+    rate_limit_remaining_header: HeaderName | None = None
+    rate_limit_reset_header: HeaderName | None = None
 
     def __post_init__(self) -> None:
         table = self.states is not None or self.state_pointer is not None
@@ -202,6 +211,11 @@ class Contract(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("give state_pointer and states, or state_rules")
         elif self.documented_states:
             raise ValueError("documented_states are checked against state_rules only")
+        if (self.rate_limit_remaining_header is None) != (self.rate_limit_reset_header is None):
+            raise ValueError(
+                "rate_limit_remaining_header and rate_limit_reset_header go together: "
+                "give both or neither"
+            )
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be at least backoff_base_seconds")
         if self.rate_limited_delay_seconds < 2 * self.backoff_cap_seconds:
@@ -242,7 +256,8 @@ def contract_digest(contract: Contract) -> str:
         64 lowercase hex characters.
     """
     data = msgspec.to_builtins(contract)
-    # Keys added with the state rules are left out when unused, so a contract written before
+    # Keys added with the state rules (and the provider's rate-limit headers) are left out when
+    # unused, so a contract written before
     # them keeps its digest (recorded operations still name the profile in force).
     for key in _OMITTED_WHEN_UNSET:
         value = data.get(key)
@@ -251,4 +266,11 @@ def contract_digest(contract: Contract) -> str:
     return hashlib.sha256(_canonical.encode(data)).hexdigest()
 
 
-_OMITTED_WHEN_UNSET = ("state_rules", "documented_states", "states", "state_pointer")
+_OMITTED_WHEN_UNSET = (
+    "state_rules",
+    "documented_states",
+    "states",
+    "state_pointer",
+    "rate_limit_remaining_header",
+    "rate_limit_reset_header",
+)

@@ -49,7 +49,9 @@ invalid hint or header recorded as ``HintRejected`` (S8). Then:
 * 3xx, a status the contract does not explain, or a body over the cap: ``integration_failure``.
 * 404: inside the grace window after the job's start, "not yet visible" and polled again (it was
   counted as a request); else ``not_found``, with the job id and the time (S23).
-* 429: counted in the rate-limited budget; spent: ``rate_limited``; else wait (S21).
+* 429: counted in the rate-limited budget; spent: ``rate_limited``; else wait (S21). So is a
+  403 or 429 whose provider remaining-requests header says ``0`` (GitHub's primary limit):
+  its valid reset is the earliest next poll, clamped to the deadline.
 * 5xx: counted in the transport-failure budget; spent: ``delivery_ambiguous`` (S18, S25).
 * A contract 2xx: an unparseable body or no state field: ``unparseable_response``; a job id that
   is not the registered one: ``contradiction`` (S5); the state, looked up in the state table
@@ -522,10 +524,20 @@ def _on_reading(
         if op.rate_limited_used >= op.max_rate_limited:
             return stop(
                 "rate_limited",
-                f"HTTP 429 {op.rate_limited_used} of {op.max_rate_limited} times",
+                f"HTTP 429 {op.rate_limited_used} of {op.max_rate_limited} times"
+                if status == 429
+                else f"rate-limited {op.rate_limited_used} of {op.max_rate_limited} times; "
+                f"last: HTTP {status} with no requests remaining",
             )
         return events + _wait(
-            op, now, draw, number, retry_after_at, rate_limited=True, pacing=pacing
+            op,
+            now,
+            draw,
+            number,
+            retry_after_at,
+            rate_limited=True,
+            pacing=pacing,
+            reset_at=reading.rate_limit_reset_at,
         )
     if outcome == "server_error":
         if op.transport_failures_used >= op.max_transport_failures:
@@ -650,8 +662,12 @@ def _wait(
     rate_limited: bool = False,
     hint_at: float | None = None,
     pacing: float | None = None,
+    reset_at: float | None = None,
 ) -> list[Event]:
-    """Schedule the next poll, or stop if waiting is not allowed (S6, S8, S16, S17, S20, S21)."""
+    """Schedule the next poll, or stop if waiting is not allowed (S6, S8, S16, S17, S20, S21).
+
+    ``reset_at`` is the provider's own rate-limit reset: like Retry-After, no poll before it,
+    but clamped to the deadline rather than a stop (the deadline then stops the operation)."""
     contract = op.contract
     deadline, which = op.effective_deadline
     if now >= deadline:
@@ -669,7 +685,7 @@ def _wait(
             number,
             retry_after_at,
         )
-    if rate_limited and retry_after_at is None:
+    if rate_limited and retry_after_at is None and reset_at is None:
         raw = contract.rate_limited_delay_seconds  # S21: markedly longer without guidance
         actual = raw * (0.5 + 0.5 * draw)
     else:
@@ -683,6 +699,8 @@ def _wait(
         until = retry_after_at
     elif hint_at is not None:  # S8: wait until the hint (the deadline is checked above)
         source, target, raw, until = "provider_poll_hint", hint_at, hint_at - now, hint_at
+    if reset_at is not None and reset_at > target:  # never poll before the provider's reset
+        source, target, raw, until = "provider_retry_after", reset_at, reset_at - now, reset_at
     if retry_after_at is None and pacing is not None and now + pacing > target:
         source, target, raw = "rate_limit_policy", now + pacing, pacing
     next_poll_at = max(now, min(target, deadline))

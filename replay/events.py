@@ -152,6 +152,7 @@ HintName = Literal[
     "expires_at",
     "ratelimit",
     "ratelimit_policy",
+    "ratelimit_reset",  # the provider's own reset header (x-ratelimit-reset), epoch seconds
 ]
 
 #: The kinds of escalation options (S27, S36); the option id is its kind.
@@ -239,6 +240,10 @@ class ResponseHeaders(msgspec.Struct, frozen=True, kw_only=True):
         request_id: The provider's request id (``X-Request-Id`` or the profile's header), S25.
         location: ``Location`` (S22).
         content_type: ``Content-Type``.
+        ratelimit_remaining: The provider's own remaining-requests header (the contract's
+            ``rate_limit_remaining_header``, e.g. GitHub's ``x-ratelimit-remaining``).
+        ratelimit_reset: The provider's own reset header (the contract's
+            ``rate_limit_reset_header``, e.g. GitHub's ``x-ratelimit-reset``, epoch seconds).
     """
 
     retry_after: str | None = None
@@ -247,6 +252,8 @@ class ResponseHeaders(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
     location: str | None = None
     content_type: str | None = None
+    ratelimit_remaining: str | None = None
+    ratelimit_reset: str | None = None
 
 
 # --- registration ------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
 
 * the HTTP outcome, apart from the job's (S2): the status looked up in the contract;
 * the headers' guidance: a valid Retry-After as an absolute time (RFC 9110 §10.2.3, either
-  form), and IETF RateLimit pacing within the hint horizon;
+  form), IETF RateLimit pacing within the hint horizon, and, when the provider's own
+  remaining-requests header says ``0`` on a 403 or 429 (GitHub's primary rate limit), the
+  answer read as rate-limited with its reset header as the earliest next poll;
 * for a contract 2xx, what the body says: the job's state and its outcome in the provider's
   state table (S3; a state in no list is ``unknown``, S15), checked to be about the
   registered job (S5); then what that outcome carries: a success's result fields, validated
@@ -31,6 +33,7 @@ from replay.events import HintName, HttpOutcome, JobOutcome, StatusResponseRecei
 from replay.rules import first_match, unmatched_state
 from replay.signals import (
     Rejected,
+    parse_epoch_seconds,
     parse_instant,
     parse_json,
     parse_ratelimit,
@@ -41,7 +44,7 @@ from replay.signals import (
     validate_result,
 )
 from replay.state import Operation
-from replay.tables import http_outcome
+from replay.tables import http_outcome, provider_rate_limited
 from replay.text import cap, cap_bytes, format_time, json_text
 
 __all__ = ["BodyProblem", "Reading", "Refusal", "Unreadable", "job_outcome", "read_response"]
@@ -86,7 +89,10 @@ class Reading(msgspec.Struct, frozen=True, kw_only=True):
         provider_request_id: The provider's request id header, if any.
         retry_after_at: A valid Retry-After, as POSIX seconds.
         pacing: The longest valid RateLimit pacing, in seconds, within the hint horizon.
-        header_refusals: Retry-After and RateLimit values not taken, in that order.
+        rate_limit_reset_at: On a provider-rate-limited answer, a valid reset header as POSIX
+            seconds (in the future, within the hint horizon; the wait is clamped to the
+            deadline).
+        header_refusals: Retry-After, RateLimit and reset values not taken, in that order.
         unreadable: Set when a contract 2xx body cannot be used; the fields below are then
             only as far as they were read.
         job_state: The job's state as the body says it (capped), for a contract 2xx.
@@ -106,6 +112,7 @@ class Reading(msgspec.Struct, frozen=True, kw_only=True):
     provider_request_id: str | None = None
     retry_after_at: float | None = None
     pacing: float | None = None
+    rate_limit_reset_at: float | None = None
     header_refusals: tuple[Refusal, ...] = ()
     unreadable: Unreadable | None = None
     job_state: str | None = None
@@ -166,17 +173,49 @@ def read_response(op: Operation, response: StatusResponseReceived, now: float) -
         elif paced is not None:
             pacing = paced if pacing is None else max(pacing, paced)
 
+    # The provider's own rate limit (GitHub: 403 or 429, x-ratelimit-remaining 0): waited out
+    # like a 429, until its reset; a reset that is malformed, past or too far is refused.
+    outcome = http_outcome(response.status_code, contract.ok_statuses)
+    reset_at: float | None = None
+    if provider_rate_limited(response.status_code, headers.ratelimit_remaining):
+        outcome = "rate_limited"
+        if headers.ratelimit_reset is not None:
+            reset = _check_reset(contract, parse_epoch_seconds(headers.ratelimit_reset), now)
+            if isinstance(reset, Rejected):
+                refusals.append(
+                    Refusal(
+                        hint="ratelimit_reset",
+                        value=cap(headers.ratelimit_reset),
+                        reason=reset.reason,
+                    )
+                )
+            else:
+                reset_at = reset
+
     reading = Reading(
         http_status=response.status_code,
-        http_outcome=http_outcome(response.status_code, contract.ok_statuses),
+        http_outcome=outcome,
         provider_request_id=headers.request_id,
         retry_after_at=retry_after_at,
         pacing=pacing,
+        rate_limit_reset_at=reset_at,
         header_refusals=tuple(refusals),
     )
     if reading.http_outcome != "ok":
         return reading
     return _read_body(op, response, now, reading)
+
+
+def _check_reset(contract: Contract, at: float | Rejected, now: float) -> float | Rejected:
+    """A reset time taken only in the future and within the contract's hint horizon (the wait
+    it asks for is clamped to the deadline in force by ``decide``)."""
+    if isinstance(at, Rejected):
+        return at
+    if at < now:
+        return Rejected("in the past")
+    if at - now > contract.max_hint_horizon_seconds:
+        return Rejected(f"beyond the hint horizon of {contract.max_hint_horizon_seconds} s")
+    return at
 
 
 def job_outcome(contract: Contract, state: str) -> JobOutcome:

@@ -11,6 +11,8 @@ reason that ``decide`` records (S8: a rejected hint is recorded, then ignored).
   form ``limit=L, remaining=R, reset=T`` and ``QUOTA;w=WINDOW``. The pacing is the spacing that
   does not spend the advertised quota before its window resets: ``t`` with nothing remaining,
   else ``t / r``; from a policy alone, ``w / q``.
+* A provider's own reset header (``x-ratelimit-reset``, :func:`parse_epoch_seconds`): POSIX
+  (epoch) seconds as ``1*DIGIT``; no other form (not OpenAI's ``6m0s`` durations).
 * Hint times: ISO-8601 with an offset (``2025-04-18T10:24:00Z``) or POSIX seconds.
 * JSON pointers, RFC 6901.
 * Provider bodies as JSON, bounded before they are decoded (:func:`parse_json`): nesting
@@ -37,6 +39,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "Rejected",
     "check_provider_url",
+    "parse_epoch_seconds",
     "parse_http_date",
     "parse_instant",
     "parse_json",
@@ -99,6 +102,24 @@ def parse_retry_after(value: str, now: float) -> float | Rejected:
     if when is None:
         return Rejected("not delay-seconds (1*DIGIT) nor an HTTP-date")
     return max(now, when)
+
+
+def parse_epoch_seconds(value: str) -> float | Rejected:
+    """Parse a reset header given as POSIX (epoch) seconds, ``1*DIGIT`` (GitHub's
+    ``x-ratelimit-reset``).
+
+    Args:
+        value: The header value.
+
+    Returns:
+        POSIX seconds, or a rejection.
+    """
+    text = value.strip()
+    if not _DIGITS.fullmatch(text):
+        return Rejected("not epoch seconds (1*DIGIT)")
+    if len(text) > _MAX_DIGITS:
+        return Rejected("epoch seconds absurdly large")
+    return float(int(text))
 
 
 def parse_http_date(text: str, now: float) -> float | None:

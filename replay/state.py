@@ -362,7 +362,7 @@ def evolve(state: Operation | None, event: Event) -> Operation:
                 in_flight=event.request_number,
             )
         case StatusResponseReceived():
-            counts = status_counts_as(event.status_code)
+            counts = status_counts_as(event.status_code, event.headers.ratelimit_remaining)
             h = s.histogram
             hist = _histogram(
                 _bump(h.status_codes, str(event.status_code)), h.job_states, h.transport

@@ -24,6 +24,7 @@ __all__ = [
     "STATUS_OUTCOMES",
     "TRANSPORT_KINDS",
     "http_outcome",
+    "provider_rate_limited",
     "status_counts_as",
 ]
 
@@ -158,6 +159,21 @@ def http_outcome(status_code: int, ok_statuses: tuple[int, ...]) -> HttpOutcome:
     return "unexplained"
 
 
-def status_counts_as(status_code: int) -> Literal["transport", "rate_limited"] | None:
+def status_counts_as(
+    status_code: int, ratelimit_remaining: str | None = None
+) -> Literal["transport", "rate_limited"] | None:
     """Which extra budget a response with this status counts against, if any (S21, S25)."""
+    if provider_rate_limited(status_code, ratelimit_remaining):
+        return "rate_limited"
     return _COUNTS.get(http_outcome(status_code, (status_code,)))
+
+
+def provider_rate_limited(status_code: int, ratelimit_remaining: str | None) -> bool:
+    """Whether a 403 or 429 is the provider's own rate limit: its remaining-requests header
+    (recorded only when the contract names one) says ``0``. GitHub answers its primary rate
+    limit so; a 403 without it stays a refused credential (S24)."""
+    return (
+        status_code in (403, 429)
+        and ratelimit_remaining is not None
+        and ratelimit_remaining.strip() == "0"
+    )

@@ -96,7 +96,12 @@ def _run_sample(args: argparse.Namespace) -> int:
     if report["provider_error"] is not None:
         print(f"provider error: {report['provider_error']}")
     hints = report["hints"]
-    for key in ("retry_after_in_seconds", "poll_hint_in_seconds", "pacing_seconds"):
+    for key in (
+        "retry_after_in_seconds",
+        "poll_hint_in_seconds",
+        "pacing_seconds",
+        "rate_limit_reset_in_seconds",
+    ):
         if hints[key] is not None:
             print(f"hint {key}: {hints[key]}")
     for refused in hints["refused"]:

@@ -6,7 +6,9 @@ with its results."""
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from pathlib import Path
 
 from tests.e2e.harness import workspace
@@ -79,3 +81,35 @@ def test_a_successful_workflow_run_ends_with_its_results(tmp_path: Path) -> None
     assert status.get("stop_reason") is None, status
     assert "html_url" in json.dumps(status)
     assert "acb5820ced9479c074f688cc328bf03f341a511d" in json.dumps(status) + story
+
+
+def test_githubs_primary_rate_limit_403_is_waited_out_until_the_reset(tmp_path: Path) -> None:
+    """GitHub's primary rate limit (403, x-ratelimit-remaining 0, x-ratelimit-reset in epoch
+    seconds) is a wait until the reset, not a refused token: the daemon asks again only once
+    the reset has passed, and the run then ends with its results."""
+    reset = math.ceil(time.time()) + 3
+    limited = {
+        "status": 403,
+        "body": '{"message": "API rate limit exceeded for user ID 1."}',
+        "headers": {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)},
+    }
+    with workspace(tmp_path, {RUN_ID: [limited, {"body": body("completed-success")}]}) as ws:
+        (ws.root / "profiles" / "github-actions.toml").write_text(
+            shipped_profile_for(ws.sim.base_url)
+        )
+        ws.start_daemon()
+        watched = ws.bide(
+            "watch", "--provider", "github-actions", "--job", RUN_ID, "--operation", "gh-rl"
+        )
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        ws.bide("wait", "gh-rl", "--timeout", "30s")
+        status = json.loads(ws.bide("status", "gh-rl", "--json").stdout)
+        check = ws.bide("replay", "--check")
+        received = ws.sim.requests(kind="status", job_id=RUN_ID)
+    assert status.get("stop_reason") is None, status
+    assert "html_url" in json.dumps(status)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "0 mismatch" in check.stdout
+    [first, second] = received
+    assert (first.status, second.status) == (403, 200)
+    assert second.wall >= reset, f"polled {reset - second.wall:.3f} s before the reset"

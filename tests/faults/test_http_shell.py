@@ -268,3 +268,44 @@ def test_a_urls_userinfo_never_replaces_the_profiles_credential(tmp_path: Path) 
     assert b"\r\nauthorization: bearer profile-credential-5e1\r\n" in head
     assert b"basic" not in head
     assert b"mallory" not in head
+
+
+def test_the_providers_own_rate_limit_headers_are_recorded_only_when_named(
+    tmp_path: Path,
+) -> None:
+    """A profile naming ``x-ratelimit-remaining`` / ``x-ratelimit-reset`` gets them in the
+    response (matched without regard to case); a profile that names none records neither."""
+    raw = RawServer()
+    body = b'{"message": "API rate limit exceeded"}'
+    raw.replies["limited"] = (
+        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
+        b"x-ratelimit-remaining: 0\r\nx-ratelimit-reset: 1800000600\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    named = tmp_path / "named.toml"
+    named.write_text(
+        f'[status]\nurl = "{raw.base_url}/jobs/{{job_id}}"\n\n'
+        f'[contract]\nrate_limit_remaining_header = "X-RateLimit-Remaining"\n'
+        f'rate_limit_reset_header = "x-ratelimit-reset"\n{DEFAULT_CONTRACT}\n{STATES}'
+    )
+    try:
+
+        async def run() -> list[Answer | NoAnswer]:
+            answers: list[Answer | NoAnswer] = []
+            for client in (StatusClient(load_profile(named), None), _client(tmp_path, raw)):
+                try:
+                    url = f"{raw.base_url}/jobs/limited"
+                    answers.append(await client.call("GET", url, seconds=5.0, cap=4096))
+                finally:
+                    await client.aclose()
+            return answers
+
+        with_names, without = anyio.run(run)
+    finally:
+        raw.close()
+    assert isinstance(with_names, Answer)
+    assert isinstance(without, Answer)
+    assert with_names.status == 403
+    assert with_names.headers.ratelimit_remaining == "0"
+    assert with_names.headers.ratelimit_reset == "1800000600"
+    assert (without.headers.ratelimit_remaining, without.headers.ratelimit_reset) == (None, None)

@@ -307,6 +307,46 @@ def test_check_profile_sample_prints_the_reading_and_the_decision() -> None:
     assert report["hints"]["retry_after_in_seconds"] == 30.0
 
 
+def test_githubs_primary_rate_limit_403_waits_until_the_reset() -> None:
+    """GitHub answers its primary rate limit with 403, x-ratelimit-remaining 0 and the reset
+    in epoch seconds: rate-limited, next poll at the reset; a 403 without them is a refused
+    token."""
+    reset = 1_800_000_000 + 900  # the sample registers at 1_800_000_000 and answers soon after
+    command = [
+        sys.executable,
+        "-m",
+        "daemon.cli",
+        "check-profile",
+        str(PROFILES / "github-actions.toml"),
+        "--sample",
+        str(FIXTURES / "github-actions" / "errors" / "401.json"),
+        "--status",
+        "403",
+        "--json",
+    ]
+    limited = [
+        *command,
+        "--header",
+        "x-ratelimit-remaining: 0",
+        "--header",
+        f"X-RateLimit-Reset: {reset}",
+    ]
+    out = subprocess.run(limited, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["http_outcome"] == "rate_limited"
+    assert report["hints"]["refused"] == []
+    assert 0 < report["hints"]["rate_limit_reset_in_seconds"] <= 900
+    [scheduled] = [e for e in report["decision"] if e["event"] == "poll_scheduled"]
+    assert scheduled["delay_source"] == "provider_retry_after"
+    assert scheduled["next_poll_in_seconds"] == report["hints"]["rate_limit_reset_in_seconds"]
+    assert not [e for e in report["decision"] if e["event"] == "operation_stopped"]
+    denied = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    decided = json.loads(denied.stdout)["decision"]
+    [stopped] = [e for e in decided if e["event"] == "operation_stopped"]
+    assert stopped["reason"] == "authorization_denied"
+
+
 #: (profile, fixture under errors/, HTTP status, how the first answer is decided): error
 #: bodies as each reference documents them, with the status they come with.
 ERRORS = [
