@@ -10,7 +10,7 @@ from daemon.cli import build_parser
 from daemon.completion import bash_script, zsh_script
 
 EPILOG = """\
-install (once; a new shell then completes commands, options and their fixed values):
+examples, to install it (once; a new shell then completes commands, options and choices):
   bash: bide completion bash > ~/.local/share/bash-completion/completions/bide
         (needs the bash-completion package; or add `source <(bide completion bash)`
         to ~/.bashrc)
