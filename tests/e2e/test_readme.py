@@ -17,6 +17,18 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 MARKER = "<!-- first-run:"
+#: What a newcomer's shell does not have: a config already chosen, a venv already active, or
+#: what systemd gives a service (a runtime directory for the socket, credentials, a socket).
+SERVICE_ENV = {
+    "BIDE_CONFIG",
+    "VIRTUAL_ENV",
+    "RUNTIME_DIRECTORY",
+    "CREDENTIALS_DIRECTORY",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "NOTIFY_SOCKET",
+}
 
 
 def first_run_block() -> str:
@@ -42,7 +54,7 @@ def test_the_readme_first_run_reaches_a_finished_job(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     (checkout / ".venv").symlink_to(venv)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BIDE_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_ENV}
     env["TMPDIR"] = str(tmp_path)  # mktemp -d makes the newcomer's directory in here
     started = time.monotonic()
     # Into a file, not a pipe: a failed block leaves its background jobs holding the pipe.
