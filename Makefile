@@ -1,18 +1,29 @@
-# Each target creates .venv on first use and installs the project into it.
+# Each target creates .venv on first use and installs the project into it: `make demo` the
+# core only (CORE), the others the test stack and every extra (STAMP, which includes the core).
+# Either order works on one .venv.
 VENV ?= .venv
+PYTHON ?= python3
 PY := $(VENV)/bin/python
+CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench audit lock clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(CORE): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $(CORE)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP) $(CORE)
+
+demo: $(CORE)
 	$(VENV)/bin/bide demo
+	@echo "bide is installed in $(VENV)/bin: run \`. $(VENV)/bin/activate\` to have it on your PATH"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check daemon eventlog replay tests

@@ -11,8 +11,9 @@ Modules, one job each (`accepting` is the accept loop the metrics listener and t
 * ``config``, ``profile`` and ``inputs`` read and check what people write (config, provider
   profiles, command-line numbers); ``readers`` loads the log for the offline readers.
 * ``metrics``, ``logfmt``, ``systemd`` and ``outbox`` are how the daemon speaks to operators.
-* ``cli`` and ``commands/`` are the ``bide`` command; ``simulator/`` the scripted provider;
-  ``demo`` runs every scenario end to end.
+* ``cli`` and ``commands/`` are the ``bide`` command, ``completion`` its shell completion
+  (made from the parser); ``interpreter_access`` tells whether other users can run this
+  Python; ``simulator/`` the scripted provider; ``demo`` runs every scenario end to end.
 
 The local API is in ``daemon/api/`` (its guide: ``daemon/api/README.md``), the MCP server in
 ``daemon/mcp.py``.

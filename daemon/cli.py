@@ -16,6 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from daemon import __version__
 from daemon.errors import DaemonError, UsageError
 from eventlog.errors import EventLogError
 
@@ -40,6 +41,7 @@ COMMANDS: tuple[str, ...] = (
     "verify",
     "witness",
     "log",
+    "completion",
 )
 
 EXAMPLES = """\
@@ -47,6 +49,7 @@ examples:
   bide demo                      run every scenario against the built-in simulator
   bide keygen /etc/bide/keys     create data.key, signing.key (0600) and verify.pub
   bide verify /var/lib/bide/log --verify-key verify.pub
+  bide completion bash > ~/.local/share/bash-completion/completions/bide
 """
 
 
@@ -60,6 +63,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"bide {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only,):
         module = importlib.import_module(f"daemon.commands.{name.replace('-', '_')}")

@@ -153,6 +153,9 @@ def reference() -> str:
     lines += [
         "Result kinds: `https_url` (an absolute https URL), `url` (the same with http or https),",
         "`non_empty` (a string with a non-blank character), `present` (any JSON value but null).",
+        "A success whose required result fails its kind is a `contradiction` (S4) that stops the",
+        "wait: a provider answering with `http://` URLs (a local simulator, a test server) needs",
+        "`url`, not `https_url`.",
         "",
     ]
     lines += _table("[[contract.state_rules]] entries", StateRule, docstring_attributes(StateRule))

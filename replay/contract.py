@@ -93,7 +93,8 @@ class ResultField(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         name: The name the result is recorded under in ``OperationSucceeded.results``.
         pointer: Where it is in the status body (RFC 6901).
-        kind: How it is validated (see :data:`ResultKind`).
+        kind: How it is validated: ``https_url``, ``url``, ``non_empty`` or ``present``
+            (:data:`ResultKind`; each is described below).
         required: A success without a valid required field is a contradiction (S4).
     """
 

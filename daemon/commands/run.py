@@ -12,6 +12,7 @@ import anyio
 from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import ConfigError
+from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.signing import log_identity, open_signing
 from daemon.supervisor import RequestGate, Supervisor
 from daemon.witness.publisher import HeadPublisher
@@ -132,6 +133,9 @@ def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    unreachable = interpreter_unreachable_by_others()
+    if unreachable is not None:
+        logfmt.warn(unreachable)
     if cfg.postgres is not None:
         from daemon.node import run_node  # psycopg only where the log is in PostgreSQL
 
