@@ -45,11 +45,6 @@ def set_level(level: str) -> None:
     _threshold = _RANK[level]
 
 
-def enabled(level: LogLevel) -> bool:
-    """Whether a line at ``level`` would be written (to skip building costly fields)."""
-    return _RANK[level] >= _threshold
-
-
 def is_journal(stream: TextIO) -> bool:
     """Whether ``stream`` is connected to journald: ``$JOURNAL_STREAM`` (``DEV:INODE``) names
     the file it writes to. A stream inherited by a child that redirected it does not match."""
