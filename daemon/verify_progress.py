@@ -25,7 +25,8 @@ def progress_text(records: int, done: int, total: int, elapsed: float) -> str:
     if elapsed <= 0 or done <= 0:
         return text
     left = elapsed * (total - done) / done
-    return f"{text}, {records / elapsed:,.0f} records/s, about {_duration(left)} left"
+    when = "under 1 s" if left < 0.5 else f"about {_duration(left)}"
+    return f"{text}, {records / elapsed:,.0f} records/s, {when} left"
 
 
 def _size(n: float) -> str:

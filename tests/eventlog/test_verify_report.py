@@ -201,3 +201,4 @@ def test_progress_text_gives_rate_and_time_left() -> None:
     assert "250,000 records/s" in text
     assert "about 6 s left" in text
     assert "about 2 min 00 s left" in progress_text(1, 1, 5, 30.0)
+    assert "under 1 s left" in progress_text(99, 99, 100, 0.3)
