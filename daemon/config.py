@@ -19,6 +19,7 @@ Example::
     epoch_seconds = 3600                  # a new epoch key (the old one destroyed) this often
     epoch_checkpoints = 0                 # or every N checkpoints, whichever first (0: off)
     store = "files"                       # or "postgresql://bide@db.example/bide": see [postgres]
+    level = "info"                        # debug, info, warning or error (bide run --log-level)
 
     [postgres]                            # the log in PostgreSQL (pip install 'bide[postgres]')
     dsn = "postgresql://bide@db.example/bide"   # never a password here: password_file
@@ -69,6 +70,7 @@ from typing import Annotated
 import msgspec
 
 from daemon.errors import ConfigError, UsageError
+from daemon.logfmt import LogLevel
 
 DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
 
@@ -89,6 +91,7 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     epoch_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # a new epoch key this often
     epoch_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0  # or every N checkpoints (0 off)
     store: str = "files"  # "files", or a postgresql:// DSN (the [postgres] table says more)
+    level: LogLevel = "info"  # the daemon's log lines at or above: debug, info, warning, error
 
 
 class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -41,10 +41,18 @@ def add_parser(sub: Any) -> None:
         "signed checkpoint; SIGHUP reloads provider profiles. New logs are forward-secure: "
         "signing.key (the root key) certifies the first epoch key once, then may go offline "
         "(the daemon warns while it is readable); every signed head goes to [witness].",
-        epilog="example:\n  bide run --config /etc/bide/bide.toml",
+        epilog="examples:\n  bide run --config /etc/bide/bide.toml\n"
+        "  bide run --config /etc/bide/bide.toml --log-level debug   # overrides [log] level",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
+    p.add_argument(
+        "--log-level",
+        choices=logfmt.LEVELS,
+        metavar="LEVEL",
+        help="write log lines at LEVEL and above: debug, info, warning or error "
+        "(default: the config's [log] level, else info)",
+    )
     p.set_defaults(func=run)
 
 
@@ -133,6 +141,9 @@ def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    level = args.log_level or cfg.log.level
+    logfmt.set_level(level)
+    logfmt.debug("config loaded", config=cfg.path, log_level=level, log=cfg.log_dir)
     unreachable = interpreter_unreachable_by_others()
     if unreachable is not None:
         logfmt.warn(unreachable)
