@@ -175,3 +175,15 @@ def test_a_business_deadline_stop_moves_the_business_deadline_as_labelled() -> N
     d.decision(T0 + 700, "extend")
     assert d.op.business_deadline_at == T0 + 700 + 900
     assert d.op.deadline_at == T0 + 2400  # the operation's own deadline stays
+
+
+def test_an_extension_past_an_earlier_business_deadline_says_that_one_stays() -> None:
+    """The label does not promise time the business deadline (S28) will not give."""
+    d = Daemon.start(business_deadline_at=T0 + 1800)
+    d.poll_and_respond(content=body("paused"))
+    raised = d.log[-1]
+    assert isinstance(raised, EscalationRaised)
+    [extend] = [o for o in raised.options if o.id == "extend"]
+    assert f"(the business deadline {format_time(T0 + 1800)} stays)" in extend.label
+    d.decision(raised.at + 60, "extend")
+    assert d.op.effective_deadline == (T0 + 1800, "business")
