@@ -38,7 +38,8 @@ END = "<!-- /transcript:agent-and-approver -->"
 REGENERATE = "BIDE_REGENERATE_DOCS=1 .venv/bin/pytest tests/e2e/test_deploy_transcript.py"
 
 #: The test's users and groups carry a prefix of their own (never an operator's real
-#: ``alice``); the transcript shows them without it.
+#: ``alice``); the transcript shows the users without it and the groups as the guide names
+#: them (``bide-approvers``).
 PREFIX = "bidex-"
 GROUPS = (f"{PREFIX}agents", f"{PREFIX}approvers", f"{PREFIX}api")
 USERS = {
