@@ -1,11 +1,12 @@
 """An approved ``extend`` adds what its label says (issue 37), and an old log keeps its rule.
 
 ``tests/vectors/extend_at_least.jsonl`` is a log written by bide before the rule was recorded
-(commit ad6464d): two operations extended under the old rule, one escalated for an unknown state
-well before its deadline (the extension added nothing), one that spent its budget. It was made
-by running that commit's ``replay`` with its ``tests/replay/helpers.py`` (``git archive ad6464d
-replay tests | tar -x -C OLD``, then a script driving ``Daemon`` as below, printing
-``encode_event`` of each event); it is never regenerated.
+(commit ad6464d), one ``encode_event`` per line, never regenerated. It was made with that
+commit's ``replay`` and ``tests/replay/helpers.py`` (``git archive ad6464d replay tests``):
+``unknown-state-early`` (budget 12) answered queued, running, then the unknown ``paused`` at
+request 3, was extended 120 s later with the note "provider says 30 min more" (under the old
+rule: nothing added), then polled once more; ``budget-spent`` (budget 3) spent its budget,
+was extended 60 s later (budget raised to used + 4) and polled once more. Every draw was 0.5.
 """
 
 from __future__ import annotations
