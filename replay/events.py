@@ -47,6 +47,7 @@ __all__ = [
     "EscalationContext",
     "EscalationRaised",
     "Event",
+    "ExtendRule",
     "HintName",
     "HintRejected",
     "Histogram",
@@ -155,6 +156,15 @@ HintName = Literal[
     "ratelimit_reset",  # the provider's own reset header (x-ratelimit-reset), epoch seconds
 ]
 
+#: What a resuming decision (``extend``, ``rotate_credential_and_resume``) does to the deadline
+#: and budgets, fixed when the operation is registered, so a log replays with the rule it was
+#: written under. ``add`` (every registration since it exists): the option's time is added to
+#: the deadline in force (to the approval time if the deadline has passed by then) and its
+#: checks and failures to the budgets in force, as the option's label says. ``at_least`` (older
+#: logs): the deadline becomes at least approval + time and each budget at least used + added,
+#: which may add nothing when the deadline and budgets were not reached.
+ExtendRule = Literal["at_least", "add"]
+
 #: The kinds of escalation options (S27, S36); the option id is its kind.
 OptionKind = Literal[
     "extend",
@@ -186,7 +196,9 @@ class Option(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         id: The option's id (its kind); what a decision names.
-        label: Human-readable, with the numbers: "extend 15 minutes and 4 more checks".
+        label: Human-readable, with the numbers the decision will apply, e.g. "extend: deadline
+            2025-04-18T10:40:00Z -> 2025-04-18T10:55:00Z (+15 min), checks 20 -> 24 (+4), ..."
+            (in older logs, "extend 15 minutes and 4 more checks").
         params: Concrete numbers computed when the escalation was raised, e.g.
             ``{"add_seconds": 900, "add_status_requests": 4}``.
     """
@@ -285,6 +297,8 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
         request_digest: SHA-256 of the API request that asked for it (empty from the spool
             and in older logs): a retry with the same operation id and the same request is
             answered with the same receipt, a different request with a conflict.
+        extend_rule: What an approved extension does (:data:`ExtendRule`); ``at_least`` in
+            logs written before the rule was recorded, ``add`` for every new registration.
     """
 
     provider: str
@@ -306,6 +320,7 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
     registered_by: str = ""
     registered_by_uid: int | None = None
     request_digest: str = ""
+    extend_rule: ExtendRule = "at_least"
 
 
 class RegistrationRejected(_Event, tag="registration_rejected", frozen=True, kw_only=True):

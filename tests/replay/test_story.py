@@ -38,7 +38,9 @@ def test_s39_story_reads_like_the_article() -> None:
         "next poll 2025-04-18T10:03:31Z from local backoff",
         "2025-04-18T10:03:31Z polled (request 5 of 5), state running, "
         "stopped: request_budget_exhausted (5 of 5 status requests used), escalated (#1), "
-        "options: extend 15 minutes and 4 more checks [extend] | "
+        "options: extend: deadline 2025-04-18T10:40:00Z -> 2025-04-18T10:55:00Z (+15 min, "
+        "counted from the approval if the deadline has passed by then), checks 5 -> 9 (+4), "
+        "transport failures 3 -> 6 (+3), rate-limited 3 -> 6 (+3) [extend] | "
         "inspect the job in the provider console; bide stops waiting "
         "[inspect_provider_console] | abandon: stop waiting; the job's result is not used "
         "[abandon]",
