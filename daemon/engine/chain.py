@@ -59,7 +59,6 @@ from replay.ledger import Fact, Ledger
 from replay.observations import InternalFault, Observation
 from replay.state import Operation, evolve
 
-
 #: Takeover events recorded per durable batch (one per operation not ended).
 _TAKEOVER_BATCH = 1000
 
