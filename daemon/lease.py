@@ -151,7 +151,7 @@ class Lease:
     _lost_why: str = field(init=False, default="")
     #: Called after each look at the database while standby (a standby's reads follow the
     #: copy it keeps: daemon.standby).
-    followed: Callable[[], None] = field(init=False, default=lambda: None)
+    followed: Callable[[], None] = field(init=False, default_factory=lambda: _nothing)
 
     def __post_init__(self, following: Following | None) -> None:
         # The holder is written into the signed takeover record and printed by verify: one
@@ -407,6 +407,10 @@ class Lease:
                 "could not hand the lease over; the next node waits for it to expire",
                 error=str(exc) or "timed out",
             )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _cannot_listen(why: str) -> None:
