@@ -106,7 +106,14 @@ class StandbyReads:
             self.sup.polls = tg  # the API's background reads run here
             while True:
                 self._news = anyio.Event()
-                await self.refresh()
+                try:
+                    await self.refresh()
+                except Exception as exc:  # the barrier: a bug here must not end the node
+                    logfmt.error(
+                        "standby: reading its copy of the log failed; reading it again",
+                        error=f"{type(exc).__name__}: {exc}"[:300],
+                    )
+                    self._reset()
                 if self.sup.polls is not tg:  # rebuilt: its tasks run here too
                     self.sup.polls = tg
                 with anyio.move_on_after(REFRESH_SECONDS):
@@ -196,7 +203,7 @@ class StandbyReads:
     def health(self, caller: Caller) -> Health:
         ops = self.sup.ops.values()
         return Health(
-            status="ok",
+            status="ok" if self.broken is None else "log_failing",
             version=__version__,
             log_head_sequence=self.head[0] if self.head is not None else -1,
             log_head_hash=self.head[1] if self.head is not None else "",
