@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from functools import partial
 from pathlib import Path
 
@@ -28,6 +29,16 @@ from tests.e2e.harness import (
 from tests.e2e.pgnodes import Node, node_config, standby, start, wait_active
 
 JOBS: dict[str, str | list[object]] = {"long": "running"}
+#: Polls about once a second, for long enough that the operation is live throughout.
+CONTRACT = """\
+state_pointer = "/status"
+job_id_pointer = "/id"
+results = [{ name = "result_url", pointer = "/result_url", kind = "url" }]
+backoff_base_seconds = 0.5
+backoff_cap_seconds = 1.0
+default_deadline_seconds = 300
+default_max_status_requests = 500
+"""
 
 
 def _bide(ws: Workspace, node: Node, *args: str) -> subprocess.CompletedProcess[str]:
@@ -49,7 +60,7 @@ def _api(node: Node) -> httpx.Client:
 
 def _two_nodes(ws: Workspace) -> tuple[Node, Node]:
     assert ws.dsn is not None
-    write_status_profile(ws, "sim", timeout_seconds=0.5)  # fits in the short lease
+    write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)  # fits in the short lease
     a, b = node_config(ws, "a", ws.dsn), node_config(ws, "b", ws.dsn)
     start(ws, a)
     wait_active([a])
@@ -63,9 +74,11 @@ def test_a_standby_answers_reads_from_its_copy_and_refuses_writes(tmp_path: Path
         out = _bide(ws, a, "watch", "--provider", "sim", "--job", "long", "--operation", "op1")
         assert out.returncode == 0, out.stdout + out.stderr
 
+        registered = time.monotonic()
         with _api(b) as api:
             # Its copy catches up with the round committed through the active node.
             until(lambda: api.get("/v1/operations/op1").status_code == 200, 20, "op1 on b")
+            lag = time.monotonic() - registered
             view = api.get("/v1/operations/op1").json()
             assert (view["operation_id"], view["phase"]) == ("op1", "live")
 
@@ -108,6 +121,8 @@ def test_a_standby_answers_reads_from_its_copy_and_refuses_writes(tmp_path: Path
         assert "standby" in write.stderr
         assert "active node is a (epoch 1)" in write.stderr
         assert "not running" not in write.stderr
+        print(f"\nregistered through a, readable on standby b after {lag:.3f}s (polled)")
+        print(status.stdout + write.stderr)
 
 
 def test_a_takeover_while_an_operation_is_live_is_in_its_story(tmp_path: Path) -> None:
@@ -132,6 +147,7 @@ def test_a_takeover_while_an_operation_is_live_is_in_its_story(tmp_path: Path) -
         took = next(i for i, line in enumerate(story) if "taken over by node b" in line)
         assert 0 < took < len(story)
         assert story[0].split(" ", 1)[1].startswith("registered job")
+        print("\n" + "\n".join(story[max(0, took - 1) : took + 2]))
 
         health = _bide(ws, b, "status")
         assert health.returncode == 0
