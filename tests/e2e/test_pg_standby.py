@@ -60,7 +60,9 @@ def _api(node: Node) -> httpx.Client:
 
 def _two_nodes(ws: Workspace) -> tuple[Node, Node]:
     assert ws.dsn is not None
-    write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)  # fits in the short lease
+    write_status_profile(
+        ws, "sim", contract=CONTRACT, timeout_seconds=0.5
+    )  # fits in the short lease
     a, b = node_config(ws, "a", ws.dsn), node_config(ws, "b", ws.dsn)
     start(ws, a)
     wait_active([a])
