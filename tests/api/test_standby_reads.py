@@ -72,10 +72,12 @@ def test_a_standby_answers_reads_from_its_copy_and_refuses_writes(tmp_path: Path
                 assert "the active node is a (epoch 3)" in str(problem["detail"])
 
             # The lease moved a copy that was not the database's aside and copied it again.
+            first = reads.sup
             shutil.copytree(cfg.log_dir, tmp_path / "copy")
             shutil.rmtree(cfg.log_dir)
             (tmp_path / "copy").rename(cfg.log_dir)
             await reads.refresh()
+            assert reads.sup is not first  # folded again from record 0
             got = await reads.handle(_request("GET", "/v1/operations/op1"))
             assert got.status == 200, got.body
 
