@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -37,7 +38,8 @@ from daemon.errors import RefusalKind, Refused
 from daemon.supervisor import Supervisor
 from eventlog.envelope import Checkpoint, EventRecord
 from eventlog.errors import DecryptError, EventLogError, UnknownKeyError
-from eventlog.reader import LogReader
+from eventlog.keys import KeyRing
+from eventlog.reader import LogReader, StoredRecord
 from replay.errors import NewerSchemaError, ReplayError
 from replay.events import LogEvent, OperationRegistered, decode_log_event
 
@@ -85,7 +87,7 @@ class StandbyReads:
             follower.replayed(chain.ledger, -1)
         self.sup.histories.loaded = True  # every event reaches the histories as it is read
         self.api = StandbyApi(self.sup, self)
-        self._reader: LogReader | None = None
+        self._reader: _CopyReader | None = None
         self._copy: tuple[int, int] | None = None  # the copy directory's (device, inode)
         self.ready = False
 
@@ -130,39 +132,46 @@ class StandbyReads:
             logfmt.info("standby: the local copy of the log was rebuilt; reading it again")
             self._reset()
         self._copy = (st.st_dev, st.st_ino)
-        try:
-            read = await anyio.to_thread.run_sync(self._read)
-        except EventLogError as exc:
-            logfmt.warn("standby cannot read its copy of the log; reading it again", error=exc)
-            self._reset()
-            return
-        if read.unreadable:
-            logfmt.warn(
-                "standby: log events left out (unreadable: retired data key)",
-                count=read.unreadable,
-            )
-        try:
-            await self._fold(read.payloads)
-        except NewerSchemaError as exc:
-            self.broken = str(exc)
-            logfmt.error("standby cannot read the log: upgrade bide on this node", error=exc)
-            return
-        if read.takeover is not None:
-            self.active = read.takeover
-        if read.head is not None:
-            self.head = read.head
+        while True:  # a segment's worth at a time: a long copy read at start stays bounded
+            try:
+                read = await anyio.to_thread.run_sync(self._read)
+            except EventLogError as exc:
+                logfmt.warn("standby cannot read its copy of the log; reading it again", error=exc)
+                self._reset()
+                return
+            if read is None:
+                break
+            if read.unreadable:
+                logfmt.warn(
+                    "standby: log events left out (unreadable: retired data key)",
+                    count=read.unreadable,
+                )
+            try:
+                await self._fold(read.payloads)
+            except NewerSchemaError as exc:
+                self.broken = str(exc)
+                logfmt.error("standby cannot read the log: upgrade bide on this node", error=exc)
+                return
+            if read.takeover is not None:
+                self.active = read.takeover
+            if read.head is not None:
+                self.head = read.head
         self.ready = True
 
-    def _read(self) -> _Read:
-        """The records copied since the last read (in a worker thread)."""
+    def _read(self) -> _Read | None:
+        """The next records copied since the last read, at most a segment's (in a worker
+        thread); None when there are none."""
         if self._reader is None:
-            self._reader = LogReader(self.config.log_dir, self.sup.keyring)
+            self._reader = _CopyReader(self.config.log_dir, self.sup.keyring)
         reader = self._reader
+        chunk = reader.next_chunk()
+        if chunk is None:
+            return None
         payloads: list[tuple[int, bytes]] = []
         takeover: ActiveNode | None = None
         unreadable = 0
         head: tuple[int, str] | None = None
-        for stored in reader.poll():
+        for stored in chunk:
             head = (stored.seq, stored.hash)
             rec = stored.record
             if isinstance(rec, EventRecord):
@@ -234,6 +243,25 @@ class StandbyReads:
             code="standby",
             retry_after=math.ceil(pg.lease_seconds) if pg is not None else 10,
         )
+
+
+class _CopyReader(LogReader):
+    """The copy's reader, one segment file's new records at a time."""
+
+    def __init__(self, log_dir: Path, keyring: KeyRing) -> None:
+        super().__init__(log_dir, keyring)
+        self._pending: Iterator[list[StoredRecord]] | None = None
+
+    def next_chunk(self) -> list[StoredRecord] | None:
+        while True:
+            if self._pending is None:
+                self._pending = self._chunks()
+            chunk = next(self._pending, None)
+            if chunk is None:
+                self._pending = None  # read to the end: the next call looks again
+                return None
+            if chunk:
+                return chunk
 
 
 class StandbyApi(Api):
