@@ -18,6 +18,7 @@ from daemon.api.server import Request, Response
 from daemon.commands.run import build_supervisor
 from daemon.config import load_config
 from daemon.standby import StandbyReads
+from eventlog.store import local_head
 from tests.e2e.harness import until, workspace
 
 
@@ -33,12 +34,15 @@ def _json(response: Response) -> dict[str, object]:
 
 
 def test_a_standby_answers_reads_from_its_copy_and_refuses_writes(tmp_path: Path) -> None:
-    with workspace(tmp_path, jobs={"j1": "running"}) as ws:
+    # Small segments: the copy is read one segment file at a time.
+    with workspace(tmp_path, jobs={"j1": "running"}, config_extra="segment_bytes = 4096\n") as ws:
         daemon = ws.start_daemon()
         assert ws.watch("j1", "op1").returncode == 0
-        until(lambda: "op1" in ws.bide("status").stdout, 20, "op1 registered")
-        daemon.stop()
         cfg = load_config(str(ws.config))
+        until(lambda: len(list(cfg.log_dir.glob("seg-*"))) >= 3, 30, "three segments")
+        daemon.stop()
+        head = local_head(cfg.log_dir)
+        assert head is not None
 
         async def main() -> None:
             reads = StandbyReads(cfg, lambda: build_supervisor(cfg, ask_witnesses=False), "b")
@@ -53,6 +57,7 @@ def test_a_standby_answers_reads_from_its_copy_and_refuses_writes(tmp_path: Path
             assert _json(got)["phase"] == "live"
             health = _json(await reads.handle(_request("GET", "/v1/health")))
             assert (health["role"], health["live"]) == ("standby", 1)
+            assert health["log_head_sequence"] == head[0]
             assert health["active"] == {"node": "a", "holder": "a/1/ff", "epoch": 3}
 
             for method, path in (
