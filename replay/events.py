@@ -7,6 +7,8 @@ stable string (``type``), never a class name. They fall in three groups:
   in force), ``registration_rejected``;
 * **facts the daemon records** after a request (observations of the world, S31):
   ``status_response_received``, ``transport_failed``, ``request_outcome_unknown``;
+* **the log's own facts** about an operation: ``node_took_over`` (another node took the log
+  while the operation was not ended; it changes no state, and the story tells it);
 * **decisions** that ``decide`` returns (each carries ``at``, the ``now`` it was computed with,
   and a ``PollScheduled`` carries the jitter ``draw``, so ``check`` can re-derive it):
   ``status_request_intended``, ``response_classified``, ``hint_rejected``, ``poll_scheduled``,
@@ -54,6 +56,7 @@ __all__ = [
     "HttpOutcome",
     "JobOutcome",
     "LogEvent",
+    "NodeTookOver",
     "OperationRegistered",
     "OperationStopped",
     "OperationSucceeded",
@@ -582,6 +585,23 @@ class OperationWithdrawn(_Event, tag="operation_withdrawn", frozen=True, kw_only
     note: str = ""
 
 
+class NodeTookOver(_Event, tag="node_took_over", frozen=True, kw_only=True):
+    """A node took the log (the lease, with the log in PostgreSQL) while this operation was
+    live or escalated: recorded once per such operation, right after the node's signed
+    takeover checkpoint, before it decides anything. It changes no state; a log without it
+    (files, or written before it) replays exactly as before.
+
+    Attributes:
+        node: The node's name (``[postgres] node``, else its host name).
+        holder: The lease's holder as the takeover checkpoint names it (name/pid/random).
+        epoch: The lease epoch it took.
+    """
+
+    node: str
+    holder: str = ""
+    epoch: Annotated[int, Meta(ge=0)]
+
+
 #: The longest operation id, provider job id, fingerprint or account context accepted.
 MAX_ID_LENGTH: Final = 256
 #: Ids are printable: no control characters, no whitespace at either end.
@@ -786,6 +806,7 @@ Event = (
     | DecisionRecorded
     | DecisionRejected
     | OperationWithdrawn
+    | NodeTookOver
 )
 
 #: Every event class, for code that must enumerate them (tests, docs).
@@ -805,6 +826,7 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     DecisionRecorded,
     DecisionRejected,
     OperationWithdrawn,
+    NodeTookOver,
 )
 
 ACTION_EVENT_TYPES: Final[

@@ -38,6 +38,7 @@ from replay.events import (
     ExtendRule,
     HintRejected,
     Histogram,
+    NodeTookOver,
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
@@ -335,8 +336,8 @@ def evolve(state: Operation | None, event: Event) -> Operation:
         event: An event of that operation.
 
     Returns:
-        The state after. ``DecisionRejected``, ``HintRejected`` and ``RegistrationRejected``
-        leave it unchanged.
+        The state after. ``DecisionRejected``, ``HintRejected``, ``RegistrationRejected`` and
+        ``NodeTookOver`` leave it unchanged.
 
     Raises:
         ReplayOrderError: The event cannot follow this state: an event before registration, a
@@ -476,7 +477,7 @@ def evolve(state: Operation | None, event: Event) -> Operation:
             return msgspec.structs.replace(
                 s, phase="closed", escalation=None, stop_reason="withdrawn_by_owner"
             )
-        case DecisionRejected() | HintRejected() | RegistrationRejected():
+        case DecisionRejected() | HintRejected() | RegistrationRejected() | NodeTookOver():
             return s
     raise ReplayOrderError(f"unhandled event {event.__struct_config__.tag}")  # pragma: no cover
 

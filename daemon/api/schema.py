@@ -296,7 +296,20 @@ class LeaseHealth(msgspec.Struct, frozen=True, kw_only=True):
     remaining_seconds: float
 
 
+class ActiveNode(msgspec.Struct, frozen=True, kw_only=True):
+    """On a standby: the node that last took the log, as the standby's copy of the log
+    records it (its signed takeover checkpoint), and the lease epoch it took."""
+
+    node: str
+    holder: str
+    epoch: int
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """``role`` is ``standby`` on a node that follows a log in PostgreSQL without holding its
+    lease: it answers reads from its copy of the log (``log_head_*``, ``live`` and
+    ``escalated`` are that copy's), refuses writes with 503, and names the ``active`` node."""
+
     status: Literal["ok", "log_failing"]
     version: str
     log_head_sequence: int
@@ -306,6 +319,8 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     you: Principal
     log_store: Literal["files", "postgresql"] = "files"
     lease: LeaseHealth | None = None
+    role: Literal["active", "standby"] = "active"
+    active: ActiveNode | None = None
 
 
 class ApiError(msgspec.Struct, frozen=True, kw_only=True):
