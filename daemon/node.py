@@ -1,7 +1,9 @@
 """``bide run`` with the log in PostgreSQL: a standby until the lease is ours, then the
 supervisor under that epoch, and back to standby if another node fences us.
 
-    standby:  follow the log into the local segment files; try the lease every poll
+    standby:  follow the log into the local segment files; try the lease every poll; serve
+              ``/metrics`` (``bide_node_active 0``, the lease's series, the process's) so a
+              healthy standby is seen as one, not as a daemon down
     active:   open the writer on the local copy (every round committed to the database under
               our epoch), write a signed checkpoint (the takeover in the chain), replay,
               recover the previous holder's requests in flight, poll; renew the lease
@@ -24,6 +26,7 @@ from daemon import logfmt
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.lease import Lease
+from daemon.metrics import serve_metrics, standby_page
 from daemon.pgconfig import config_settings
 from daemon.profile import load_profiles, too_long_for_lease
 from daemon.supervisor import RequestGate, Supervisor
@@ -111,7 +114,7 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
     log_store = pgstore.PgLogStore(lease.settings)
     while True:
         logfmt.info("standby: following the log", node=lease.holder)
-        epoch = await _standby(lease)
+        epoch = await _standby(lease, cfg.metrics.listen)
         if epoch is None:
             return  # SIGTERM while standby: nothing held
         store = log_store.writer(lease.term)
@@ -163,8 +166,9 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
         return
 
 
-async def _standby(lease: Lease) -> int | None:
-    """The lease's epoch once taken; None on SIGTERM/SIGINT first."""
+async def _standby(lease: Lease, metrics_listen: str = "") -> int | None:
+    """The lease's epoch once taken; None on SIGTERM/SIGINT first. The metrics listener
+    closes before the supervisor opens its own on the same address."""
     got: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
@@ -173,6 +177,12 @@ async def _standby(lease: Lease) -> int | None:
                 got.append(await lease.acquire())
                 tg.cancel_scope.cancel()
 
+            if metrics_listen:
+                host, _, port = metrics_listen.rpartition(":")
+                bound = await tg.start(
+                    serve_metrics, host, int(port), lambda: standby_page(lease.metrics_lines())
+                )
+                logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
             tg.start_soon(take)
             async for _ in signals:
                 tg.cancel_scope.cancel()
