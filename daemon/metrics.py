@@ -97,38 +97,42 @@ _PAGE = os.sysconf("SC_PAGESIZE") if hasattr(os, "sysconf") else 4096
 _boot_time: float | None = None
 
 
-def _boot(proc: Path) -> float:
+def _boot(proc: str) -> float:
     """The host's boot time (``btime`` in /proc/stat), read once: it does not change."""
     global _boot_time
     if _boot_time is None:
-        for line in (proc / "stat").read_text().splitlines():
-            if line.startswith("btime "):
-                _boot_time = float(line.split()[1])
-                break
-        else:
-            raise OSError(f"no btime in {proc / 'stat'}")
+        with open(f"{proc}/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    _boot_time = float(line.split()[1])
+                    break
+            else:
+                raise OSError(f"no btime in {proc}/stat")
     return _boot_time
 
 
-def read_process(proc: Path = Path("/proc"), pid: str = "self") -> ProcessSample | None:
+def read_process(proc: str = "/proc", pid: str = "self") -> ProcessSample | None:
     """Read ``/proc/PID/stat``, ``/fd`` and ``/limits`` the way ``prometheus_client``'s
     ``ProcessCollector`` does; None where there is no /proc (the series are then left out,
     as that collector leaves them out)."""
-    base = proc / pid
+    base = f"{proc}/{pid}"
     try:
-        stat = (base / "stat").read_bytes()
+        with open(f"{base}/stat", "rb") as f:
+            stat = f.read()
         # The command name is in parentheses and may hold spaces: the fields follow the last ')'.
         fields = stat[stat.rindex(b")") + 2 :].split()
         max_fds: int | None = None
-        for line in (base / "limits").read_text().splitlines():
-            if line.startswith("Max open files"):
-                soft = line.split()[3]
-                max_fds = None if soft == "unlimited" else int(soft)
+        with open(f"{base}/limits") as f:
+            for line in f:
+                if line.startswith("Max open files"):
+                    soft = line.split()[3]
+                    max_fds = None if soft == "unlimited" else int(soft)
+                    break
         return ProcessSample(
             cpu_seconds=(int(fields[11]) + int(fields[12])) / _TICKS,
             resident_bytes=int(fields[21]) * _PAGE,
             virtual_bytes=int(fields[20]),
-            open_fds=len(os.listdir(base / "fd")),
+            open_fds=len(os.listdir(f"{base}/fd")),
             max_fds=max_fds,
             start_time=_boot(proc) + int(fields[19]) / _TICKS,
         )
@@ -279,8 +283,12 @@ class Metrics:
                 raised = op.escalation.raised_at
                 if oldest_raised is None or raised < oldest_raised:
                     oldest_raised = raised
-            elif now is not None and op.phase == "live" and op.effective_deadline[0] < now:
-                overdue += 1
+            elif now is not None and op.phase == "live":
+                # The earlier of the two deadlines (Operation.effective_deadline, inlined:
+                # this loop runs over every operation at every scrape).
+                business = op.business_deadline_at
+                if op.deadline_at < now or (business is not None and business < now):
+                    overdue += 1
         out = ["# HELP bide_operations Operations by phase.", "# TYPE bide_operations gauge"]
         out += [
             f'bide_operations{{phase="{p}"}} {phases.get(p, 0)}'
