@@ -22,6 +22,9 @@ in one process, as ratios against bide's hand-written code (the baseline, 1.00):
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
+import importlib.metadata
 import json
 import time
 from collections import Counter
@@ -43,6 +46,7 @@ from replay.state import OpenEscalation, Operation
 from tests.replay.helpers import Daemon, body
 
 T0 = 1_700_000_000.0
+NO_LOG = Path("/nonexistent-bide-bench")  # no segments: the page's size gauge reads 0
 
 
 def events(n: int) -> list[tuple[Event, str]]:
@@ -131,9 +135,17 @@ def hand_written_observe(stream: list[tuple[Event, str]]) -> Callable[[], object
     return run
 
 
-def client_observe(stream: list[tuple[Event, str]]) -> Callable[[], object]:
+def prometheus_client() -> Any | None:
+    """The module, or None where it is not installed (it is no dependency of bide's, so
+    its names are Any here: the type check passes with or without it)."""
+    try:
+        return importlib.import_module("prometheus_client")
+    except ImportError:
+        return None
+
+
+def client_observe(pc: Any, stream: list[tuple[Event, str]]) -> Callable[[], object]:
     """The same counts through ``prometheus_client`` (a fresh registry per run)."""
-    import prometheus_client as pc
 
     def run() -> object:
         reg = pc.CollectorRegistry()
@@ -155,14 +167,11 @@ def client_observe(stream: list[tuple[Event, str]]) -> Callable[[], object]:
     return run
 
 
-def client_registry(ops: Mapping[str, Operation], stream: list[tuple[Event, str]]) -> Any:
+def client_registry(pc: Any, ops: Mapping[str, Operation], stream: list[tuple[Event, str]]) -> Any:
     """A registry with the same families the page has: counters fed, the operation gauges
     from a custom collector computed at collect time, and the process collector."""
-    import prometheus_client as pc
-    from prometheus_client.core import GaugeMetricFamily
-
+    gauge_family = importlib.import_module("prometheus_client.core").GaugeMetricFamily
     reg = pc.CollectorRegistry()
-    client_observe(stream)  # warm the import
     responses = pc.Counter("bide_status_responses", "", ["provider", "outcome"], registry=reg)
     for ev, provider in stream:
         if isinstance(ev, ResponseClassified):
@@ -172,7 +181,7 @@ def client_registry(ops: Mapping[str, Operation], stream: list[tuple[Event, str]
     pc.ProcessCollector(registry=reg)
 
     class Operations:
-        def collect(self) -> Iterable[GaugeMetricFamily]:
+        def collect(self) -> Iterable[Any]:
             now = time.time()
             phases: Counter[str] = Counter()
             oldest: float | None = None
@@ -187,19 +196,19 @@ def client_registry(ops: Mapping[str, Operation], stream: list[tuple[Event, str]
                     business = op.business_deadline_at
                     if op.deadline_at < now or (business is not None and business < now):
                         overdue += 1
-            g = GaugeMetricFamily("bide_operations", "Operations by phase.", labels=["phase"])
+            g = gauge_family("bide_operations", "Operations by phase.", labels=["phase"])
             for phase in ("live", "succeeded", "escalated", "closed"):
                 g.add_metric([phase], phases.get(phase, 0))
             yield g
-            yield GaugeMetricFamily("bide_escalations_open", "", value=open_escalations)
-            yield GaugeMetricFamily("bide_operations_overdue", "", value=overdue)
-            yield GaugeMetricFamily(
+            yield gauge_family("bide_escalations_open", "", value=open_escalations)
+            yield gauge_family("bide_operations_overdue", "", value=overdue)
+            yield gauge_family(
                 "bide_escalation_oldest_age_seconds",
                 "",
                 value=0.0 if oldest is None else now - oldest,
             )
 
-    reg.register(Operations())  # type: ignore[arg-type]
+    reg.register(Operations())
     return reg
 
 
@@ -208,19 +217,15 @@ def run(n_events: int, sizes: list[int]) -> dict[str, object]:
     results: dict[str, object] = {"events": n_events}
     ours = best_of(hand_written_observe(stream))
     results["observe_ns_per_event"] = round(ours / n_events * 1e9)
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
+    pc = prometheus_client()
+    if pc is None:
         results["prometheus_client"] = "not installed: only the baseline"
-        client = None
     else:
-        from prometheus_client import ProcessCollector, generate_latest
-
-        client = generate_latest
-        theirs = best_of(client_observe(stream))
+        results["prometheus_client"] = importlib.metadata.version("prometheus_client")
+        theirs = best_of(client_observe(pc, stream))
         results["client_observe_ns_per_event"] = round(theirs / n_events * 1e9)
         results["observe_ratio"] = round(theirs / ours, 2)
-        collector = ProcessCollector(registry=None)
+        collector = pc.ProcessCollector(registry=None)
         ours_proc = best_of(lambda: [read_process() for _ in range(200)])
         theirs_proc = best_of(lambda: [list(collector.collect()) for _ in range(200)])
         results["process_us"] = round(ours_proc / 200 * 1e6, 1)
@@ -230,16 +235,15 @@ def run(n_events: int, sizes: list[int]) -> dict[str, object]:
         ops = operations(size)
         metrics = hand_written_observe(stream)()
         assert isinstance(metrics, Metrics)
-        log_dir = Path("/nonexistent-bide-bench")
 
         def page(m: Metrics = metrics, o: Mapping[str, Operation] = ops) -> str:
-            return m.render(o, log_dir, 0, Scrape(now=time.time()))
+            return m.render(o, NO_LOG, 0, Scrape(now=time.time()))
 
         ours_page = best_of(page)
         results[f"scrape_ms_{size}"] = round(ours_page * 1e3, 2)
-        if client is not None:
-            reg = client_registry(ops, stream)
-            theirs_page = best_of(lambda r=reg: client(r))
+        if pc is not None:
+            reg = client_registry(pc, ops, stream)
+            theirs_page = best_of(functools.partial(pc.generate_latest, reg))
             results[f"client_scrape_ms_{size}"] = round(theirs_page * 1e3, 2)
             results[f"scrape_ratio_{size}"] = round(theirs_page / ours_page, 2)
     return results
