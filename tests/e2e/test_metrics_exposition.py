@@ -26,7 +26,8 @@ import pytest
 
 import daemon
 from daemon.lease import LeaseStats, render
-from tests.e2e.harness import Daemon, until, workspace
+from tests.e2e.harness import Daemon, LeaseTimes, until, workspace
+from tests.e2e.pgnodes import node_config, standby, start, wait_active
 from tests.exposition import SUFFIXES, parse_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,3 +185,41 @@ def test_the_strict_parser_refuses_a_broken_page() -> None:
     ):
         with pytest.raises((AssertionError, ValueError)):
             parse_exposition(bad)
+
+
+@pytest.mark.timeout(120)
+def test_a_standby_serves_metrics_that_say_so_then_the_active_page_after_a_takeover(
+    tmp_path: Path,
+) -> None:
+    """A healthy PostgreSQL standby answers ``/metrics`` (``bide_node_active 0``, its lease
+    and process series), so Prometheus never sees it as a daemon down; once it takes over,
+    the same address setting serves the active page."""
+    with workspace(tmp_path, store="postgres") as ws:
+        assert ws.dsn is not None
+        lease = LeaseTimes(seconds=10.0, renew=1.0, margin=0.5)  # room for a 2 s request
+        a, b = (node_config(ws, name, ws.dsn, lease=lease) for name in "ab")
+        for n in (a, b):
+            n.config.write_text(n.config.read_text() + '\n[metrics]\nlisten = "127.0.0.1:0"\n')
+        first = start(ws, a)
+        wait_active([a])
+        second = start(ws, b)
+        until(lambda: standby(second) and "metrics listening" in second.output(), 20, "b")
+        page = parse_exposition(httpx.get(current_metrics_url(second), timeout=5).text)
+        assert page["bide_node_active"][()] == 0
+        assert page["bide_lease_epoch"][()] == 0  # it has taken no term
+        assert "bide_build_info" in page
+        assert "process_resident_memory_bytes" in page
+        assert "bide_operations" not in page  # a standby answers nothing about operations
+        assert (
+            parse_exposition(httpx.get(current_metrics_url(first), timeout=5).text)[
+                "bide_node_active"
+            ][()]
+            == 1
+        )
+        assert first.stop() == 0
+        wait_active([b])
+        until(lambda: second.output().count("metrics listening") == 2, 20, "b's active page")
+        page = parse_exposition(httpx.get(current_metrics_url(second), timeout=5).text)
+        assert page["bide_node_active"][()] == 1
+        assert page["bide_lease_epoch"][()] >= 2
+        assert second.stop() == 0
