@@ -12,8 +12,10 @@ checkpoint, the spool's backlog, the witnesses failing, whether this node is the
 ``deploy/alerts.yml`` and ``deploy/grafana-dashboard.json`` are written against these names
 (``tests/e2e/test_metrics_exposition.py`` checks every name they use is exported).
 
-Why not ``prometheus_client``: it would add a dependency and a lock per increment on the hot
-path for what is a few lines here; ``tests/bench/bench_metrics.py`` measures both.
+Why not ``prometheus_client``: a new dependency, and 3-4x the cost per counted event on the
+path every recorded event takes (a lock and a label lookup per increment), for about a hundred
+lines here; a scrape costs the same either way (``tests/bench/bench_metrics.py``, figures in
+``tests/bench/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -194,6 +196,15 @@ BUILD_INFO = (
     f'python="{_label(platform.python_version())}",'
     f'implementation="{_label(platform.python_implementation())}"}} 1',
 )
+
+
+def node_active(active: bool) -> list[str]:
+    return [
+        "# HELP bide_node_active 1 while this node may send requests (on PostgreSQL: while it "
+        "holds the lease); a standby serves 0.",
+        "# TYPE bide_node_active gauge",
+        f"bide_node_active {int(active)}",
+    ]
 
 
 @dataclass(frozen=True)
@@ -381,10 +392,7 @@ class Metrics:
         out = [
             *BUILD_INFO,
             *render_process(read_process()),
-            "# HELP bide_node_active 1 while this node may send requests (on PostgreSQL: "
-            "while it holds the lease).",
-            "# TYPE bide_node_active gauge",
-            f"bide_node_active {int(scrape.active)}",
+            *node_active(scrape.active),
             "# HELP bide_escalations_open Escalations waiting for a human decision.",
             "# TYPE bide_escalations_open gauge",
             f"bide_escalations_open {open_escalations}",
@@ -437,10 +445,7 @@ def standby_page(lease_lines: Iterable[str]) -> str:
     out = [
         *BUILD_INFO,
         *render_process(read_process()),
-        "# HELP bide_node_active 1 while this node may send requests (on PostgreSQL: "
-        "while it holds the lease).",
-        "# TYPE bide_node_active gauge",
-        "bide_node_active 0",
+        *node_active(False),
         *lease_lines,
     ]
     return "\n".join(out) + "\n"
