@@ -2,7 +2,9 @@
 supervisor under that epoch, and back to standby if another node fences us.
 
     standby:  follow the log into the local segment files; try the lease every poll; answer
-              the local API's reads from that copy, refuse its writes (daemon.standby)
+              the local API's reads from that copy, refuse its writes (daemon.standby); serve
+              ``/metrics`` (``bide_node_active 0``, the lease's series, the process's) so a
+              healthy standby is seen as one, not as a daemon down
     active:   open the writer on the local copy (every round committed to the database under
               our epoch), write a signed checkpoint (the takeover in the chain), replay,
               recover the previous holder's requests in flight, poll; renew the lease
@@ -26,6 +28,7 @@ from daemon.api.door import ApiDoor
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.lease import Lease
+from daemon.metrics import serve_metrics, standby_page
 from daemon.pgconfig import config_settings
 from daemon.profile import load_profiles, too_long_for_lease
 from daemon.standby import StandbyReads
@@ -128,7 +131,7 @@ async def _terms(cfg: Config, lease: Lease, build: Build, door: ApiDoor | None) 
                 cfg, lambda: build(cfg, ask_witnesses=False), lease.holder.split("/", 1)[0]
             )
             door.answer_with(reads.handle, reads.count)
-        epoch = await _standby(lease, reads)
+        epoch = await _standby(lease, reads, cfg.metrics.listen)
         if epoch is None:
             return  # SIGTERM while standby: nothing held
         if door is not None:
@@ -183,9 +186,12 @@ async def _terms(cfg: Config, lease: Lease, build: Build, door: ApiDoor | None) 
         return
 
 
-async def _standby(lease: Lease, reads: StandbyReads | None) -> int | None:
+async def _standby(
+    lease: Lease, reads: StandbyReads | None, metrics_listen: str = ""
+) -> int | None:
     """The lease's epoch once taken; None on SIGTERM/SIGINT first. Meanwhile ``reads``
-    answers the API from the copy the lease keeps."""
+    answers the API from the copy the lease keeps. The metrics listener closes before the
+    supervisor opens its own on the same address."""
     got: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
@@ -197,6 +203,12 @@ async def _standby(lease: Lease, reads: StandbyReads | None) -> int | None:
             if reads is not None:
                 lease.followed = reads.poke
                 tg.start_soon(reads.run)
+            if metrics_listen:
+                host, _, port = metrics_listen.rpartition(":")
+                bound = await tg.start(
+                    serve_metrics, host, int(port), lambda: standby_page(lease.metrics_lines())
+                )
+                logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
             tg.start_soon(take)
             async for _ in signals:
                 tg.cancel_scope.cancel()

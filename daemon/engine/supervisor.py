@@ -44,7 +44,7 @@ from daemon.engine.spooling import SpoolDoor
 from daemon.errors import ConfigError
 from daemon.faults import FaultInjection
 from daemon.history import Histories
-from daemon.metrics import Metrics, serve_metrics
+from daemon.metrics import Metrics, Scrape, serve_metrics, spool_backlog
 from daemon.spool import Spool, SpoolPermissionError
 from daemon.witness.publisher import HeadPublisher
 from eventlog.epochs import EpochSigning
@@ -89,6 +89,10 @@ class Supervisor:
         self.publisher = publisher  # sends every signed head to the configured witnesses
         self.drain_seconds = config.daemon.drain_seconds if drain_seconds is None else drain_seconds
         self.metrics = Metrics()
+        if heads is not None:  # the age of the last signed checkpoint, for the metrics
+            heads.add_listener(self.metrics.checkpoint_signed)
+            if (latest := heads.latest()) is not None:
+                self.metrics.checkpoint_signed(latest)
         self.faults = FaultInjection.from_environment()
         self.spool = Spool(config.spool_dir)
         self.metrics_url: str | None = None
@@ -199,7 +203,19 @@ class Supervisor:
     # -- status --------------------------------------------------------------------------------
 
     def render_metrics(self) -> str:
-        text = self.metrics.render(self.ops, self.config.log_dir, self.chain.flushes)
+        publisher = self.publisher
+        scrape = Scrape(
+            now=self.clock(),
+            active=self.lease is None or self.lease.health()[2] > 0,
+            checkpoint_interval=self.config.log.checkpoint_interval_seconds,
+            spool_waiting={
+                "incoming": spool_backlog(self.spool.incoming),
+                "decisions": spool_backlog(self.spool.decisions),
+            },
+            witness_targets=len(publisher.targets) if publisher is not None else 0,
+            witness_failing=publisher.failing if publisher is not None else 0,
+        )
+        text = self.metrics.render(self.ops, self.config.log_dir, self.chain.flushes, scrape)
         if self.lease is not None:
             text = text.rstrip("\n") + "\n" + "\n".join(self.lease.metrics_lines()) + "\n"
         return text

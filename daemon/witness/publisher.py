@@ -98,6 +98,11 @@ class HeadPublisher:
     def enabled(self) -> bool:
         return bool(self.targets)
 
+    @property
+    def failing(self) -> int:
+        """Targets whose last delivery failed or that refuse our heads (for the metrics)."""
+        return len(self._failing | self._refused)
+
     def _on_head(self, head: Head) -> None:
         # Called from the log's writer thread once the head is in heads.jsonl: the event
         # loop sets the event (an anyio Event is not thread-safe).
