@@ -41,6 +41,7 @@ from replay.events import (
     Event,
     HintRejected,
     OperationRegistered,
+    OperationRetired,
     OperationStopped,
     OperationSucceeded,
     OperationWithdrawn,
@@ -366,6 +367,18 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     event,
                     f"withdrawn by its owner {event.by}{note}: bide stops waiting, "
                     "no provider call",
+                )
+                open_line[op].group_at = event.at
+            case OperationRetired():
+                because = (
+                    "the retention age ([retention] ended_after)"
+                    if event.why == "age"
+                    else "the cap on ended operations kept ([retention] max_ended)"
+                )
+                start(
+                    event,
+                    f"retired from the daemon's memory (ended {format_time(event.ended_at)}, "
+                    f"past {because}); the log keeps this story",
                 )
                 open_line[op].group_at = event.at
     return lines

@@ -43,6 +43,7 @@ STABLE_TAGS = {
     "DecisionRecorded": "decision_recorded",
     "DecisionRejected": "decision_rejected",
     "OperationWithdrawn": "operation_withdrawn",
+    "OperationRetired": "operation_retired",
 }
 
 
@@ -84,6 +85,10 @@ def test_every_event_type_round_trips() -> None:
 
     log.append(OperationWithdrawn(operation_id="x", at=T0, by="alice", by_uid=1001, note="n"))
     seen.add(OperationWithdrawn)
+    from replay import OperationRetired
+
+    log.append(OperationRetired(operation_id="x", at=T0, ended_at=T0, why="age", tombstones_kept=9))
+    seen.add(OperationRetired)
     assert seen == set(EVENT_TYPES), set(EVENT_TYPES) - seen
     for event in log:
         data = encode_event(event)  # type: ignore[arg-type]
