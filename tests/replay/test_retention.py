@@ -233,7 +233,7 @@ def _op(op_id: str, uid: int | None) -> Operation:
     st.lists(st.tuples(st.integers(0, 300), st.integers(1, 120)), max_size=400),
 )
 def test_the_table_behaves_as_a_bounded_ordered_dictionary(adds: list[tuple[int, int]]) -> None:
-    table, model = Tombstones(), {}  # type: ignore[var-annotated]
+    table, model = Tombstones(), dict[str, int | None]()
     for n, keep in adds:
         op_id = f"op-{n}"
         table.add(_op(op_id, n if n % 5 else None), keep)
