@@ -55,7 +55,7 @@ Example::
     [retention]                           # ended operations leave memory and the snapshot
     ended_after = 604800                  # seconds an ended operation stays (the log keeps it)
     max_ended = 10000                     # ended operations kept at most (oldest retire first)
-    max_tombstones = 1000000              # retired ids that still answer a retry (~50 B each)
+    max_tombstones = 100000               # retired ids that still answer a retry (~30 B each)
     check_seconds = 60                    # how often the daemon looks for what is due
 
     [fetch]
@@ -184,7 +184,7 @@ class RetentionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     ended_after: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0  # seconds kept after ending
     max_ended: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # ended operations kept at most
-    max_tombstones: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000  # retired ids answered
+    max_tombstones: Annotated[int, msgspec.Meta(ge=0)] = 100_000  # retired ids answered
     check_seconds: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0  # between passes
 
 

@@ -21,13 +21,16 @@ pass is the number it retires, not the number kept.
 Tombstones. A retired id must still answer a retry consistently: the same request is told
 the operation ended and was retired (and where its story is), another request is refused as
 a conflict, another principal is scoped apart as for a live id. A :class:`Tombstones` table
-keeps, per retired operation, a 64-bit hash of its id, 32-bit hashes of its request digest
-and of (provider, job id), its owner's uid and its outcome, in three flat arrays (open
-addressing, linear probing): about 50 bytes a retired operation at the table's average load,
-no Python object per entry, and bytes in the snapshot. The table holds at most
-``tombstones_kept`` (recorded in each event); the oldest beyond are forgotten, and a retry
-of a forgotten id registers anew. A different id whose 64-bit hash equals a kept one's
-(about 1 in 10**13 for a million tombstones) would be taken for the retired one.
+keeps, per retired operation, a 64-bit hash of its id and 64 bits holding its owner's uid,
+its outcome and 15-bit hashes of its request digest and of (provider, job id), in flat
+arrays (open addressing): 16 bytes a slot, 21-43 bytes a retired operation by the table's
+load, no Python object per entry, and the same bytes in the snapshot. The bound
+``tombstones_kept`` (recorded in each event) is kept by two generations: when the newer
+holds half the bound, the older is forgotten whole, and a retry of a forgotten id registers
+anew. Collisions: a different id whose 64-bit hash equals a kept one's (about 1 in 10**13
+for a million tombstones) would be taken for the retired one; a different request under a
+retired id by its own owner is told "gone" instead of "conflict" once in 32,768 (either
+way it is refused).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Final, Literal
 
 import msgspec
@@ -59,8 +62,9 @@ ENDED_PHASES: Final = frozenset({"succeeded", "closed"})
 _ACTION_DONE: Final = frozenset({"succeeded", "failed", "closed"})
 _EMPTY: Final = 0
 _MIN_CAPACITY: Final = 64
-_HAS_OWNER: Final = 1 << 32
-_CLOSED: Final = 1 << 33
+_HASH_MASK: Final = (1 << 15) - 1
+_CLOSED: Final = 1 << 30
+_HAS_OWNER: Final = 1 << 31
 
 
 class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,25 +88,26 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 
     owner_uid: int | None
     outcome: Literal["succeeded", "closed"]
-    digest_hash: int  # 32 bits of the registering request's digest (0: none)
-    job_hash: int  # 32 bits of (provider, job id)
+    digest_hash: int  # 15 bits of the registering request's digest (0: none)
+    job_hash: int  # 15 bits of (provider, job id)
 
     def same_request(self, digest: str, provider: str, job_id: str) -> bool:
         """Whether a registration is the retired one again: by the API request's
         ``digest`` when it has one, else by provider and job id (as for a live id)."""
         if digest:
-            return self.digest_hash == _hash32(digest)
-        return self.job_hash == _hash32(f"{provider}\0{job_id}")
+            return self.digest_hash == _hash15(digest)
+        return self.job_hash == _hash15(f"{provider}\0{job_id}")
 
 
 def request_hashes(op: Operation) -> tuple[int, int]:
     """The (digest, job) hashes a tombstone keeps of ``op``."""
-    digest = _hash32(op.request_digest) if op.request_digest else 0
-    return digest, _hash32(f"{op.provider}\0{op.provider_job_id}")
+    digest = _hash15(op.request_digest) if op.request_digest else 0
+    return digest, _hash15(f"{op.provider}\0{op.provider_job_id}")
 
 
-def _hash32(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
+def _hash15(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=2).digest()
+    return int.from_bytes(digest, "little") & _HASH_MASK
 
 
 def _key(op_id: str) -> int:
@@ -111,159 +116,151 @@ def _key(op_id: str) -> int:
     return h or 1
 
 
-class Tombstones:
-    """Retired operations by id hash, in the order they retired; see the module docstring.
+def _pack(op: Operation) -> int:
+    """A tombstone in 64 bits: owner uid (32), whether there is one, closed or succeeded,
+    and the two 15-bit request hashes."""
+    digest, job = request_hashes(op)
+    uid = op.registered_by_uid
+    value = digest | job << 15
+    if op.phase == "closed":
+        value |= _CLOSED
+    if uid is not None:
+        value |= _HAS_OWNER | (uid & 0xFFFFFFFF) << 32
+    return value
 
-    ``_keys``, ``_values`` (digest hash | job hash << 32) and ``_meta`` (owner uid, whether
-    there is one, outcome) are the slots of an open-addressing table; ``_order`` lists the
-    keys in retirement order from ``_head``, so the oldest is forgotten first.
+
+def _unpack(value: int) -> Tombstone:
+    return Tombstone(
+        owner_uid=(value >> 32) if value & _HAS_OWNER else None,
+        outcome="closed" if value & _CLOSED else "succeeded",
+        digest_hash=value & _HASH_MASK,
+        job_hash=(value >> 15) & _HASH_MASK,
+    )
+
+
+class _Table:
+    """An open-addressing table (linear probing) of 64-bit keys to 64-bit values in two flat
+    arrays: 16 bytes a slot, at most three quarters full. Nothing is ever deleted from one
+    (a whole generation is dropped instead), so no deletion marker is needed."""
+
+    __slots__ = ("count", "keys", "values")
+
+    def __init__(self, keys: array[int] | None = None, values: array[int] | None = None) -> None:
+        self.keys = keys if keys is not None else array("Q")
+        self.values = values if values is not None else array("Q")
+        self.count = len(self.keys) - self.keys.count(_EMPTY)
+
+    def _slot(self, key: int) -> int:
+        keys = self.keys
+        mask = len(keys) - 1
+        i = key & mask
+        while (k := keys[i]) != key and k != _EMPTY:
+            i = (i + 1) & mask
+        return i
+
+    def get(self, key: int) -> int | None:
+        if not self.count:
+            return None
+        i = self._slot(key)
+        return self.values[i] if self.keys[i] == key else None
+
+    def put(self, key: int, value: int) -> None:
+        if (self.count + 1) * 4 > len(self.keys) * 3:
+            self._resize(max(_MIN_CAPACITY, len(self.keys) * 2))
+        i = self._slot(key)
+        if self.keys[i] == _EMPTY:
+            self.count += 1
+        self.keys[i], self.values[i] = key, value
+
+    def _resize(self, capacity: int) -> None:
+        old = [(k, v) for k, v in zip(self.keys, self.values, strict=True) if k != _EMPTY]
+        self.keys = array("Q", bytes(8 * capacity))
+        self.values = array("Q", bytes(8 * capacity))
+        for key, value in old:
+            i = self._slot(key)
+            self.keys[i], self.values[i] = key, value
+
+    def items(self) -> list[tuple[int, int]]:
+        return sorted((k, v) for k, v in zip(self.keys, self.values, strict=True) if k != _EMPTY)
+
+    def copy(self) -> _Table:
+        return _Table(array("Q", self.keys), array("Q", self.values))
+
+
+class Tombstones:
+    """Retired operations by id hash; see the module docstring.
+
+    Two generations: tombstones go into the newer; once it holds half the bound
+    (``tombstones_kept``, recorded in each retirement) it becomes the older and the older
+    one is forgotten whole. So between half the bound and the bound of the most recent
+    tombstones are kept, at 16 bytes a slot and no per-entry order to keep.
     """
 
-    __slots__ = ("_head", "_keys", "_meta", "_order", "_values", "count")
+    __slots__ = ("_new", "_old")
 
     def __init__(self) -> None:
-        self._keys = array("Q")
-        self._values = array("Q")
-        self._meta = array("Q")
-        self._order = array("Q")
-        self._head = 0
-        self.count = 0
+        self._old = _Table()
+        self._new = _Table()
 
     def __len__(self) -> int:
-        return self.count
+        return self._old.count + self._new.count
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tombstones):
             return NotImplemented
-        return list(self._entries()) == list(other._entries())
+        return (self._old.items(), self._new.items()) == (other._old.items(), other._new.items())
 
     __hash__ = None  # type: ignore[assignment]
+
+    def get(self, op_id: str) -> Tombstone | None:
+        """The tombstone of ``op_id``; None when it was never retired (or was forgotten)."""
+        key = _key(op_id)
+        value = self._new.get(key)
+        if value is None:
+            value = self._old.get(key)
+        return None if value is None else _unpack(value)
+
+    def add(self, op: Operation, keep: int) -> None:
+        """Keep ``op``'s tombstone under the bound ``keep`` (see the class docstring)."""
+        if keep <= 0:
+            self._old, self._new = _Table(), _Table()
+            return
+        self._new.put(_key(op.operation_id), _pack(op))
+        if self._new.count >= (keep + 1) // 2:
+            self._old, self._new = self._new, _Table()
+        if len(self) > keep:  # the bound was lowered: what is beyond it goes at once
+            self._old = _Table()
 
     def copy(self) -> Tombstones:
         """An independent copy (to encode in another thread while this one changes)."""
         other = Tombstones()
-        other._keys, other._values = array("Q", self._keys), array("Q", self._values)
-        other._meta, other._order = array("Q", self._meta), self._order[self._head :]
-        other.count = self.count
+        other._old, other._new = self._old.copy(), self._new.copy()
         return other
 
-    def get(self, op_id: str) -> Tombstone | None:
-        """The tombstone of ``op_id``; None when it was never retired (or was forgotten)."""
-        if not self.count:
-            return None
-        key = _key(op_id)
-        i = self._find(key)
-        if self._keys[i] != key:
-            return None
-        meta, value = self._meta[i], self._values[i]
-        return Tombstone(
-            owner_uid=(meta & 0xFFFFFFFF) if meta & _HAS_OWNER else None,
-            outcome="closed" if meta & _CLOSED else "succeeded",
-            digest_hash=value & 0xFFFFFFFF,
-            job_hash=value >> 32,
-        )
-
-    def add(self, op: Operation, keep: int) -> None:
-        """Keep ``op``'s tombstone, then forget the oldest beyond ``keep``."""
-        if keep <= 0:
-            self._forget_beyond(0)
-            return
-        digest, job = request_hashes(op)
-        uid = op.registered_by_uid
-        meta = (uid & 0xFFFFFFFF | _HAS_OWNER if uid is not None else 0) | (
-            _CLOSED if op.phase == "closed" else 0
-        )
-        self._put(_key(op.operation_id), digest | job << 32, meta)
-        self._forget_beyond(keep)
-
-    def _find(self, key: int) -> int:
-        """The slot holding ``key``, or the empty slot where it would go."""
-        keys = self._keys
-        mask = len(keys) - 1
-        i = key & mask
-        while True:
-            k = keys[i]
-            if k in (key, _EMPTY):
-                return i
-            i = (i + 1) & mask
-
-    def _put(self, key: int, value: int, meta: int) -> None:
-        if (self.count + 1) * 4 > len(self._keys) * 3:
-            self._resize(max(_MIN_CAPACITY, len(self._keys) * 2))
-        i = self._find(key)
-        if self._keys[i] == _EMPTY:
-            self.count += 1
-            self._order.append(key)
-        self._keys[i], self._values[i], self._meta[i] = key, value, meta
-
-    def _resize(self, capacity: int) -> None:
-        old = list(zip(self._keys, self._values, self._meta, strict=True))
-        self._keys = array("Q", bytes(8 * capacity))
-        self._values = array("Q", bytes(8 * capacity))
-        self._meta = array("Q", bytes(8 * capacity))
-        for key, value, meta in old:
-            if key != _EMPTY:
-                i = self._find(key)
-                self._keys[i], self._values[i], self._meta[i] = key, value, meta
-
-    def _forget_beyond(self, keep: int) -> None:
-        while self.count > keep:
-            key = self._order[self._head]
-            self._head += 1
-            self._delete(key)
-        if self._head > 4096 and self._head * 2 > len(self._order):
-            del self._order[: self._head]
-            self._head = 0
-
-    def _delete(self, key: int) -> None:
-        """Remove ``key``, shifting the entries after it back (no deletion markers)."""
-        keys, values, meta = self._keys, self._values, self._meta
-        mask = len(keys) - 1
-        i = self._find(key)
-        if keys[i] != key:
-            return
-        self.count -= 1
-        j = i
-        while True:
-            keys[i] = _EMPTY
-            while True:
-                j = (j + 1) & mask
-                k = keys[j]
-                if k == _EMPTY:
-                    return
-                home = k & mask
-                # Leave k where it is when its home lies cyclically in (i, j].
-                if (i < j and i < home <= j) or (j < i and (home > i or home <= j)):
-                    continue
-                break
-            keys[i], values[i], meta[i] = k, values[j], meta[j]
-            i = j
-
-    def _entries(self) -> Iterator[tuple[int, int, int]]:
-        for key in self._order[self._head :]:
-            i = self._find(key)
-            if self._keys[i] == key:
-                yield key, self._values[i], self._meta[i]
-
     def dump(self) -> tuple[bytes, bytes, bytes, bytes]:
-        """The table as bytes for a snapshot (little-endian whatever the host)."""
-        parts = (self._keys, self._values, self._meta, self._order[self._head :])
-        return tuple(_le_bytes(a) for a in parts)  # type: ignore[return-value]
+        """The two tables as bytes for a snapshot (little-endian whatever the host)."""
+        return (
+            _le_bytes(self._old.keys),
+            _le_bytes(self._old.values),
+            _le_bytes(self._new.keys),
+            _le_bytes(self._new.values),
+        )
 
     @classmethod
     def load(cls, parts: tuple[bytes, bytes, bytes, bytes]) -> Tombstones:
-        """A table from :meth:`dump`'s bytes; ValueError when they are not one."""
-        table = cls()
-        keys, values, meta, order = (_from_le(b) for b in parts)
-        capacity = len(keys)
-        if capacity & (capacity - 1) or not len(values) == len(meta) == capacity:
-            raise ValueError("the tombstone table's columns do not match")
-        used = sum(1 for k in keys if k != _EMPTY)
-        if used != len(order) or (capacity and used * 4 > capacity * 3):
-            raise ValueError("the tombstone table's order does not match its entries")
-        table._keys, table._values, table._meta, table._order = keys, values, meta, order
-        table.count = used
-        return table
+        """The tables from :meth:`dump`'s bytes; ValueError when they are not such tables."""
+        tables = []
+        for keys, values in ((parts[0], parts[1]), (parts[2], parts[3])):
+            table = _Table(_from_le(keys), _from_le(values))
+            capacity = len(table.keys)
+            if capacity & (capacity - 1) or len(table.values) != capacity:
+                raise ValueError("a tombstone table's columns do not match")
+            if capacity and table.count * 4 > capacity * 3:
+                raise ValueError("a tombstone table is fuller than it can be")
+            tables.append(table)
+        stones = cls()
+        stones._old, stones._new = tables
+        return stones
 
 
 def _le_bytes(a: array[int]) -> bytes:
