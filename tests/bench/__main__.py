@@ -104,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--only retention: also trace what the model holds (tracemalloc; twice as slow)",
     )
+    p.add_argument(
+        "--soak",
+        type=float,
+        default=0.0,
+        help="--only retention: also run the real daemon this many seconds at 20 "
+        "registrations/s, with retention and without (default: not run)",
+    )
     p.add_argument("--keep", action="store_true", help="keep each scale run's directory")
     p.add_argument(
         "--dsn",
@@ -210,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         ended = [int(x) for x in (args.ended or default).split(",")]
         off = [n for n in ended if n <= 10_000]
         retention = bench_retention.run(out, ended, off, traced=args.traced)
+        if args.soak:
+            soaks = [
+                bench_retention.soak(out, args.soak, 20.0, retention=on) for on in (True, False)
+            ]
+            retention["soak"] = soaks
+            for row in soaks:
+                print(f"  soak: {row}")
         results["retention"] = retention
         bench_retention.print_table(retention)
     if args.only in (None, "api"):

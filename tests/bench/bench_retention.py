@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import gc
 import json
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -267,3 +269,88 @@ if __name__ == "__main__":
     import daemon.supervisor  # noqa: F401  (the daemon's code resident, as in `bide run`)
 
     print(json.dumps(churn(count, flag, where, traced=sys.argv[4:] == ["True"])))
+
+
+# -- the real daemon ----------------------------------------------------------------------------
+
+SOAK_CONTRACT = (
+    'state_pointer = "/status"\nbackoff_base_seconds = 0.2\nbackoff_cap_seconds = 0.4\n'
+    "default_max_status_requests = 100\n"
+)
+
+
+SOAK_QUOTA = "[quota]\nrequests_per_second = 500\nmax_in_flight = 16\n"
+
+
+def soak(out: Path, seconds: float, rate: float, retention: bool) -> dict[str, object]:
+    """``bide run`` against the simulator: ``rate`` registrations a second through the API for
+    ``seconds``, each job answering ``running`` twice then ``succeeded``; with retention a
+    one-second ``ended_after`` checked every 0.5 s. A clean restart halfway. The daemon's
+    resident memory is sampled with the number of operations ended so far; the growth per
+    ended operation is the slope over each half (after its first 500 operations, so the
+    number retained has settled)."""
+    from daemon.api.client import ApiClient
+    from tests.e2e.harness import workspace
+
+    total = int(seconds * rate)
+    jobs: dict[str, str | list[object]] = {f"j{n}": "running x2, succeeded" for n in range(total)}
+    table = "\n[retention]\nended_after = 1\ncheck_seconds = 0.5\n" if retention else ""
+    api = "registrations_per_second = 1000\nregistrations_burst = 1000\n" + table
+    samples: list[tuple[int, int, int]] = []  # (half, registered, RSS KiB)
+    restarts: list[dict[str, float]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="soak-", dir=out))
+    try:
+        with workspace(tmp, jobs=jobs, api=api) as ws:
+            ws.write_profile(contract=SOAK_CONTRACT, extra=SOAK_QUOTA)
+            socket_path = ws.root / "state" / "api.sock"
+            n = 0
+            for half in (0, 1):
+                daemon = ws.start_daemon()
+                if half:
+                    restarts.append(_replayed_line(daemon.output()))
+                started = time.monotonic()
+                with ApiClient(socket_path, timeout=30) as client:
+                    while n < total * (half + 1) // 2:
+                        due_at = started + (n - total * half // 2) / rate
+                        time.sleep(max(0.0, due_at - time.monotonic()))
+                        client.call(
+                            "POST",
+                            "/v1/operations",
+                            body={"provider": "sim", "job_id": f"j{n}", "operation_id": f"op-{n}"},
+                        )
+                        n += 1
+                        if n % 100 == 0:
+                            samples.append((half, n, _daemon_rss(daemon.proc.pid)))
+                assert daemon.stop() == 0
+            snapshot = (ws.root / "state" / "snapshot").stat().st_size
+            last = ws.start_daemon()
+            restarts.append(_replayed_line(last.output()))
+            assert last.stop() == 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    slopes = []
+    for half in (0, 1):
+        pts = [(r, kib) for h, r, kib in samples if h == half and r - total * half // 2 > 500]
+        if len(pts) >= 2:
+            slopes.append((pts[-1][1] - pts[0][1]) * 1024 / max(1, pts[-1][0] - pts[0][0]))
+    return {
+        "retention": retention,
+        "registered": total,
+        "rss_mib": [round(kib / 1024, 1) for _, _, kib in samples[:: max(1, len(samples) // 8)]],
+        "bytes_per_ended_op": [round(s) for s in slopes],
+        "snapshot_kib": round(snapshot / 1024, 1),
+        "restarts": restarts,
+    }
+
+
+def _daemon_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _replayed_line(output: str) -> dict[str, float]:
+    m = re.search(r"msg=replayed events=(\d+) operations=(\d+) .*seconds=([\d.]+)", output)
+    assert m, output
+    return {"events": float(m[1]), "operations": float(m[2]), "seconds": float(m[3])}
