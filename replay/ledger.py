@@ -38,7 +38,7 @@ from replay.events import (
     decode_log_event,
     encode_event,
 )
-from replay.retention import ENDED_PHASES, Tombstones, action_ids
+from replay.retention import ACTION_DONE_PHASES, ENDED_PHASES, Tombstones, action_ids
 from replay.state import Operation, compact, evolve
 
 __all__ = ["Fact", "Ledger", "SnapshotFormatError"]
@@ -157,8 +157,10 @@ class Ledger:
                 skipped.append((seq, str(exc)))
 
     def _retire(self, ev: OperationRetired) -> None:
-        """Forget an ended operation: its state, its actions, its place among the ended; keep
-        its tombstone. The dictionaries change in place (the action runner shares one)."""
+        """Forget an ended operation: its state, its finished actions, its place among the
+        ended; keep its tombstone. An action that started after the retirement was decided
+        (a fetch recorded in between) stays, so its later events still fold. The
+        dictionaries change in place (the action runner shares one)."""
         op = self.ops.get(ev.operation_id)
         if op is None or op.phase not in ENDED_PHASES:
             what = "unknown" if op is None else op.phase
@@ -166,7 +168,8 @@ class Ledger:
                 f"operation_retired for operation {ev.operation_id!r}, which is {what}"
             )
         for action_id in action_ids(ev.operation_id, self.actions):
-            del self.actions[action_id]
+            if self.actions[action_id].phase in ACTION_DONE_PHASES:
+                del self.actions[action_id]
         del self.ops[ev.operation_id]
         self.ended.pop(ev.operation_id, None)
         self.undecided.pop(ev.operation_id, None)

@@ -48,6 +48,7 @@ from replay.events import OperationRetired
 from replay.state import Operation
 
 __all__ = [
+    "ACTION_DONE_PHASES",
     "ENDED_PHASES",
     "RetentionPolicy",
     "Tombstone",
@@ -59,7 +60,8 @@ __all__ = [
 
 #: The phases an operation ends in (escalated waits for a person: not ended).
 ENDED_PHASES: Final = frozenset({"succeeded", "closed"})
-_ACTION_DONE: Final = frozenset({"succeeded", "failed", "closed"})
+#: The phases an action is over in (in flight and escalated are not).
+ACTION_DONE_PHASES: Final = frozenset({"succeeded", "failed", "closed"})
 _EMPTY: Final = 0
 _MIN_CAPACITY: Final = 64
 _HASH_MASK: Final = (1 << 15) - 1
@@ -317,7 +319,7 @@ def due(
         op = ops.get(op_id)
         if op is None or op.phase not in ENDED_PHASES:
             continue
-        if any(actions[a].phase not in _ACTION_DONE for a in action_ids(op_id, actions)):
+        if any(actions[a].phase not in ACTION_DONE_PHASES for a in action_ids(op_id, actions)):
             continue  # a fetch or cancel still running: retire it on a later pass
         out.append(
             OperationRetired(

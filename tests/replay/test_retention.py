@@ -298,3 +298,28 @@ def test_memory_does_not_grow_with_operations_that_ended_long_ago() -> None:
     per_retired = (large - small) / 5000
     assert per_retired < 120, f"{per_retired:.0f} bytes kept per retired operation"
     assert (large_snapshot - small_snapshot) / 5000 < 40, (small_snapshot, large_snapshot)
+
+
+def test_an_action_started_after_the_decision_outlives_the_retirement() -> None:
+    """A fetch recorded between the retirement's decision and its record: the retirement
+    folds, the fetch stays, and its outcome still folds (no crash of the fold)."""
+    ledger = Ledger()
+    ledger.apply(_registered("op", T0))
+    ledger.apply(_ended("op", T0 + 1))
+    (retire,) = due(ledger.ended, ledger.ops, ledger.actions, T0 + 30 * DAY, POLICY)
+    ledger.apply(
+        ActionIntended(
+            operation_id="op",
+            at=T0 + 30 * DAY,
+            action_id="op.fetch.1",
+            kind="fetch",
+            provider="acme",
+            method="GET",
+            url="https://r.example/1",
+            timeout_seconds=5,
+            max_bytes=10,
+        )
+    )
+    ledger.apply(retire)
+    assert "op" not in ledger.ops
+    assert ledger.actions["op.fetch.1"].phase == "in_flight"
