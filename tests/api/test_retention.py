@@ -57,7 +57,7 @@ def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Pat
         with api(ws) as client:
             first = watch(client, "op-done", "j-done", deadline_seconds=60)
             assert first["created"] is True
-            watch(client, "op-live", "j-live", deadline_seconds=600)
+            watch(client, "op-live", "j-live", deadline_seconds=600, max_status_requests=5000)
             until(lambda: _retired(client, "op-done"), 20, "the ended operation to retire")
 
             gone = _gone(client, "/v1/operations/op-done")
@@ -81,6 +81,9 @@ def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Pat
         assert offline.returncode == 0, offline.stderr
         assert "succeeded" in offline.stdout
         assert "retired from the daemon's memory" in offline.stdout
+        status = ws.bide("status", "op-done", "--offline")
+        assert status.returncode == 2
+        assert "bide story op-done --offline" in status.stderr
 
         assert ws.daemons[0].stop() == 0
         ledger = _snapshot_ledger(ws)
