@@ -156,6 +156,9 @@ class Observed:
     def event(
         self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
     ) -> None:
+        if isinstance(ev, OperationRetired):
+            self.metrics.operations_retired += 1
+            return
         if after is None or isinstance(ev, ActionEvent):
             return
         self.metrics.observe(ev, after.provider)

@@ -22,8 +22,10 @@ from eventlog import keys
 from replay.ledger import Ledger
 from tests.api.test_api import api, watch
 from tests.e2e.harness import Workspace, until, workspace
+from tests.faults.support import metrics_url, scrape
 
 RETENTION = "\n[retention]\nended_after = 1\ncheck_seconds = 0.2\n"
+METRICS = '\n[metrics]\nlisten = "127.0.0.1:0"\n'
 
 
 def _gone(client: ApiClient, path: str) -> ApiCallError:
@@ -52,8 +54,10 @@ def _snapshot_ledger(ws: Workspace) -> Ledger:
 
 def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Path) -> None:
     jobs: dict[str, str | list[object]] = {"j-done": "succeeded with result", "j-live": "running"}
-    with workspace(tmp_path, jobs=jobs, api="allow_self_approval = true\n" + RETENTION) as ws:
-        ws.start_daemon()
+    with workspace(
+        tmp_path, jobs=jobs, api="allow_self_approval = true\n" + RETENTION, config_extra=METRICS
+    ) as ws:
+        daemon = ws.start_daemon()
         with api(ws) as client:
             first = watch(client, "op-done", "j-done", deadline_seconds=60)
             assert first["created"] is True
@@ -76,6 +80,7 @@ def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Pat
             assert live["phase"] == "live"
             listed = client.call("GET", "/v1/operations")
             assert [op["operation_id"] for op in listed["operations"]] == ["op-live"]
+        assert scrape(metrics_url(daemon))["bide_operations_retired_total"] == 1
 
         offline = ws.bide("story", "op-done", "--offline")
         assert offline.returncode == 0, offline.stderr
