@@ -21,7 +21,7 @@ from daemon.snapshots import load_snapshot
 from eventlog import keys
 from replay.ledger import Ledger
 from tests.api.test_api import api, watch
-from tests.e2e.harness import Workspace, until, workspace
+from tests.e2e.harness import Workspace, assert_snapshot_is_the_full_fold, until, workspace
 from tests.faults.support import metrics_url, scrape
 
 RETENTION = "\n[retention]\nended_after = 1\ncheck_seconds = 0.2\n"
@@ -92,6 +92,7 @@ def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Pat
 
         assert ws.daemons[0].stop() == 0
         ledger = _snapshot_ledger(ws)
+        assert_snapshot_is_the_full_fold(ws)
         assert "op-done" not in ledger.ops
         assert ledger.tombstones.get("op-done") is not None
         assert ledger.ops["op-live"].phase == "live"
