@@ -21,7 +21,13 @@ from daemon.snapshots import load_snapshot
 from eventlog import keys
 from replay.ledger import Ledger
 from tests.api.test_api import api, watch
-from tests.e2e.harness import Workspace, assert_snapshot_is_the_full_fold, until, workspace
+from tests.e2e.harness import (
+    Workspace,
+    assert_snapshot_is_the_full_fold,
+    drop_registration,
+    until,
+    workspace,
+)
 from tests.faults.support import metrics_url, scrape
 
 RETENTION = "\n[retention]\nended_after = 1\ncheck_seconds = 0.2\n"
@@ -81,6 +87,13 @@ def test_an_ended_operation_retires_and_its_story_stays_in_the_log(tmp_path: Pat
             listed = client.call("GET", "/v1/operations")
             assert [op["operation_id"] for op in listed["operations"]] == ["op-live"]
         assert scrape(metrics_url(daemon))["bide_operations_retired_total"] == 1
+
+        # The spool's retry (the same provider and job): refused, the reason beside the file.
+        drop_registration(ws, "op-done", "j-done")
+        rejected = load_config(str(ws.config)).spool_dir / "rejected"
+        until(lambda: list(rejected.glob("*.reason")), 20, "the spool's retry to be refused")
+        (reason,) = [p.read_text() for p in rejected.glob("*.reason")]
+        assert "bide story op-done --offline" in reason
 
         offline = ws.bide("story", "op-done", "--offline")
         assert offline.returncode == 0, offline.stderr
