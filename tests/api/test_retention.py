@@ -3,8 +3,8 @@
 An operation that ended leaves the daemon's memory: the API answers 410 naming
 ``bide story OP --offline``, which still tells its whole story from the log; a retry of its
 registration, through the API or the spool, is answered the same way every time (another
-request under its id is a conflict); after a restart the snapshot holds a tombstone, not the operation; a live
-operation is untouched throughout.
+request under its id is a conflict); after a restart the snapshot holds a tombstone, not
+the operation; a live operation is untouched throughout.
 """
 
 from __future__ import annotations
