@@ -24,7 +24,7 @@ import msgspec
 
 from daemon import logfmt, scoping
 from daemon.config import FetchConfig
-from daemon.errors import RefusalKind, Refused
+from daemon.errors import RefusalKind, Refused, retired_refusal
 from daemon.faults import FaultInjection
 from daemon.http import Answer, NoAnswer, StatusClient
 from daemon.outbox import write_text
@@ -56,6 +56,7 @@ from replay.events import (
     RegistrationRejected,
 )
 from replay.observations import DecisionSubmitted
+from replay.retention import Tombstone
 from replay.state import Operation
 
 ANSWER_CAP = 64 * 1024  # bytes read of a submit's or cancel's answer
@@ -90,6 +91,8 @@ class ActionPorts:
     lease_room: Callable[[float, bool], Awaitable[float | None]]
     #: Fetches: the rate per principal and what ``results/`` keeps (``[fetch]``).
     fetch_limits: FetchConfig = field(default_factory=FetchConfig)
+    #: A retired operation's tombstone (``[retention]``): its id stays held by its owner.
+    retired: Callable[[str], Tombstone | None] = field(default=lambda op_id: None)
 
 
 class ActionRunner:
@@ -146,6 +149,9 @@ class ActionRunner:
                 kind=RefusalKind.CONFLICT,
                 code="operation_id_in_use",
             )
+        retired = ports.retired(reg.operation_id)
+        if retired is not None:
+            raise retired_refusal(reg.operation_id, retired)
         if ports.operation(reg.operation_id) is not None:
             raise Refused(
                 f"operation id {reg.operation_id} is already in use",
@@ -214,6 +220,9 @@ class ActionRunner:
         submit = self.actions.get(f"{op_id}.submit")
         if submit is not None:
             return submit.intent.registered_by_uid
+        retired = self.ports.retired(op_id)
+        if retired is not None:
+            return retired.owner_uid
         return scoping.FREE
 
     def resolve(self, op_id: str, uid: int) -> str:

@@ -53,6 +53,12 @@ Example::
     allow_self_approval = false           # one-person setups: approve your own escalations
     daemon_user = "bide"                  # the CLI sends only to a socket this user answers
 
+    [retention]                           # ended operations leave memory and the snapshot
+    ended_after = 604800                  # seconds an ended operation stays (the log keeps it)
+    max_ended = 10000                     # ended operations kept at most (oldest retire first)
+    max_tombstones = 100000               # retired ids that still answer a retry (~30 B each)
+    check_seconds = 60                    # how often the daemon looks for what is due
+
     [fetch]
     per_principal_per_minute = 30         # fetches one user may ask for (then 429 / rejected)
     burst = 10                            # at once after a quiet spell
@@ -175,6 +181,16 @@ class FetchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     results_max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 * 1024**3
 
 
+class RetentionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Ended operations leaving the daemon's memory and its snapshot (replay.retention);
+    the log keeps every event, and ``bide story OP --offline`` reads a retired one's."""
+
+    ended_after: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0  # seconds kept after ending
+    max_ended: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # ended operations kept at most
+    max_tombstones: Annotated[int, msgspec.Meta(ge=0)] = 100_000  # retired ids answered
+    check_seconds: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0  # between passes
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_seconds: Annotated[float, msgspec.Meta(ge=0, le=300)] = 5.0
 
@@ -187,6 +203,7 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     fetch: FetchConfig = msgspec.field(default_factory=FetchConfig)
+    retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
     witness: WitnessConfig = msgspec.field(default_factory=WitnessConfig)
     postgres: PostgresConfig | None = None
 
@@ -212,6 +229,7 @@ class Config:
         self.daemon = raw.daemon
         self.api = raw.api
         self.fetch = raw.fetch
+        self.retention = raw.retention
         self.witness = raw.witness
         self.witness_file = (base / raw.witness.file).resolve() if raw.witness.file else None
         self.witness_ca = (base / raw.witness.ca_file).resolve() if raw.witness.ca_file else None

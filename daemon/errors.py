@@ -11,6 +11,10 @@ DaemonError            anything the I/O shell cannot do; the message names the p
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replay.retention import Tombstone
 
 
 class DaemonError(Exception):
@@ -61,3 +65,15 @@ class Refused(DaemonError):
         self.code = code
         self.field = field
         self.retry_after = retry_after
+
+
+def retired_refusal(op_id: str, tombstone: Tombstone) -> Refused:
+    """The answer for an operation that ended and left the daemon's memory (``[retention]``):
+    gone, the same to every retry, naming where its story still is."""
+    return Refused(
+        f"operation {op_id} {tombstone.outcome} and was retired from the daemon's memory "
+        f"([retention] ended_after, max_ended); its story stays in the log: "
+        f"bide story {op_id} --offline",
+        kind=RefusalKind.GONE,
+        code="operation_retired",
+    )

@@ -100,6 +100,11 @@ class Histories:
                 old, _ = self._ended.popitem(last=False)
                 self._events.pop(old, None)
 
+    def forget(self, op_id: str) -> None:
+        """The operation was retired (``[retention]``): its story is the log's alone now."""
+        self._events.pop(op_id, None)
+        self._ended.pop(op_id, None)
+
     def events(self, op_id: str) -> tuple[list[LogEvent], int, int] | None:
         """The operation's kept events in log order, how many of them come before the gap,
         and how many were left out there; None when none are kept."""

@@ -256,6 +256,7 @@ class Metrics:
         self.log_append_retries = 0
         self.internal_errors = 0
         self.spool_pruned = 0
+        self.operations_retired = 0  # ended operations let go of ([retention])
         self.api_rejections: Counter[str] = Counter()  # API refusals by reason
         self.api_requests = 0
         self.api_waiters = 0
@@ -372,6 +373,10 @@ class Metrics:
             "# HELP bide_spool_pruned_total Old receipts and refused files removed.",
             "# TYPE bide_spool_pruned_total counter",
             f"bide_spool_pruned_total {self.spool_pruned}",
+            "# HELP bide_operations_retired_total Ended operations retired from memory "
+            "([retention]); their events stay in the log.",
+            "# TYPE bide_operations_retired_total counter",
+            f"bide_operations_retired_total {self.operations_retired}",
             "# HELP bide_internal_errors_total Exceptions contained by the barrier (bugs).",
             "# TYPE bide_internal_errors_total counter",
             f"bide_internal_errors_total {self.internal_errors}",

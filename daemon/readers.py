@@ -35,6 +35,7 @@ from replay.events import (
     decode_log_event,
 )
 from replay.ledger import Ledger
+from replay.retention import Tombstones
 from replay.state import Operation, evolve
 
 
@@ -150,8 +151,15 @@ def load_ledger(config: Config, keyring: KeyRing) -> Ledger:
     return replay_log(config.log_dir, keyring)
 
 
-def need_op(ops: Mapping[str, Operation], op_id: str) -> Operation:
+def need_op(
+    ops: Mapping[str, Operation], op_id: str, tombstones: Tombstones | None = None
+) -> Operation:
     op = ops.get(op_id)
+    if op is None and tombstones is not None and tombstones.get(op_id) is not None:
+        raise UsageError(
+            f"operation {op_id!r} ended and was retired from the daemon's state "
+            f"([retention]); its story is in the log: bide story {op_id} --offline"
+        )
     if op is None:
         hint = ", ".join(sorted(ops)[:5])
         raise UsageError(

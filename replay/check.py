@@ -31,6 +31,7 @@ from replay.events import (
     Event,
     NodeTookOver,
     OperationRegistered,
+    OperationRetired,
     OperationStopped,
     OperationWithdrawn,
     PollScheduled,
@@ -48,12 +49,13 @@ from replay.observations import (
     WakeUp,
     Withdrawal,
 )
+from replay.retention import ENDED_PHASES
 from replay.state import Operation, evolve
 
 __all__ = ["Mismatch", "check"]
 
 _FACTS = (StatusResponseReceived, TransportFailed, RequestOutcomeUnknown)
-_STARTS = (OperationRegistered, RegistrationRejected, *_FACTS)
+_STARTS = (OperationRegistered, RegistrationRejected, OperationRetired, *_FACTS)
 
 
 class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,6 +123,20 @@ def _check_operation(operation_id: str, indexed: list[tuple[int, Event]]) -> lis
             i += 1
             continue
         try:
+            if isinstance(event, OperationRetired):
+                if state is None or state.phase not in ENDED_PHASES:
+                    found.append(
+                        Mismatch(
+                            operation_id=operation_id,
+                            index=index,
+                            observation="none",
+                            at=event.at,
+                            message="operation_retired of an operation that has not ended",
+                            recorded=(event,),
+                        )
+                    )
+                i += 1  # retention's decision, not the contract's: nothing to re-derive
+                continue
             if isinstance(event, OperationRegistered) or state is None:
                 state = evolve(state, event)
                 i += 1

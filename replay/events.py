@@ -13,7 +13,9 @@ stable string (``type``), never a class name. They fall in three groups:
   and a ``PollScheduled`` carries the jitter ``draw``, so ``check`` can re-derive it):
   ``status_request_intended``, ``response_classified``, ``hint_rejected``, ``poll_scheduled``,
   ``operation_succeeded``, ``operation_stopped``, ``escalation_raised``, ``decision_recorded``,
-  ``decision_rejected``.
+  ``decision_rejected``;
+* **retention**: ``operation_retired`` (an ended operation leaves the daemon's memory and
+  its snapshot; its events stay in the log).
 
 Schema evolution (msgspec's rules): a new field always has a default; stored events never forbid
 unknown fields, so an older bide reads a newer *minor* version. Every payload is an envelope
@@ -58,6 +60,7 @@ __all__ = [
     "LogEvent",
     "NodeTookOver",
     "OperationRegistered",
+    "OperationRetired",
     "OperationStopped",
     "OperationSucceeded",
     "OperationWithdrawn",
@@ -83,7 +86,7 @@ __all__ = [
 #: The schema major version this bide writes and reads. A newer major refuses to decode.
 SCHEMA_MAJOR: Final = 1
 #: The schema minor version this bide writes; minor additions are fields with defaults.
-SCHEMA_MINOR: Final = 0
+SCHEMA_MINOR: Final = 1  # 1: operation_retired, node_took_over, extend_rule
 
 Seconds = Annotated[float, Meta(ge=0)]
 Count = Annotated[int, Meta(ge=0)]
@@ -602,6 +605,26 @@ class NodeTookOver(_Event, tag="node_took_over", frozen=True, kw_only=True):
     epoch: Annotated[int, Meta(ge=0)]
 
 
+class OperationRetired(_Event, tag="operation_retired", frozen=True, kw_only=True):
+    """The daemon let an ended operation go: it leaves the ledger, the snapshot and the
+    API's memory, and a tombstone (:mod:`replay.retention`) answers a retry of its id. Its
+    events stay in the log (``bide story OP --offline`` reads them). Recorded before the
+    daemon forgets it, like every decision, so a replay forgets exactly what it forgot.
+
+    Attributes:
+        ended_at: When the operation ended (its succeeding or closing event).
+        why: ``age`` (ended longer ago than ``[retention] ended_after``) or ``count``
+            (beyond ``[retention] max_ended`` ended operations kept).
+        tombstones_kept: The number of tombstones kept after this one: the oldest beyond it
+            are forgotten (the bound ``[retention] max_tombstones`` in force, recorded so
+            a replay under another configuration forgets the same ones).
+    """
+
+    ended_at: float
+    why: Literal["age", "count"]
+    tombstones_kept: Count
+
+
 #: The longest operation id, provider job id, fingerprint or account context accepted.
 MAX_ID_LENGTH: Final = 256
 #: Ids are printable: no control characters, no whitespace at either end.
@@ -807,6 +830,7 @@ Event = (
     | DecisionRejected
     | OperationWithdrawn
     | NodeTookOver
+    | OperationRetired
 )
 
 #: Every event class, for code that must enumerate them (tests, docs).
@@ -827,6 +851,7 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     DecisionRejected,
     OperationWithdrawn,
     NodeTookOver,
+    OperationRetired,
 )
 
 ACTION_EVENT_TYPES: Final[

@@ -8,6 +8,11 @@ A snapshot is the ledger encoded as bytes (MessagePack). Operations share their 
 object in memory, so the snapshot stores each contract once, by digest, and every operation
 as a row naming its digest: 100,000 operations under one contract cost one contract. Loading
 a snapshot and then folding the events after it gives the ledger a full fold gives.
+
+Retention (:mod:`replay.retention`): the ledger keeps its ended operations in the order they
+ended (``ended``), and folding an ``OperationRetired`` takes the operation, its actions and
+any undecided fact out and leaves a tombstone (``tombstones``), so neither memory nor the
+snapshot grows with operations that ended long ago.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import msgspec
 
 from replay.actions import Action, evolve_action
 from replay.contract import Contract
-from replay.errors import NewerSchemaError, ReplayError
+from replay.errors import NewerSchemaError, ReplayError, ReplayOrderError
 from replay.events import (
     ActionDecided,
     ActionFailed,
@@ -27,12 +32,14 @@ from replay.events import (
     LogEvent,
     NodeTookOver,
     OperationRegistered,
+    OperationRetired,
     RequestOutcomeUnknown,
     StatusResponseReceived,
     TransportFailed,
     decode_log_event,
     encode_event,
 )
+from replay.retention import ACTION_DONE_PHASES, ENDED_PHASES, Tombstones, action_ids
 from replay.state import Operation, compact, evolve
 
 __all__ = ["Fact", "Ledger", "SnapshotFormatError"]
@@ -40,7 +47,7 @@ __all__ = ["Fact", "Ledger", "SnapshotFormatError"]
 Fact = StatusResponseReceived | TransportFailed | RequestOutcomeUnknown
 _FACTS = (StatusResponseReceived, TransportFailed, RequestOutcomeUnknown)
 _ACTION_EVENTS = (ActionIntended, ActionSucceeded, ActionFailed, ActionDecided)
-_FORMAT = 1
+_FORMAT = 2  # 2: ended operations in order, tombstones
 
 
 class SnapshotFormatError(ValueError):
@@ -74,6 +81,8 @@ class _Body(msgspec.Struct, frozen=True, array_like=True):
     ops: list[_Row]  # type: ignore[valid-type]
     actions: list[Action]
     undecided: list[bytes]  # encoded facts
+    ended: list[tuple[str, float]] = []  # ended operations, in the order they ended
+    tombstones: tuple[bytes, bytes, bytes, bytes] | None = None  # Tombstones.dump()
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -81,13 +90,16 @@ _decoder = msgspec.msgpack.Decoder(_Body)
 
 
 class Ledger:
-    """Operations by id, actions by id, undecided facts by operation id, shared contracts."""
+    """Operations by id, actions by id, undecided facts by operation id, shared contracts,
+    ended operations by when they ended (oldest first), retired operations' tombstones."""
 
     def __init__(self) -> None:
         self.ops: dict[str, Operation] = {}
         self.actions: dict[str, Action] = {}
         self.undecided: dict[str, Fact] = {}
         self.contracts: dict[str, Contract] = {}  # one shared object per contract digest
+        self.ended: dict[str, float] = {}  # op id -> when it ended, in that order
+        self.tombstones = Tombstones()
         self.events = 0
 
     def apply(self, ev: LogEvent) -> Operation | None:
@@ -97,11 +109,20 @@ class Ledger:
             self.actions[ev.action_id] = evolve_action(self.actions.get(ev.action_id), ev)
             self.events += 1
             return None
+        if isinstance(ev, OperationRetired):
+            self._retire(ev)
+            self.events += 1
+            return None
         op = evolve(self.ops.get(ev.operation_id), ev)
         self.events += 1
         if isinstance(ev, OperationRegistered):
             op = self._share_contract(op)
         self.ops[ev.operation_id] = op
+        if op.phase in ENDED_PHASES:
+            if ev.operation_id not in self.ended:
+                self.ended[ev.operation_id] = ev.at
+        elif self.ended:
+            self.ended.pop(ev.operation_id, None)
         if isinstance(ev, _FACTS):
             self.undecided[ev.operation_id] = ev
         elif not isinstance(ev, NodeTookOver):
@@ -137,6 +158,25 @@ class Ledger:
                     raise
                 skipped.append((seq, str(exc)))
 
+    def _retire(self, ev: OperationRetired) -> None:
+        """Forget an ended operation: its state, its finished actions, its place among the
+        ended; keep its tombstone. An action that started after the retirement was decided
+        (a fetch recorded in between) stays, so its later events still fold. The
+        dictionaries change in place (the action runner shares one)."""
+        op = self.ops.get(ev.operation_id)
+        if op is None or op.phase not in ENDED_PHASES:
+            what = "unknown" if op is None else op.phase
+            raise ReplayOrderError(
+                f"operation_retired for operation {ev.operation_id!r}, which is {what}"
+            )
+        for action_id in action_ids(ev.operation_id, self.actions):
+            if self.actions[action_id].phase in ACTION_DONE_PHASES:
+                del self.actions[action_id]
+        del self.ops[ev.operation_id]
+        self.ended.pop(ev.operation_id, None)
+        self.undecided.pop(ev.operation_id, None)
+        self.tombstones.add(op, ev.tombstones_kept)
+
     def _share_contract(self, op: Operation) -> Operation:
         """A contract is about 1.4 KB of Python objects; 100,000 operations often have a
         handful of them, so every operation under one digest shares one object."""
@@ -149,6 +189,7 @@ class Ledger:
         other = Ledger()
         other.ops, other.actions = dict(self.ops), dict(self.actions)
         other.undecided, other.contracts = dict(self.undecided), dict(self.contracts)
+        other.ended, other.tombstones = dict(self.ended), self.tombstones.copy()
         other.events = self.events
         return other
 
@@ -170,6 +211,8 @@ class Ledger:
             rows,
             list(self.actions.values()),
             undecided,
+            list(self.ended.items()),
+            self.tombstones.dump(),
         )
         return _encoder.encode(body)
 
@@ -222,4 +265,9 @@ class Ledger:
             if not isinstance(fact, _FACTS):
                 raise SnapshotFormatError(f"an undecided fact is a {type(fact).__name__}")
             ledger.undecided[fact.operation_id] = fact
+        ledger.ended = dict(body.ended)
+        if any(op_id not in ops for op_id in ledger.ended):
+            raise SnapshotFormatError("an ended operation is not among the snapshot's operations")
+        if body.tombstones is not None:
+            ledger.tombstones = Tombstones.load(body.tombstones)
         return ledger

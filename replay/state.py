@@ -40,6 +40,7 @@ from replay.events import (
     Histogram,
     NodeTookOver,
     OperationRegistered,
+    OperationRetired,
     OperationStopped,
     OperationSucceeded,
     OperationWithdrawn,
@@ -479,13 +480,16 @@ def evolve(state: Operation | None, event: Event) -> Operation:
             )
         case DecisionRejected() | HintRejected() | RegistrationRejected() | NodeTookOver():
             return s
+        case OperationRetired():
+            return s  # the ledger forgets the state (replay.ledger); the state is as it was
     raise ReplayOrderError(f"unhandled event {event.__struct_config__.tag}")  # pragma: no cover
 
 
 def fold(events: Iterable[Event]) -> dict[str, Operation]:
     """Replay a log (many operations, interleaved) into each operation's state.
 
-    ``RegistrationRejected`` creates no operation and is skipped.
+    ``RegistrationRejected`` creates no operation and is skipped; ``OperationRetired``
+    removes its operation.
 
     Args:
         events: Events in log order.
@@ -499,6 +503,9 @@ def fold(events: Iterable[Event]) -> dict[str, Operation]:
     ops: dict[str, Operation] = {}
     for event in events:
         if isinstance(event, RegistrationRejected):
+            continue
+        if isinstance(event, OperationRetired):
+            ops.pop(event.operation_id, None)
             continue
         ops[event.operation_id] = evolve(ops.get(event.operation_id), event)
     return ops

@@ -43,6 +43,7 @@ from replay.events import (
     HintRejected,
     NodeTookOver,
     OperationRegistered,
+    OperationRetired,
     OperationStopped,
     OperationSucceeded,
     OperationWithdrawn,
@@ -373,6 +374,18 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
             case NodeTookOver():
                 start(event, f"taken over by node {event.node} (epoch {event.epoch})")
                 open_line.pop(op)  # what follows is the new node's own decision
+            case OperationRetired():
+                because = (
+                    "the retention age ([retention] ended_after)"
+                    if event.why == "age"
+                    else "the cap on ended operations kept ([retention] max_ended)"
+                )
+                start(
+                    event,
+                    f"retired from the daemon's memory (ended {format_time(event.ended_at)}, "
+                    f"past {because}); the log keeps this story",
+                )
+                open_line[op].group_at = event.at
     return lines
 
 

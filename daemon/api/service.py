@@ -64,7 +64,7 @@ from daemon.api.schema import (
 from daemon.api.server import Request, Response, error
 from daemon.config import Config
 from daemon.engine.intake import Decide, Fetch, Intake, Register, Role, Submit, Withdraw
-from daemon.errors import RefusalKind, Refused, UsageError
+from daemon.errors import RefusalKind, Refused, UsageError, retired_refusal
 from daemon.history import Histories
 from daemon.inputs import parse_duration
 from daemon.metrics import Metrics
@@ -83,6 +83,7 @@ from replay.events import (
     Option,
 )
 from replay.observations import DecisionSubmitted, Registration, Withdrawal
+from replay.retention import Tombstone
 from replay.state import Operation
 from replay.story import story_json
 
@@ -112,6 +113,7 @@ class Daemon(Protocol):
     @property
     def lease(self) -> LeaseView | None: ...
     def clock(self) -> float: ...
+    def retired(self, op_id: str) -> Tombstone | None: ...
     async def next_event_of(self, op_id: str) -> None: ...
     def spawn_task(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
@@ -252,8 +254,9 @@ class Api:
         self.authority.need(caller.name, caller.roles, role, doing)
 
     def _visible_op(self, caller: Caller, op_id: str) -> Operation | Action:
-        """The operation (or the submit that will start it) if the caller may see it; else
-        404, exactly as for one that does not exist."""
+        """The operation (or the submit that will start it) if the caller may see it; 410
+        naming ``bide story OP --offline`` for the caller's operation that was retired
+        (``[retention]``); else 404, exactly as for one that does not exist."""
         op = self.sup.ops.get(op_id)
         found: Operation | Action | None = op
         owner = op.registered_by_uid if op is not None else None
@@ -270,6 +273,12 @@ class Api:
                     if action.kind == "submit" or parent is None
                     else parent.registered_by_uid
                 )
+        if found is None:
+            retired = self.sup.retired(op_id)
+            if retired is not None and self.authority.may_read(
+                caller.roles, retired.owner_uid, caller.peer.uid
+            ):
+                raise retired_refusal(op_id, retired)
         if found is None or not self.authority.may_read(caller.roles, owner, caller.peer.uid):
             raise Refused(f"no operation {op_id!r}", code="not_found", kind=RefusalKind.NOT_FOUND)
         return found

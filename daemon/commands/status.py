@@ -13,7 +13,7 @@ from daemon.commands.apicall import ApiCallError, require, view_line
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.outbox import provider_error_text
-from daemon.readers import load_state, need_op, open_keyring
+from daemon.readers import load_ledger, need_op, open_keyring
 from replay.decide import format_time
 from replay.state import Operation
 
@@ -200,9 +200,10 @@ def standby_line(health: dict[str, Any]) -> str:
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
-    known = load_state(cfg, open_keyring(cfg))  # from the snapshot where it can
+    ledger = load_ledger(cfg, open_keyring(cfg))  # from the snapshot where it can
+    known = ledger.ops
     if args.operation:
-        op = need_op(known, args.operation)
+        op = need_op(known, args.operation, ledger.tombstones)
         if args.json:
             print(json.dumps({**op_summary(op), "record": msgspec.to_builtins(op)}))
         else:

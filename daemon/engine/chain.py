@@ -57,10 +57,14 @@ from replay.events import (
 )
 from replay.ledger import Fact, Ledger
 from replay.observations import InternalFault, Observation
+from replay.retention import RetentionPolicy, Tombstone
+from replay.retention import due as due_retirements
 from replay.state import Operation, evolve
 
 #: Takeover events recorded per durable batch (one per operation not ended).
 _TAKEOVER_BATCH = 1000
+#: Retirements recorded in one durable batch at most (one write, one fsync).
+RETIRE_BATCH = 1000
 
 
 class RequestGate(Protocol):
@@ -313,6 +317,28 @@ class Chain:
                 attempts=attempts + 1,
                 failing_for=f"{time.monotonic() - since:.1f}s",
             )
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def retired(self, op_id: str) -> Tombstone | None:
+        """The tombstone of a retired operation (None: never retired, or forgotten)."""
+        return self.ledger.tombstones.get(op_id)
+
+    async def retire_due(self, batch: int = RETIRE_BATCH) -> int:
+        """Record the retirements due now (``[retention]``, :mod:`replay.retention`) in one
+        durable batch; folding them takes the operations out of memory. Returns how many."""
+        r = self.config.retention
+        policy = RetentionPolicy(
+            ended_after=r.ended_after,
+            max_ended=r.max_ended,
+            max_tombstones=r.max_tombstones,
+            batch=batch,
+        )
+        ledger = self.ledger
+        events = due_retirements(ledger.ended, ledger.ops, ledger.actions, self.clock(), policy)
+        if events:
+            await self.record(events)
+        return len(events)
 
     # -- snapshots ----------------------------------------------------------------------------
 

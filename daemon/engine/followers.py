@@ -22,7 +22,7 @@ from daemon.config import Config
 from daemon.history import Histories
 from daemon.metrics import Metrics
 from daemon.outbox import escalation_text, write_escalation
-from replay.events import ActionEvent, EscalationRaised, LogEvent
+from replay.events import ActionEvent, EscalationRaised, LogEvent, OperationRetired
 from replay.ledger import Ledger
 from replay.state import Operation
 
@@ -64,6 +64,9 @@ class Stories:
     def event(
         self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
     ) -> None:
+        if isinstance(ev, OperationRetired):
+            self.histories.forget(ev.operation_id)
+            return
         self.histories.add(ev.operation_id, payload, self._phase_after(ev, after))
 
     def batch_done(self) -> None:
@@ -153,6 +156,9 @@ class Observed:
     def event(
         self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
     ) -> None:
+        if isinstance(ev, OperationRetired):
+            self.metrics.operations_retired += 1
+            return
         if after is None or isinstance(ev, ActionEvent):
             return
         self.metrics.observe(ev, after.provider)

@@ -32,7 +32,7 @@ from daemon.actions import ACTION_ID, ActionRunner
 from daemon.config import Config
 from daemon.engine.chain import Chain
 from daemon.engine.followers import Waiters
-from daemon.errors import RefusalKind, Refused
+from daemon.errors import RefusalKind, Refused, retired_refusal
 from daemon.profile import Profile
 from daemon.spool import DOTS, FetchFile, SubmitFile, approval_refusal, user_name
 from replay.decide import register
@@ -359,6 +359,18 @@ class Intake:
                 return existing, False  # recorded before a crash, or a client's retry
             raise Refused(
                 f"operation id {reg.operation_id} is already in use by another request",
+                kind=RefusalKind.CONFLICT,
+                code="operation_id_in_use",
+                field="operation_id",
+            )
+        retired = self.chain.retired(reg.operation_id)
+        if retired is not None:
+            same = retired.same_request(digest, reg.provider, reg.provider_job_id)
+            if same and retired.owner_uid in (None, owner):
+                raise retired_refusal(reg.operation_id, retired)  # a retry: answered alike
+            raise Refused(
+                f"operation id {reg.operation_id} is already in use by another request "
+                f"(an operation that ended and was retired)",
                 kind=RefusalKind.CONFLICT,
                 code="operation_id_in_use",
                 field="operation_id",

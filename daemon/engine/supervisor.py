@@ -36,7 +36,7 @@ import watchfiles
 from daemon import logfmt, systemd
 from daemon.actions import ActionPorts, ActionRunner
 from daemon.config import Config
-from daemon.engine.chain import Chain, RequestGate
+from daemon.engine.chain import RETIRE_BATCH, Chain, RequestGate
 from daemon.engine.followers import LiveCounts, Observed, Stories, Waiters
 from daemon.engine.intake import Intake
 from daemon.engine.poller import Poller
@@ -52,6 +52,7 @@ from eventlog.heads import HeadStore
 from eventlog.keys import KeyRing, Signer
 from eventlog.position import LogPosition
 from eventlog.store import LineStore
+from replay.retention import Tombstone
 from replay.state import Operation
 
 DRAIN_SECONDS = 5.0
@@ -134,6 +135,7 @@ class Supervisor:
                 client=poller.clients.get,
                 operation=lambda op_id: chain.ops.get(op_id),
                 operations=lambda: chain.ops.values(),
+                retired=chain.retired,
                 spool=self.spool,
                 state_dir=config.state_dir,
                 outbox_dir=config.outbox_dir,
@@ -178,6 +180,9 @@ class Supervisor:
     @property
     def live_by_owner(self) -> collections.Counter[int | None]:
         return self.live.by_owner
+
+    def retired(self, op_id: str) -> Tombstone | None:
+        return self.chain.retired(op_id)
 
     async def next_event_of(self, op_id: str) -> None:
         await self.waiters.next_event_of(op_id)
@@ -243,6 +248,16 @@ class Supervisor:
             if messages:
                 systemd.notify(*messages)
             await anyio.sleep(period)
+
+    async def _retire_ended(self) -> None:
+        """Every ``[retention] check_seconds``: record the retirements due (a full batch is
+        followed at once by the next, so a backlog, after an upgrade, drains in minutes)."""
+        every = self.config.retention.check_seconds
+        while not self.stopping.is_set():
+            retired = await self.chain.retire_due()  # waits while the log cannot take it
+            if retired:
+                logfmt.info("ended operations retired", count=retired, kept=len(self.ops))
+            await anyio.sleep(0 if retired >= RETIRE_BATCH else every)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -350,6 +365,7 @@ class Supervisor:
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)
                         systemd.notify("READY=1", f"STATUS={self.status_line()}")
                         tg.start_soon(self._status_and_watchdog)
+                        tg.start_soon(self._retire_ended)
                         task_status.started()
                 # Draining: no new requests; those in flight get a bounded time to finish.
                 self.stopping.set()

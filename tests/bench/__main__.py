@@ -1,12 +1,15 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|http|goals|pg|pg-cpu]
-[--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
-[--window S] [--concurrency C] [--repeat N] [--dsn DSN]``.
+"""``python -m tests.bench [--quick]
+[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|retention] [--seconds S]
+[--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
+[--window S] [--concurrency C] [--repeat N] [--dsn DSN] [--ended 1000,100000] [--traced]``.
 
 Prints a table and writes ``bench-out/results.json``. Nothing here is a pass/fail test.
 The full scale run (100,000 operations) takes several minutes; ``--quick`` runs 1,000.
 ``--only pg`` and ``--only pg-cpu`` need a PostgreSQL server (``--dsn``) and are not part of
 the default run: ``pg-cpu`` is the daemon's CPU per status request with the log in PostgreSQL
 against the file store and the bare httpx loop, ``--repeat`` times (``tests.bench.bench_pg_cpu``).
+``--only retention`` is issue 38's churn: memory, snapshot and restart against the operations
+that ever ended, the live count fixed (``--ended``; ``tests.bench.bench_retention``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tests.bench import (
     bench_epochs,
     bench_http,
     bench_replay,
+    bench_retention,
     bench_scale,
     bench_verify,
     goals,
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             "goals",
             "pg",
             "pg-cpu",
+            "retention",
         ],
         help="one benchmark; 'goals' is issue 17's table (10,000 operations "
         "saturated, appends, the 1M-event replay), not part of the default run",
@@ -88,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=8,
         help="the profile's max_in_flight, and the bare loop's (default 8)",
+    )
+    p.add_argument(
+        "--ended",
+        help="--only retention: ended operations per run, comma-separated "
+        "(default 1000,10000,100000,200000; --quick 1000,10000)",
+    )
+    p.add_argument(
+        "--traced",
+        action="store_true",
+        help="--only retention: also trace what the model holds (tracemalloc; twice as slow)",
+    )
+    p.add_argument(
+        "--soak",
+        type=float,
+        default=0.0,
+        help="--only retention: also run the real daemon this many seconds at 20 "
+        "registrations/s, with retention and without (default: not run)",
     )
     p.add_argument("--keep", action="store_true", help="keep each scale run's directory")
     p.add_argument(
@@ -190,6 +212,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         results["pg_cpu"] = table
         bench_pg_cpu.print_table(table)
+    if args.only == "retention":
+        default = "1000,10000" if args.quick else "1000,10000,100000,200000"
+        ended = [int(x) for x in (args.ended or default).split(",")]
+        off = [n for n in ended if n <= 10_000]
+        retention = bench_retention.run(out, ended, off, traced=args.traced)
+        if args.soak:
+            soaks = [
+                bench_retention.soak(out, args.soak, 20.0, retention=on) for on in (True, False)
+            ]
+            retention["soak"] = soaks
+            for row in soaks:
+                print(f"  soak: {row}")
+        results["retention"] = retention
+        bench_retention.print_table(retention)
     if args.only in (None, "api"):
         api = bench_api.run(out, args.quick, args.keep)
         results["api"] = api

@@ -507,6 +507,8 @@ def assert_snapshot_is_the_full_fold(ws: Workspace) -> int:
     assert snap.ledger.ops == full.ops
     assert snap.ledger.actions == full.actions
     assert snap.ledger.undecided == full.undecided
+    assert snap.ledger.ended == full.ended
+    assert snap.ledger.tombstones == full.tombstones
     assert snap.ledger.events == full.events
     return full.events
 

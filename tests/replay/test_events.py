@@ -44,6 +44,7 @@ STABLE_TAGS = {
     "DecisionRejected": "decision_rejected",
     "OperationWithdrawn": "operation_withdrawn",
     "NodeTookOver": "node_took_over",
+    "OperationRetired": "operation_retired",
 }
 
 
@@ -89,6 +90,10 @@ def test_every_event_type_round_trips() -> None:
 
     log.append(NodeTookOver(operation_id="x", at=T0, node="b", holder="b/7/abc", epoch=3))
     seen.add(NodeTookOver)
+    from replay import OperationRetired
+
+    log.append(OperationRetired(operation_id="x", at=T0, ended_at=T0, why="age", tombstones_kept=9))
+    seen.add(OperationRetired)
     assert seen == set(EVENT_TYPES), set(EVENT_TYPES) - seen
     for event in log:
         data = encode_event(event)  # type: ignore[arg-type]
