@@ -51,7 +51,6 @@ class ArchiveRef(msgspec.Struct, frozen=True, kw_only=True):
     last_segment: int
     first_seq: int
     last_seq: int
-    manifest_sha256: str
     created_at: str
 
 
@@ -129,8 +128,7 @@ def start_from(boundary: Boundary, verify_key: VerifyKey) -> ChainStart:
         raise BoundaryError(f"the boundary's records are not of log {boundary.log_id}")
     if cp.seq > boundary.seq:
         raise BoundaryError(
-            f"the boundary checkpoint {cp.seq} lies after the last archived record "
-            f"{boundary.seq}"
+            f"the boundary checkpoint {cp.seq} lies after the last archived record {boundary.seq}"
         )
     try:
         state = through(verify_key.raw, Proof(boundary.genesis, boundary.certs), cp.seq)

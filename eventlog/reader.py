@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import watchfiles
 
+from eventlog.boundary import Boundary, read_boundary
 from eventlog.envelope import (
     RECORD_DECODER,
     ZERO_HASH,
@@ -29,7 +30,6 @@ from eventlog.envelope import (
     record_hash,
     record_hashes,
 )
-from eventlog.boundary import Boundary, read_boundary
 from eventlog.errors import DamagedLogError, DecryptError, EventLogError, UnknownKeyError
 from eventlog.keys import KeyRing
 from eventlog.position import LogPosition

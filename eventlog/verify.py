@@ -314,9 +314,14 @@ def verify_log(
         report.notes.append("verified from the start: the anchor lies before the resume point")
     elif resume is not None and resume.seq > report.head_seq:
         begin = _resume(report, segments, resume) or begin
-    elif resume is not None and start is not None and (resume.seq, resume.hash) == (
-        start.seq,
-        start.hash,
+    elif (
+        resume is not None
+        and start is not None
+        and (resume.seq, resume.hash)
+        == (
+            start.seq,
+            start.hash,
+        )
     ):
         report.resumed_at = resume.seq  # a snapshot taken at the archive boundary
     try:
