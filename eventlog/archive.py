@@ -735,3 +735,27 @@ def _verify_archive(
             ),
         )
     return state
+
+
+def materialize(archives: list[Path], log_dir: Path, into: Path) -> Path:
+    """A whole log in ``into`` for the offline readers: the archives' segments decompressed,
+    and links to the live log's segments after them. The chain is checked as it is read."""
+    into.mkdir(mode=0o700, parents=True, exist_ok=True)
+    last = 0
+    for manifest, dest in sorted(
+        ((load_manifest(d), d) for d in archives), key=lambda m: m[0].first_segment
+    ):
+        for entry in manifest.segments:
+            try:
+                data = gzip.decompress((dest / entry.file).read_bytes())
+            except (OSError, EOFError) as exc:
+                raise ArchiveError(
+                    f"archive {dest}: {entry.file} cannot be read ({exc}); check it with "
+                    f"`bide verify --archive {dest}`"
+                ) from None
+            write_new_file(into / entry.name, data)
+        last = max(last, manifest.last_segment)
+    for index, path in list_segments(log_dir):
+        if index > last:
+            os.symlink(path.resolve(), into / path.name)
+    return into

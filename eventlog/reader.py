@@ -130,9 +130,10 @@ class LogReader:
             if start is None and not from_boundary:
                 raise ArchivedError(
                     f"records 0..{boundary.seq} of log {log_dir} are archived "
-                    f"({archive_names(boundary)}); reading from the start needs them: "
-                    f"verify them with `bide verify --archive DEST`, and start from the "
-                    f"state snapshot (it must be at or after record {boundary.seq})"
+                    f"({archive_names(boundary)}); reading from the start needs them: the "
+                    f"offline readers take them with --archive DEST (`bide story OP "
+                    f"--offline --archive DEST`), and the daemon starts from its state "
+                    f"snapshot, which must be at or after record {boundary.seq}"
                 )
             if start is not None and start.seq < boundary.seq:
                 raise ArchivedError(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemon.commands.verify_archive import add_archive_flag, verified
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
@@ -31,7 +32,7 @@ from eventlog.envelope import FORMAT_SINGLE_KEY
 from eventlog.headchain import genesis_line
 from eventlog.heads import Finding, Head, judge
 from eventlog.keys import VerifyKey, load_verify_key
-from eventlog.verify import Damage, Report, verify_log
+from eventlog.verify import Damage, Report
 
 #: Exit statuses of what a witness's heads reveal about an otherwise intact log.
 EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6, "witness_lied": 7}
@@ -80,6 +81,7 @@ examples:
   bide verify --config /etc/bide/bide.toml --witness https://witness.example:8443
   bide verify /var/lib/bide/log --verify-key verify.pub --witness /mnt/audit/heads.jsonl
   bide verify --dsn postgresql://audit@db.example/bide --verify-key verify.pub  # read-only role
+  bide verify --config /etc/bide/bide.toml --archive /mnt/archive/bide-2025  # archive + live
 """
 
 
@@ -135,6 +137,7 @@ def add_parser(sub: Any) -> None:
         default=min(os.cpu_count() or 1, 4),
         help="worker processes for large logs (default: CPUs, at most 4)",
     )
+    add_archive_flag(p)
     add_dsn_flags(
         p, what="verify the log in this database (a read-only role suffices) instead of LOGDIR"
     )
@@ -246,7 +249,7 @@ def verify_dir(
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: need at least 1")
     verify_key = load_verify_key(key_path)
-    report = verify_log(log_dir, verify_key, anchor=anchor, jobs=args.jobs)
+    report = verified(args, log_dir, verify_key, anchor)
     if also is not None:
         also(report)
     signer = signer_json(report, verify_key)
