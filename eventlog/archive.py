@@ -262,13 +262,13 @@ def plan_archive(
             kept_for_snapshot = True
             break
         chosen.append(s)
-    while chosen and not chosen[-1].checkpoints:
-        chosen.pop()  # the archive ends at a checkpoint's segment, so the boundary is signed
+    if not any(s.checkpoints for s in chosen):
+        chosen = []  # the boundary must be a signed checkpoint among the archived records
     if not chosen:
         why = (
             f"the state snapshot is at record {snapshot_seq}, before them"
             if kept_for_snapshot
-            else "none ends with a signed checkpoint at or before it"
+            else "none ends before it, or none holds a signed checkpoint"
         )
         raise ArchiveError(
             f"nothing to archive before checkpoint {target} (the newest signed checkpoint at or "

@@ -37,9 +37,9 @@ from eventlog.fsync import fsync_dir, write_new_file
 from eventlog.headchain import ChainError, Proof, advance, through
 from eventlog.keys import VerifyKey
 from eventlog.position import LogPosition
+from eventlog.segments import BOUNDARY_FILE
 from eventlog.verify import ChainStart, Damage, Report, verify_log
 
-BOUNDARY_FILE = "archived.json"
 BOUNDARY_VERSION = 1
 
 

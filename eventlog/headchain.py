@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from eventlog.envelope import Checkpoint, Genesis, decode_record, record_hash
 from eventlog.heads import Head
 from eventlog.keys import fingerprint
-from eventlog.segments import list_segments
+from eventlog.segments import genesis_bytes, list_segments
 from eventlog.verify import (
     Report,
     adopt_genesis,
@@ -185,10 +185,10 @@ def log_lines(log_dir: Path) -> Iterable[bytes]:
 
 
 def genesis_line(log_dir: Path) -> str | None:
-    """The first line of a segment-file log, or None when it has none."""
-    for line in log_lines(log_dir):
-        return line.decode("utf-8", errors="replace")
-    return None
+    """The genesis record's line of a segment-file log (kept in its archive boundary once its
+    first segments are archived), or None when it has none."""
+    line = genesis_bytes(log_dir)
+    return None if line is None else line.decode("utf-8", errors="replace")
 
 
 def countersign_message(head: Head) -> bytes:

@@ -7,8 +7,47 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 SEGMENT_RE = re.compile(r"^seg-(\d{8})\.jsonl$")
 QUARANTINE_DIR = "quarantine"
+#: Where a log whose first segments were archived keeps its boundary (:mod:`eventlog.boundary`).
+BOUNDARY_FILE = "archived.json"
+
+
+class _Archived(msgspec.Struct):
+    segments: int
+    seq: int
+    genesis: str
+
+
+def archived_start(log_dir: Path) -> tuple[int, int, bytes] | None:
+    """(last archived segment, last archived record, genesis record line) of a log whose
+    first segments were archived; None for a log that starts at its genesis record. Read
+    without checking anything (:mod:`eventlog.boundary` checks the boundary)."""
+    try:
+        data = (log_dir / BOUNDARY_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        got = msgspec.json.decode(data, type=_Archived)
+    except msgspec.DecodeError:
+        return None
+    return got.segments, got.seq, got.genesis.encode("utf-8")
+
+
+def genesis_bytes(log_dir: Path) -> bytes | None:
+    """The genesis record's line (no newline): the first line of the first segment, or the
+    one the archive boundary keeps; None without one."""
+    archived = archived_start(log_dir)
+    if archived is not None:
+        return archived[2]
+    try:
+        with (log_dir / segment_name(1)).open("rb") as f:
+            first = f.readline(1 << 16)
+    except FileNotFoundError:
+        return None
+    return first.rstrip(b"\n") or None
 
 
 def segment_name(index: int) -> str:

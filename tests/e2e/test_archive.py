@@ -26,8 +26,8 @@ from eventlog.segments import list_segments
 from tests.e2e.harness import BIDE, Daemon, Workspace, drop_registration, until, workspace
 
 FAST = (
-    'state_pointer = "/status"\nbackoff_base_seconds = 0.05\nbackoff_cap_seconds = 0.1\n'
-    "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 100000\n"
+    'state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
+    "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n"
 )
 SMALL_SEGMENTS = "segment_bytes = 4096\n"
 JOBS: dict[str, str | list[object]] = {f"job-{n}": "running" for n in range(3)}
