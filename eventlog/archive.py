@@ -244,8 +244,7 @@ def plan_archive(
     scans = [_scan(i, p) for i, p in sealed]
     # The newest checkpoint admitted may lie after the sealed segments: then all of them go.
     admitted = [cp.seq for s in scans for cp, _ in s.checkpoints if before.admits(cp)]
-    if not admitted and report.last_checkpoint_seq is not None:
-        admitted = _later_admitted(live[len(sealed) :], before)
+    admitted += _later_admitted(live[len(sealed) :], before)
     if not admitted:
         raise ArchiveError(
             f"no signed checkpoint at or before {before} in the live log {log_dir}"

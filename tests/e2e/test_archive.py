@@ -155,7 +155,7 @@ def test_archive_with_the_daemon_running_then_verify_and_restart(tmp_path: Path)
 
 def test_a_changed_or_missing_archived_segment_is_caught(tmp_path: Path) -> None:
     with workspace(tmp_path, JOBS, config_extra=SMALL_SEGMENTS) as ws:
-        daemon = _grow(ws, 10)
+        daemon = _grow(ws, 16)
         assert daemon.stop() == 0
         dest = tmp_path / "archive"
         _archive(ws, dest, str(_head(ws)))
@@ -195,7 +195,7 @@ def _stopped(pid: int) -> bool:
 @pytest.mark.parametrize("stage", ["segments", "manifest", "boundary", "removing"])
 def test_a_killed_archive_run_leaves_everything_verifiable(tmp_path: Path, stage: str) -> None:
     with workspace(tmp_path, JOBS, config_extra=SMALL_SEGMENTS) as ws:
-        daemon = _grow(ws, 10)
+        daemon = _grow(ws, 16)
         assert daemon.stop() == 0
         dest = tmp_path / "archive"
         head = str(_head(ws))
@@ -229,7 +229,7 @@ def test_a_killed_archive_run_leaves_everything_verifiable(tmp_path: Path, stage
 
 def test_refusals_are_clear(tmp_path: Path) -> None:
     with workspace(tmp_path, JOBS, config_extra=SMALL_SEGMENTS) as ws:
-        daemon = _grow(ws, 8)
+        daemon = _grow(ws, 16)
         assert daemon.stop() == 0
         full = tmp_path / "full"
         full.mkdir()
@@ -256,7 +256,7 @@ def test_refusals_are_clear(tmp_path: Path) -> None:
 def test_postgres_exports_an_archive_that_verifies_with_the_database(tmp_path: Path) -> None:
     with workspace(tmp_path, JOBS, config_extra=SMALL_SEGMENTS, store="postgres") as ws:
         assert ws.dsn is not None
-        daemon = _grow(ws, 8)
+        daemon = _grow(ws, 16)
         ws.wait_writer(daemon)
         time.sleep(0)  # the copy in the state dir leads the database by at most one round
         key = str(tmp_path / "keys" / "verify.pub")
