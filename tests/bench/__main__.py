@@ -1,5 +1,5 @@
-"""``python -m tests.bench [--quick] [--only append|verify|replay|scale|api|http|goals|pg|pg-cpu]
-[--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
+"""``python -m tests.bench [--quick]
+[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|archive] [--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C] [--repeat N] [--dsn DSN]``.
 
 Prints a table and writes ``bench-out/results.json``. Nothing here is a pass/fail test.
@@ -24,6 +24,7 @@ from typing import Any
 from tests.bench import (
     bench_api,
     bench_append,
+    bench_archive,
     bench_epochs,
     bench_http,
     bench_replay,
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             "goals",
             "pg",
             "pg-cpu",
+            "archive",
         ],
         help="one benchmark; 'goals' is issue 17's table (10,000 operations "
         "saturated, appends, the 1M-event replay), not part of the default run",
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         results["goals"] = table
         goals.print_table(table)
+    if args.only == "archive":
+        archived = bench_archive.run(out, args.records or 100_000, runs=1 if args.quick else 3)
+        results["archive"] = archived
+        bench_archive.print_table(archived)
     if args.only == "pg":  # needs a PostgreSQL server: not part of the default run
         from tests.bench import bench_pg
 
