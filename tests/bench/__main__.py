@@ -1,5 +1,6 @@
 """``python -m tests.bench [--quick]
-[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|archive] [--seconds S] [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
+[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|archive] [--seconds S]
+[--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C] [--repeat N] [--dsn DSN]``.
 
 Prints a table and writes ``bench-out/results.json``. Nothing here is a pass/fail test.
