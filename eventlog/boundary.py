@@ -191,6 +191,10 @@ def verify_live(
     )
     if boundary is not None:
         report.notes.insert(0, boundary_note(boundary))
+        if anchor is not None and anchor[0] <= boundary.seq:
+            report.notes.append(
+                f"the anchor (record {anchor[0]}) is archived: check it with --archive DEST"
+            )
     return report
 
 

@@ -293,7 +293,7 @@ def hashes_at(log_dir: Path, seqs: Iterable[int]) -> dict[int, str]:
     if not wanted:
         return out
     archived = archived_start(log_dir)
-    base, n = (0, 0) if archived is None else (archived[0], archived[1] + 1)
+    base, n = (0, 0) if archived is None else (archived.segments, archived.seq + 1)
     i = 0
     for index, path in list_segments(log_dir):
         if index <= base:

@@ -15,25 +15,28 @@ QUARANTINE_DIR = "quarantine"
 BOUNDARY_FILE = "archived.json"
 
 
-class _Archived(msgspec.Struct):
-    segments: int
-    seq: int
-    genesis: str
+class ArchivedStart(msgspec.Struct, frozen=True):
+    """What a log whose first segments were archived keeps of them (part of
+    :class:`eventlog.boundary.Boundary`, read without checking anything)."""
+
+    segments: int  # the last archived segment
+    seq: int  # the last archived record
+    genesis: str  # the genesis record's line
+    checkpoint: str = ""  # the boundary checkpoint's line
+    certs: list[str] = msgspec.field(default_factory=list)  # certifying checkpoints before it
 
 
-def archived_start(log_dir: Path) -> tuple[int, int, bytes] | None:
-    """(last archived segment, last archived record, genesis record line) of a log whose
-    first segments were archived; None for a log that starts at its genesis record. Read
-    without checking anything (:mod:`eventlog.boundary` checks the boundary)."""
+def archived_start(log_dir: Path) -> ArchivedStart | None:
+    """The archived beginning of a log; None for a log that starts at its genesis record
+    (:mod:`eventlog.boundary` checks it)."""
     try:
         data = (log_dir / BOUNDARY_FILE).read_bytes()
     except FileNotFoundError:
         return None
     try:
-        got = msgspec.json.decode(data, type=_Archived)
+        return msgspec.json.decode(data, type=ArchivedStart)
     except msgspec.DecodeError:
         return None
-    return got.segments, got.seq, got.genesis.encode("utf-8")
 
 
 def genesis_bytes(log_dir: Path) -> bytes | None:
@@ -41,7 +44,7 @@ def genesis_bytes(log_dir: Path) -> bytes | None:
     one the archive boundary keeps; None without one."""
     archived = archived_start(log_dir)
     if archived is not None:
-        return archived[2]
+        return archived.genesis.encode("utf-8")
     try:
         with (log_dir / segment_name(1)).open("rb") as f:
             first = f.readline(1 << 16)
