@@ -21,8 +21,7 @@ import pytest
 
 from daemon.config import load_config
 from eventlog.archive import MANIFEST, load_manifest
-from eventlog.boundary import BOUNDARY_FILE
-from eventlog.segments import list_segments
+from eventlog.segments import BOUNDARY_FILE, list_segments
 from tests.e2e.harness import BIDE, Daemon, Workspace, drop_registration, until, workspace
 
 FAST = (
