@@ -93,17 +93,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sources(args: argparse.Namespace) -> tuple[Path, Path, int | None]:
-    """The log, verify.pub and the state snapshot's sequence number (None: no snapshot)."""
+    """The log, verify.pub and the state snapshot's sequence number (None: a log given
+    without a config, such as a copy, whose daemon's snapshot is not known)."""
     if args.log_dir and args.verify_key and not args.config:
         return Path(args.log_dir), Path(args.verify_key), None
     cfg = load_config(args.config)
-    snap: int | None = None
-    try:
-        snap = snapshot_seq(cfg.snapshot_path.read_bytes())
-    except FileNotFoundError:
-        snap = None
     log_dir = Path(args.log_dir) if args.log_dir else cfg.log_dir
-    return log_dir, Path(args.verify_key) if args.verify_key else cfg.verify_key_path, snap
+    key = Path(args.verify_key) if args.verify_key else cfg.verify_key_path
+    try:
+        data = cfg.snapshot_path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(
+            f"no state snapshot at {cfg.snapshot_path}: a daemon restart would have to replay "
+            f"the records this would archive. Stop the daemon cleanly (it writes one), or "
+            f"wait for a periodic one ([log] snapshot_every), then archive"
+        ) from None
+    snap = snapshot_seq(data)
+    if snap is None:
+        raise UsageError(
+            f"the state snapshot {cfg.snapshot_path} cannot be read; stop the daemon cleanly "
+            f"(it writes a new one), then archive"
+        )
+    return log_dir, key, snap
 
 
 def _progress(index: int, total: int, done: int) -> None:
@@ -134,8 +145,8 @@ def _run_files(args: argparse.Namespace) -> int:
     plan = plan_archive(log_dir, verify_key, parse_before(args.before), snapshot_seq=snap)
     if snap is None and not args.dry_run:
         plan.notes.append(
-            "no state snapshot was found (give --config): a daemon started on this log later "
-            "needs one at or after the boundary"
+            "no daemon config was given: a daemon started on this log later needs a state "
+            "snapshot at or after the boundary"
         )
     if args.dry_run:
         return _print_plan(args, plan, dest)

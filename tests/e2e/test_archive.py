@@ -28,7 +28,7 @@ FAST = (
     'state_pointer = "/status"\nbackoff_base_seconds = 0.1\nbackoff_cap_seconds = 0.2\n'
     "rate_limited_delay_seconds = 1\ndefault_max_status_requests = 1000\n"
 )
-SMALL_SEGMENTS = "segment_bytes = 4096\n"
+SMALL_SEGMENTS = "segment_bytes = 4096\nsnapshot_every = 20\n"
 JOBS: dict[str, str | list[object]] = {f"job-{n}": "running" for n in range(3)}
 
 
@@ -246,6 +246,9 @@ def test_refusals_are_clear(tmp_path: Path) -> None:
         # A restart whose snapshot is gone cannot replay archived records: it says so.
         _archive(ws, tmp_path / "archive", str(_head(ws)))
         load_config(str(ws.config)).snapshot_path.unlink()
+        out = ws.bide("log", "archive", "--before", str(_head(ws)), str(tmp_path / "b"))
+        assert out.returncode == 2
+        assert "no state snapshot" in out.stderr
         broken = ws.start_daemon(ready=False)
         assert broken.proc.wait(30) != 0
         assert "archived" in broken.output()
