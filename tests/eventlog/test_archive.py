@@ -201,3 +201,19 @@ def test_manifest_describes_the_archive(logs: Logs, tmp_path: Path) -> None:
         assert gzip.decompress((dest / e.file).read_bytes()) == before[e.name]
     start = start_from(m.boundary, logs.keys.verify_key())
     assert start.seq == m.last_seq
+
+
+def test_putting_the_segments_back_makes_the_log_whole(logs: Logs, tmp_path: Path) -> None:
+    """The operator's guide's way back: gunzip each archived segment into the log directory
+    and remove archived.json; the log then verifies and reads from record 0 again."""
+    log = logs.log
+    whole = verify_live(log, logs.keys.verify_key(), writer_live=False)
+    dest = tmp_path / "a"
+    _archive(log, logs, dest, whole.head_seq)
+    for e in load_manifest(dest).segments:
+        (log / e.name).write_bytes(gzip.decompress((dest / e.file).read_bytes()))
+    (log / BOUNDARY_FILE).unlink()
+    again = verify_live(log, logs.keys.verify_key(), writer_live=False)
+    assert again.verdict == "intact"
+    assert again.records == whole.records
+    assert len(list(LogReader(log, logs.keys.keyring()).payloads())) == 60
