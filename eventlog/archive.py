@@ -36,7 +36,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import os
@@ -205,11 +204,18 @@ class _SegmentScan:
 
 
 def _scan(index: int, path: Path) -> _SegmentScan:
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    recs = list(map(RECORD_DECODER.decode, lines))
+    """A segment's sequence range and checkpoints; only complete lines (a segment being
+    written may end in part of one, or hold none yet)."""
+    lines = path.read_bytes().split(b"\n")
+    lines.pop()  # after the last newline: nothing, or a line still being written
+    if not lines:
+        return _SegmentScan(index, path, -1, -1, "", [])
+    try:
+        recs = list(map(RECORD_DECODER.decode, lines))
+    except (msgspec.DecodeError, ValueError):
+        raise ArchiveError(
+            f"{path} holds a line that is not a record; nothing archived. Run `bide verify`"
+        ) from None
     cps = [(r, ln) for r, ln in zip(recs, lines, strict=True) if isinstance(r, Checkpoint)]
     return _SegmentScan(index, path, recs[0].seq, recs[-1].seq, record_hash(lines[-1]), cps)
 
@@ -298,13 +304,8 @@ def plan_archive(
 
 
 def _later_admitted(segments: list[tuple[int, Path]], before: Before) -> list[int]:
-    out = []
-    for index, path in segments:
-        with contextlib.suppress(msgspec.DecodeError, ValueError, IndexError):
-            out += [cp.seq for cp, _ in _scan(index, path).checkpoints if before.admits(cp)]
-            continue
-        break  # a segment being written may end in a partial line: stop there
-    return out
+    """The checkpoints ``before`` admits in the segments that stay (verified already)."""
+    return [cp.seq for i, p in segments for cp, _ in _scan(i, p).checkpoints if before.admits(cp)]
 
 
 def _boundary_of(
