@@ -30,6 +30,7 @@ from eventlog.errors import KeyFileError
 from eventlog.keys import Signer
 from eventlog.reader import ArchivedError, LogReader
 from eventlog.segments import BOUNDARY_FILE, list_segments
+from eventlog.store import local_head
 from eventlog.writer import LogWriter
 from tests.eventlog._logtools import EVERY_3, KeySet, epoch_dir, payload_for
 from tests.eventlog.conftest import BaseLogs
@@ -93,6 +94,7 @@ def test_live_alone_and_archive_plus_live_verify(logs: Logs, tmp_path: Path) -> 
     assert live.verdict == "intact", live.damage
     assert live.head_seq == whole.head_seq
     assert live.records < whole.records
+    assert local_head(log) == (live.head_seq, live.head_hash)  # the store's view agrees
     both = verify_chain([dest], log, key, writer_live=False)
     assert both.verdict == "intact", both.damage
     assert both.records == whole.records
