@@ -39,8 +39,17 @@ def _grow(ws: Workspace, segments: int) -> Daemon:
     for n in range(3):
         drop_registration(ws, f"op-{n}", f"job-{n}")
     log_dir = load_config(str(ws.config)).log_dir
-    until(lambda: len(list_segments(log_dir)) >= segments, 60, f"{segments} segments")
+
+    until(lambda: _grown(log_dir, segments), 90, f"{segments} segments and 3 checkpoints")
     return daemon
+
+
+def _grown(log_dir: Path, segments: int) -> bool:
+    """The live log holds ``segments`` segments and 3 checkpoints (one about every 90
+    records here), so whole segments end before a checkpoint and hold one."""
+    found = list_segments(log_dir)
+    checkpoints = sum(p.read_bytes().count(b'"kind":"checkpoint"') for _, p in found)
+    return len(found) >= segments and checkpoints >= 3
 
 
 def _head(ws: Workspace) -> int:
@@ -123,7 +132,7 @@ def test_archive_with_the_daemon_running_then_verify_and_restart(tmp_path: Path)
         assert whole["records"] == whole["head"]["seq"] + 1
 
         # A second archive continues the first; both with the live log are one chain.
-        until(lambda: len(list_segments(log_dir)) >= 8, 60, "more segments")
+        until(lambda: _grown(log_dir, 8), 90, "more segments and checkpoints")
         dest2 = tmp_path / "archive-2"
         second = _archive(ws, dest2, str(_head(ws)))
         assert second["segments"][0] == last + 1
