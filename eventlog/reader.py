@@ -125,6 +125,7 @@ class LogReader:
         self.head_hash = ZERO_HASH
         self.log_id = ""
         boundary = read_boundary(log_dir)
+        self.archived = boundary  # the log's archive boundary; None: it starts at record 0
         self._archived = 0 if boundary is None else boundary.segments
         if boundary is not None and (start is None or start.seq <= boundary.seq):
             if start is None and not from_boundary:

@@ -146,6 +146,10 @@ def test_archive_with_the_daemon_running_then_verify_and_restart(tmp_path: Path)
         again = ws.start_daemon()
         before = len(ws.sim.requests(kind="status"))
         ws.sim.wait_for_requests(before + 10, kind="status", timeout=30)
+        told = ws.bide("story", "op-0")  # the daemon's API: the story begins in the archive
+        assert told.returncode != 0
+        assert str(dest) in told.stderr
+        assert "--offline --archive" in told.stderr
         assert again.stop() == 0
         rc, whole = _verify(ws, "--archive", str(dest), "--archive", str(dest2))
         assert rc == 0, whole
