@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.keys import KeyRing
-from eventlog.reader import LogReader
+from eventlog.reader import LogReader, archive_names
 from replay.events import LogEvent, decode_log_event
 
 ENDED = ("succeeded", "closed")
@@ -85,6 +85,10 @@ class Histories:
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.start_seq: int | None = None  # events at or before it were recorded earlier
         self.loaded = False  # the earlier events were loaded
+        #: Records at or before it were archived (`bide log archive`): stories of operations
+        #: registered there begin in the archive. -1: nothing archived.
+        self.archived_seq = -1
+        self.archived_where = ""
         self.loading = False
 
     def add(self, op_id: str, payload: bytes, phase: str | None) -> None:
@@ -132,7 +136,11 @@ class Histories:
         kept (run in a worker thread; :meth:`merge` them on the event loop)."""
         earlier: dict[str, _Kept] = {}
         end = self.start_seq if self.start_seq is not None else -1
-        for _, payload in read_until(LogReader(log_dir, keyring).payloads([]), end):
+        reader = LogReader(log_dir, keyring, from_boundary=True)
+        if reader.archived is not None:
+            self.archived_seq = reader.archived.seq
+            self.archived_where = archive_names(reader.archived)
+        for _, payload in read_until(reader.payloads([]), end):
             try:
                 op_id = _peek.decode(payload).event.operation_id
             except msgspec.DecodeError:

@@ -28,7 +28,7 @@ from eventlog.epochs import EPOCHS_DIR, EpochPolicy, EpochSigning
 from eventlog.errors import KeyFileError
 from eventlog.heads import HEADS_FILE, HeadStore
 from eventlog.keys import SIGNING_KEY, VERIFY_KEY, Signer, load_signer, load_verify_key
-from eventlog.segments import segment_name
+from eventlog.segments import genesis_bytes
 
 
 @dataclass
@@ -41,15 +41,14 @@ class LogSigning:
 
 
 def _genesis(log_dir: Path) -> Genesis | None:
-    """The genesis record of the log at ``log_dir``; None without one (or where it does not
-    parse: the writer's open names the damage)."""
-    try:
-        with (log_dir / segment_name(1)).open("rb") as f:
-            first = f.readline(1 << 16)
-    except FileNotFoundError:
+    """The genesis record of the log at ``log_dir`` (kept in its archive boundary once its
+    first segments are archived); None without one (or where it does not parse: the writer's
+    open names the damage)."""
+    first = genesis_bytes(log_dir)
+    if first is None:
         return None
     try:
-        rec = decode_record(first.rstrip(b"\n"))
+        rec = decode_record(first)
     except (msgspec.DecodeError, ValueError):
         return None
     return rec if isinstance(rec, Genesis) else None

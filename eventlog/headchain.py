@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from eventlog.envelope import Checkpoint, Genesis, decode_record, record_hash
 from eventlog.heads import Head
 from eventlog.keys import fingerprint
-from eventlog.segments import list_segments
+from eventlog.segments import archived_start, genesis_bytes, list_segments
 from eventlog.verify import (
     Report,
     adopt_genesis,
@@ -154,13 +154,16 @@ def through(root: bytes, proof: Proof, before: int) -> KeyState:
     return state
 
 
-def chain_proof(lines: Iterable[bytes], before: int) -> Proof:
-    """The proof for a head at ``before`` from a log's lines (record 0 first): its genesis
-    record and the checkpoints before ``before`` that certify keys or record takeovers. Reads
-    up to ``before``; only lines that mention such fields are decoded."""
-    genesis = ""
-    certs = []
-    for seq, line in enumerate(lines):
+def chain_proof(
+    lines: Iterable[bytes], before: int, *, first_seq: int = 0, after: Proof | None = None
+) -> Proof:
+    """The proof for a head at ``before`` from a log's lines (record ``first_seq`` first; 0,
+    or just after an archive boundary whose proof is ``after``): its genesis record and the
+    checkpoints before ``before`` that certify keys or record takeovers. Reads up to
+    ``before``; only lines that mention such fields are decoded."""
+    genesis = after.genesis if after is not None else ""
+    certs = list(after.certs) if after is not None else []
+    for seq, line in enumerate(lines, start=first_seq):
         if seq >= before:
             break
         if seq == 0:
@@ -172,11 +175,33 @@ def chain_proof(lines: Iterable[bytes], before: int) -> Proof:
     return Proof(genesis, certs)
 
 
+def log_proof(log_dir: Path, before: int) -> Proof:
+    """:func:`chain_proof` of a segment-file log, archived or not: after an archive, the
+    boundary's genesis record and certificates, then the live log's."""
+    archived = archived_start(log_dir)
+    if archived is None:
+        return chain_proof(log_lines(log_dir), before)
+    certs = list(archived.certs)
+    if archived.checkpoint and is_cert(archived.checkpoint):
+        certs.append(archived.checkpoint)
+    return chain_proof(
+        log_lines(log_dir),
+        before,
+        first_seq=archived.seq + 1,
+        after=Proof(archived.genesis, certs),
+    )
+
+
 def log_lines(log_dir: Path) -> Iterable[bytes]:
-    """A segment-file log's complete lines, in order (no newline)."""
+    """A segment-file log's complete lines, in order (no newline); after an archive, from
+    the first segment after the boundary."""
     if not log_dir.is_dir():
         return
-    for _, path in list_segments(log_dir):
+    archived = archived_start(log_dir)
+    base = 0 if archived is None else archived.segments
+    for index, path in list_segments(log_dir):
+        if index <= base:
+            continue
         with path.open("rb") as f:
             for line in f:
                 if not line.endswith(b"\n"):
@@ -185,10 +210,10 @@ def log_lines(log_dir: Path) -> Iterable[bytes]:
 
 
 def genesis_line(log_dir: Path) -> str | None:
-    """The first line of a segment-file log, or None when it has none."""
-    for line in log_lines(log_dir):
-        return line.decode("utf-8", errors="replace")
-    return None
+    """The genesis record's line of a segment-file log (kept in its archive boundary once its
+    first segments are archived), or None when it has none."""
+    line = genesis_bytes(log_dir)
+    return None if line is None else line.decode("utf-8", errors="replace")
 
 
 def countersign_message(head: Head) -> bytes:

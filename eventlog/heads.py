@@ -35,7 +35,7 @@ import msgspec
 
 from eventlog.envelope import Checkpoint, decode_record, record_hash
 from eventlog.errors import DamagedLogError
-from eventlog.segments import list_segments
+from eventlog.segments import archived_start, list_segments
 
 if TYPE_CHECKING:
     from eventlog.verify import Report
@@ -286,14 +286,18 @@ class Finding:
 
 def hashes_at(log_dir: Path, seqs: Iterable[int]) -> dict[int, str]:
     """The record hashes at sequence numbers ``seqs`` of a verified log (record *n* is its
-    line *n*, counting across segments), read in one pass."""
+    line *n*, counting across segments, from the archive boundary when the log has one),
+    read in one pass; records archived are not there."""
     wanted = sorted(set(seqs))
     out: dict[int, str] = {}
     if not wanted:
         return out
-    n = 0
+    archived = archived_start(log_dir)
+    base, n = (0, 0) if archived is None else (archived.segments, archived.seq + 1)
     i = 0
-    for _, path in list_segments(log_dir):
+    for index, path in list_segments(log_dir):
+        if index <= base:
+            continue
         with path.open("rb") as f:
             for line in f:
                 while i < len(wanted) and wanted[i] < n:

@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import watchfiles
 
+from eventlog.boundary import Boundary, read_boundary
 from eventlog.envelope import (
     RECORD_DECODER,
     ZERO_HASH,
@@ -46,6 +47,15 @@ class StoredRecord(msgspec.Struct, frozen=True, gc=False):
     seq: int
     hash: str
     record: Record
+
+
+class ArchivedError(EventLogError):
+    """The records asked for were archived (``bide log archive``); the message names where."""
+
+
+def archive_names(boundary: Boundary) -> str:
+    where = ", ".join(ref.dest for ref in boundary.archives)
+    return f"in {where}" if where else "by `bide log archive`"
 
 
 class EventOpener:
@@ -86,10 +96,20 @@ class LogReader:
     ``start`` begins just after a position's record instead of at the genesis record; the
     caller has checked that it matches the log (:func:`eventlog.position.mismatch`), and the
     chain is checked from its hash on.
+
+    A log whose first segments were archived (:mod:`eventlog.boundary`) cannot be read from
+    its genesis record: without ``start`` (or with one before the boundary) the reader
+    raises :class:`ArchivedError`, naming the archive, unless ``from_boundary`` asks for the
+    records after the boundary only (a head, a follower).
     """
 
     def __init__(
-        self, log_dir: Path, keyring: KeyRing | None = None, *, start: LogPosition | None = None
+        self,
+        log_dir: Path,
+        keyring: KeyRing | None = None,
+        *,
+        start: LogPosition | None = None,
+        from_boundary: bool = False,
     ) -> None:
         if not log_dir.is_dir():
             raise EventLogError(
@@ -98,14 +118,39 @@ class LogReader:
             )
         self.log_dir = log_dir
         self._opener = EventOpener(keyring) if keyring is not None else None
-        self._ordinal = 0  # index into the sorted segment list, from 1; 0 = not started
+        self._index = 0  # the segment file being read (its index); 0 = not started
         self._segment: Path | None = None
         self._offset = 0
         self.next_seq = 0
         self.head_hash = ZERO_HASH
         self.log_id = ""
-        if start is not None:
-            self._ordinal = start.segment  # segment files are numbered from 1, without gaps
+        boundary = read_boundary(log_dir)
+        self.archived = boundary  # the log's archive boundary; None: it starts at record 0
+        self._archived = 0 if boundary is None else boundary.segments
+        if boundary is not None and (start is None or start.seq <= boundary.seq):
+            if start is None and not from_boundary:
+                raise ArchivedError(
+                    f"records 0..{boundary.seq} of log {log_dir} are archived "
+                    f"({archive_names(boundary)}); reading from the start needs them: the "
+                    f"offline readers take them with --archive DEST (`bide story OP "
+                    f"--offline --archive DEST`), and the daemon starts from its state "
+                    f"snapshot, which must be at or after record {boundary.seq}"
+                )
+            if start is not None and start.seq < boundary.seq:
+                raise ArchivedError(
+                    f"reading log {log_dir} from record {start.seq + 1} (the state snapshot's "
+                    f"position) needs records {start.seq + 1}..{boundary.seq}, which are "
+                    f"archived ({archive_names(boundary)}): restore a newer state snapshot, "
+                    f"or restore the archived segments into the log directory"
+                )
+            self._index = boundary.segments
+            self.next_seq, self.head_hash, self.log_id = (
+                boundary.seq + 1,
+                boundary.hash,
+                boundary.log_id,
+            )
+        elif start is not None:
+            self._index = start.segment
             self._segment = log_dir / segment_name(start.segment)
             self._offset = start.end
             self.next_seq, self.head_hash, self.log_id = start.seq + 1, start.hash, start.log_id
@@ -118,13 +163,13 @@ class LogReader:
 
     def _chunks(self) -> Iterator[list[StoredRecord]]:
         """The new records, one segment file at a time (memory stays one segment's worth)."""
-        segments = list_segments(self.log_dir)
+        segments = [s for s in list_segments(self.log_dir) if s[0] > self._archived]
         while True:
             if self._segment is None:
-                if self._ordinal >= len(segments):
+                later = [s for s in segments if s[0] > self._index]
+                if not later:
                     return
-                self._ordinal += 1
-                self._segment = segments[self._ordinal - 1][1]
+                self._index, self._segment = later[0]
                 self._offset = 0
             with self._segment.open("rb") as f:
                 f.seek(self._offset)
@@ -136,7 +181,7 @@ class LogReader:
                 chunk = self._accept_all(lines)
                 self._offset += end + 1
                 yield chunk
-            if self._ordinal < len(segments) and end == len(data) - 1:
+            if segments and segments[-1][0] > self._index and end == len(data) - 1:
                 self._segment = None  # this segment is finished; a later one exists
                 continue
             return

@@ -28,7 +28,13 @@ from typing import Protocol
 from eventlog.envelope import record_hash
 from eventlog.errors import DamagedLogError
 from eventlog.fsync import fsync_dir, write_new_file
-from eventlog.segments import QUARANTINE_DIR, iter_lines, list_segments, segment_name
+from eventlog.segments import (
+    QUARANTINE_DIR,
+    archived_start,
+    iter_lines,
+    list_segments,
+    segment_name,
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,11 @@ class LineStore(Protocol):
 
 def file_lines(log_dir: Path) -> Iterator[StoredLine]:
     """The complete lines of a segment-file log, with their places (a torn final fragment is
-    not a record and is left out)."""
-    for seq, line in enumerate(iter_lines(log_dir)):
+    not a record and is left out); after an archive, from the first record it kept."""
+    archived = archived_start(log_dir)
+    base, first = (0, 0) if archived is None else (archived.segments, archived.seq + 1)
+    kept = (line for line in iter_lines(log_dir) if int(line.segment.name[4:12]) > base)
+    for seq, line in enumerate(kept, start=first):
         if not line.complete:
             return
         yield StoredLine(seq, int(line.segment.name[4:12]), line.offset, line.data)

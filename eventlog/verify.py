@@ -121,6 +121,31 @@ class TornTail:
     seq: int  # the sequence number the torn record would have had
 
 
+@dataclass(frozen=True)
+class ChainStart:
+    """Where a log directory's chain picks up when its first segments were archived: the
+    state after record ``seq`` (the last one archived, in segment ``segments``), as the
+    verification of the archive left it or as the boundary's signed checkpoint gives it
+    (:mod:`eventlog.boundary`). Segment files numbered ``segments`` or below, still in the
+    directory after an interrupted archive, are left out: they are the archive's."""
+
+    segments: int
+    log_id: str
+    seq: int
+    hash: str
+    last_cp_seq: int | None
+    last_cp_hash: str
+    checkpoint_every: int
+    unsigned_run: int
+    format: int = FORMAT_SINGLE_KEY
+    epoch: int = 0
+    epoch_key: str = ""
+    epoch_cert_seq: int = 0
+    epoch_t_us: int = 0
+    epoch_checkpoints: int = 0
+    lease_epoch: int = 0
+
+
 @dataclass
 class Report:
     log_dir: Path
@@ -164,6 +189,32 @@ class Report:
     #: PostgreSQL), in order; each takes a higher lease epoch than the one before.
     takeovers: list[tuple[int, int, str]] = field(default_factory=list)
     lease_epoch: int = 0  # the last takeover's (kept across a resume, unlike ``takeovers``)
+    #: Where the chain began when the log's first segments are archived (None: record 0).
+    started_at: ChainStart | None = None
+    segment_base: int = 0  # segments archived before the directory's first kept one
+
+    def chain_start(self) -> ChainStart:
+        """The state after this report's head, for verifying the segments that follow it in
+        another directory (an archive, then the next archive or the live log)."""
+        if self.damage is not None or self.head_seq < 0:
+            raise ValueError(f"log {self.log_dir} has no intact head to go on from")
+        return ChainStart(
+            segments=_index_of(self.last_segment) if self.last_segment else 0,
+            log_id=self.log_id,
+            seq=self.head_seq,
+            hash=self.head_hash,
+            last_cp_seq=self.last_checkpoint_seq,
+            last_cp_hash=self.last_checkpoint_hash,
+            checkpoint_every=self.checkpoint_every,
+            unsigned_run=self.unsigned_run,
+            format=self.format,
+            epoch=self.epoch,
+            epoch_key=self.epoch_key,
+            epoch_cert_seq=self.epoch_cert_seq,
+            epoch_t_us=self.epoch_t_us,
+            epoch_checkpoints=self.epoch_checkpoints,
+            lease_epoch=self.lease_epoch,
+        )
 
     def position(self) -> LogPosition:
         """Where a later verification of this log may resume (only for an intact report)."""
@@ -222,6 +273,7 @@ def verify_log(
     jobs: int = 1,
     resume: LogPosition | None = None,
     progress: Progress | None = None,
+    start: ChainStart | None = None,
 ) -> Report:
     """Verify the whole log at ``log_dir``; never raises on damage, reports it.
 
@@ -236,6 +288,9 @@ def verify_log(
 
     ``progress`` is told, after each work unit of the fast path, the records checked so far
     and the bytes checked of the total (a display; it decides nothing).
+
+    ``start``: the log's first segments were archived (:mod:`eventlog.boundary`); checking
+    begins with segment ``start.segments + 1`` from the chain state it gives.
     """
     report = Report(log_dir=log_dir)
     if writer_live is None:  # None from writer_alive: not ours to look at; assume it runs
@@ -243,24 +298,61 @@ def verify_log(
     report.writer_live = writer_live
     report.writer_pid = holder_pid(log_dir) if report.writer_live else None
     segments = list_segments(log_dir)
-    report.segments = len(segments)
-    if not segments:
+    base = 0
+    if start is not None:
+        base = start.segments
+        # Segment files are addressed by their index everywhere below (ordinal == index):
+        # the archived ones are placeholders that are never read.
+        kept = [s for s in segments if s[0] > base]
+        segments = [(i, log_dir / segment_name(i)) for i in range(1, base + 1)] + kept
+        report.segments = len(kept)
+    else:
+        report.segments = len(segments)
+    report.segment_base = base
+    if report.segments == 0:
         report.damage = Damage("missing", 0, "", 0, "no segment files: not a bide log, or empty")
         return report
     report.root_key = verify_key.raw
     begin = (1, 0)
+    if start is not None:
+        _adopt_start(report, start)
+        begin = (base + 1, 0)
     if resume is not None and anchor is not None and anchor[0] <= resume.seq:
         report.notes.append("verified from the start: the anchor lies before the resume point")
-    elif resume is not None:
+    elif resume is not None and resume.seq > report.head_seq:
         begin = _resume(report, segments, resume) or begin
+    elif (
+        resume is not None
+        and start is not None
+        and (resume.seq, resume.hash)
+        == (
+            start.seq,
+            start.hash,
+        )
+    ):
+        report.resumed_at = resume.seq  # a snapshot taken at the archive boundary
     try:
-        start = _fast(report, verify_key, segments, anchor, jobs, begin, progress)
-        if start is not None:
-            _slow(report, verify_key, segments, start[0], start[1], anchor)
+        slow_from = _fast(report, verify_key, segments, anchor, jobs, begin, progress)
+        if slow_from is not None:
+            _slow(report, verify_key, segments, slow_from[0], slow_from[1], anchor)
         _finish(report, segments, anchor)
     except _Found as found:
         report.damage = found.damage
     return report
+
+
+def _adopt_start(report: Report, start: ChainStart) -> None:
+    """Fill ``report`` from the chain state before the log's first kept segment."""
+    report.started_at = start
+    report.log_id, report.head_seq, report.head_hash = start.log_id, start.seq, start.hash
+    report.last_checkpoint_seq, report.last_checkpoint_hash = start.last_cp_seq, start.last_cp_hash
+    report.checkpoint_every, report.unsigned_run = start.checkpoint_every, start.unsigned_run
+    report.format, report.epoch, report.epoch_key = start.format, start.epoch, start.epoch_key
+    report.epoch_cert_seq, report.epoch_t_us = start.epoch_cert_seq, start.epoch_t_us
+    report.epoch_checkpoints, report.lease_epoch = start.epoch_checkpoints, start.lease_epoch
+    report.last_segment = report.log_dir / segment_name(start.segments)
+    report.last_segment_index = start.segments
+    report.trusted_end, report.head_sealed = (start.segments + 1, 0), True
 
 
 def _resume(
@@ -843,7 +935,7 @@ def _slow(
                 raise _Found(_at(line, expected, "modified", "incomplete or zeroed line"))
             _check_line(report, verify_key, line, anchor)
     if pending is not None:
-        if report.writer_live and _completed_meanwhile(segments, pending):
+        if report.writer_live and _completed_meanwhile(segments, pending, report.segment_base):
             report.notes.append("a writer is appending: its partial last line was not read")
             return
         report.torn = TornTail(
@@ -909,7 +1001,7 @@ def _chunked_lines(path: Path, ordinal: int, offset: int) -> Iterator[Line]:
         yield Line(path, ordinal, offset, b"".join(pending), False, offset == 0)
 
 
-def _completed_meanwhile(segments: list[tuple[int, Path]], pending: Line) -> bool:
+def _completed_meanwhile(segments: list[tuple[int, Path]], pending: Line, base: int = 0) -> bool:
     """Whether a writer completes the partial last line ``pending`` (or starts another
     segment) within :data:`_LIVE_WAIT`: a live writer finishes a write in milliseconds, while
     a torn tail stays as it is whoever holds the lock."""
@@ -920,7 +1012,8 @@ def _completed_meanwhile(segments: list[tuple[int, Path]], pending: Line) -> boo
             size = pending.segment.stat().st_size
         except FileNotFoundError:
             return True  # cut by a writer that opened the log meanwhile
-        if size != end or len(list_segments(pending.segment.parent)) != len(segments):
+        now = [s for s in list_segments(pending.segment.parent) if s[0] > base]
+        if size != end or len(now) != len(segments) - base:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -1030,7 +1123,9 @@ def _check_line(
                         f"numbered {rec.seq} (its sequence number was altered)",
                     )
                 )
-            raise _Found(_classify_seq(report.log_dir, line, rec.seq, expected))
+            raise _Found(
+                _classify_seq(report.log_dir, line, rec.seq, expected, report.segment_base)
+            )
         if isinstance(rec, Genesis):
             raise _Found(_at(line, expected, "modified", "a genesis record after the start"))
         if isinstance(rec, Segment) and not line.first_in_segment:
@@ -1168,8 +1263,9 @@ def _unparsable(line: Line, expected: int, exc: Exception) -> Damage:
     return _at(line, expected, "modified", f"line does not parse as a record ({exc})")
 
 
-def _all_lines(log_dir: Path) -> Iterator[Line]:
-    for ordinal, (_, path) in enumerate(list_segments(log_dir), start=1):
+def _all_lines(log_dir: Path, base: int = 0) -> Iterator[Line]:
+    kept = [s for s in list_segments(log_dir) if s[0] > base]
+    for ordinal, (_, path) in enumerate(kept, start=base + 1):
         yield from split_lines(path, ordinal, path.read_bytes(), 0)
 
 
@@ -1180,13 +1276,13 @@ def _seq_of(data: bytes) -> int | None:
         return None
 
 
-def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int) -> Damage:
+def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int, base: int = 0) -> Damage:
     """Tell duplicated, reordered and missing records apart (only runs once damage is found).
 
     ``at`` carries ``seq`` where ``expected`` belongs, and does not link to the record before.
     """
     before = True
-    for line in _all_lines(log_dir):
+    for line in _all_lines(log_dir, base):
         if line.ordinal == at.ordinal and line.offset == at.offset:
             before = False
             continue
@@ -1211,7 +1307,7 @@ def _classify_seq(log_dir: Path, at: Line, seq: int, expected: int) -> Damage:
             )
     if seq < expected:  # pragma: no cover - the earlier record was read to get here
         return _at(at, expected, "modified", f"record numbered {seq} where {expected} belongs")
-    for line in _all_lines(log_dir):
+    for line in _all_lines(log_dir, base):
         if (
             (line.ordinal, line.offset) > (at.ordinal, at.offset)
             and line.complete

@@ -57,6 +57,7 @@ import anyio.abc
 import msgspec
 
 from eventlog.aio import SyncRing, open_ring
+from eventlog.boundary import verify_live
 from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
@@ -83,7 +84,7 @@ from eventlog.seal import NONCE_BYTES, Sealer
 from eventlog.segments import QUARANTINE_DIR, SEGMENT_RE, list_segments, segment_name
 from eventlog.signing import CheckpointSigning, SingleKey
 from eventlog.store import LineStore, StoredLine, place_lines
-from eventlog.verify import Report, verify_log
+from eventlog.verify import Report
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKPOINT_EVERY = 1000
@@ -1005,7 +1006,7 @@ class LogWriter:
     def _verify(self) -> Report:
         """Verify the log (from the resume position, when it still matches) with the signer's
         own public key; any damage refuses the open."""
-        report = verify_log(
+        report = verify_live(
             self.log_dir,
             self._signing.verify_key,
             writer_live=False,  # the lock is ours
@@ -1038,9 +1039,9 @@ class LogWriter:
         if report.head_sealed and (ordinal, offset) >= (last, good_end):
             return None
         covered = (ordinal, offset)
-        segments = list_segments(self.log_dir)
+        segments = dict(list_segments(self.log_dir))  # by index (the first may be archived)
         for o in range(ordinal, last + 1):
-            path = segments[o - 1][1]
+            path = segments[o]
             start = offset if o == ordinal else 0
             with path.open("rb") as f:
                 f.seek(start)

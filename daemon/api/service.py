@@ -685,6 +685,13 @@ class Api:
         registered_seq = found.registered_seq if isinstance(found, Operation) else None
         if not histories.complete(op_id, registered_seq) and not histories.loaded:
             await self._load_earlier()
+        if registered_seq is not None and registered_seq <= histories.archived_seq:
+            raise Refused(
+                f"the story of {op_id} begins in records archived {histories.archived_where};"
+                f" read it offline: bide story {op_id} --offline --archive DEST",
+                code="story_archived",
+                kind=RefusalKind.GONE,
+            )
         kept = histories.events(op_id)
         if kept is None:
             raise Refused(

@@ -1,4 +1,5 @@
 """``bide log head``: print the current head, for operators who anchor it elsewhere;
+``bide log archive``: move old segments to an archive (:mod:`daemon.commands.archive`);
 ``bide log init|export|import``: the log in PostgreSQL."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from daemon.commands import archive
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.pgconfig import add_dsn_flags, store_for
@@ -21,10 +23,11 @@ from eventlog.verify import verify_log
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "log",
-        help="log maintenance: `bide log head`, and init/export/import for PostgreSQL",
+        help="log maintenance: `bide log head`, `archive`, and init/export/import for PostgreSQL",
         description="Inspect the event log without keys.",
         epilog="examples:\n  bide log head --config /etc/bide/bide.toml\n"
         "  bide log head /var/lib/bide/log >> /mnt/worm/bide-anchors   # then verify --anchor\n"
+        "  bide log archive --config /etc/bide/bide.toml --before 2026-01-01 /mnt/archive/2025\n"
         "  bide log init --dsn postgresql://admin@db/bide --writer-role bide --reader-role audit\n"
         "  bide log export --dsn postgresql://audit@db/bide ./export && bide verify ./export "
         "--verify-key verify.pub\n"
@@ -37,6 +40,7 @@ def add_parser(sub: Any) -> None:
     head.add_argument("--json", action="store_true")
     add_config_flag(head)
     head.set_defaults(func=run_head)
+    archive.add_parser(sub2)
     add_database_parsers(sub2)
 
 
@@ -44,7 +48,7 @@ def run_head(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else load_config(args.config).log_dir
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
-    reader = LogReader(log_dir)
+    reader = LogReader(log_dir, from_boundary=True)
     records = reader.poll()
     if not records:
         raise UsageError(f"log {log_dir} has no records")

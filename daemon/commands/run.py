@@ -24,7 +24,7 @@ from daemon.witness.remote import (
     witnessed,
 )
 from daemon.witness.service import TrustError, read_token
-from eventlog.headchain import Proof, chain_proof, genesis_line, log_lines
+from eventlog.headchain import Proof, chain_proof, genesis_line, log_proof
 from eventlog.heads import Head
 from eventlog.keys import VERIFY_KEY, Signer, keys_directory, load_keyring, load_verify_key
 from eventlog.store import LineStore
@@ -126,10 +126,11 @@ def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]
     """What a witness needs on first contact, read from the log (segment files or the
     database): the genesis record and the key certificates before a head."""
 
+    if store is None:
+        return lambda before: log_proof(cfg.log_dir, before)
+
     def lines() -> Iterator[bytes]:
-        if store is None:
-            yield from log_lines(cfg.log_dir)
-            return
+        assert store is not None
         seq = -1
         while page := store.lines_after(seq, 10_000):
             for line in page:

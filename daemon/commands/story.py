@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +20,7 @@ from daemon.readers import (
     op_events,
     open_keyring,
 )
+from eventlog.archive import ArchiveError, materialize
 from replay.actions import action_story
 from replay.story import for_people, story_json
 from replay.text import format_time
@@ -32,7 +35,8 @@ def add_parser(sub: Any) -> None:
         "the delay's source, each protocol signal, the stop and escalation. The "
         "running daemon answers from memory; --offline reads the log.",
         epilog="examples:\n  bide story nightly-export\n"
-        "  bide story nightly-export --json | jq '.[].text'",
+        "  bide story nightly-export --json | jq '.[].text'\n"
+        "  bide story nightly-export --offline --archive /mnt/archive/bide-2025",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("operation", metavar="OP")
@@ -42,6 +46,14 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="read the log directly with its data key (operators, forensics); "
         "without it the running daemon answers, and no key is needed",
+    )
+    p.add_argument(
+        "--archive",
+        metavar="DEST",
+        action="append",
+        default=[],
+        help="with --offline: an archive `bide log archive` wrote (repeatable), read before "
+        "the live log, for operations whose records were archived",
     )
     add_config_flag(p)
     p.set_defaults(func=run)
@@ -68,10 +80,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:
+    if args.archive:
+        with tempfile.TemporaryDirectory(prefix="bide-story-") as tmp:
+            try:
+                whole = materialize([Path(d) for d in args.archive], cfg.log_dir, Path(tmp))
+            except ArchiveError as exc:
+                raise UsageError(str(exc)) from None
+            return _offline(cfg, args, whole)
+    return _offline(cfg, args, cfg.log_dir)
+
+
+def _offline(cfg: Config, args: argparse.Namespace, log_dir: Path) -> int:
     keyring = open_keyring(cfg)
-    log = load_operation(cfg.log_dir, keyring, args.operation)
+    log = load_operation(log_dir, keyring, args.operation)
     actions = op_action_events(log, args.operation)
-    if args.operation not in log.ops and not actions:
+    if args.operation not in log.ops and not actions and not args.archive:
         need_op(load_state(cfg, keyring), args.operation)  # names some that exist
     lines = sorted(
         [*story_json(op_events(log, args.operation)), *action_story(actions)],

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemon.commands.verify_archive import add_archive_flag, verified
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
@@ -30,7 +31,7 @@ from daemon.witness.remote import (
 )
 from eventlog.envelope import FORMAT_SINGLE_KEY
 from eventlog.keys import VerifyKey, load_verify_key
-from eventlog.verify import Damage, Report, verify_log
+from eventlog.verify import Damage, Report
 
 #: Exit statuses of what a witness's heads reveal about an otherwise intact log.
 EXIT_WITNESS = {"rolled_back": 4, "forked": 5, "truncated": 6, "witness_lied": 7}
@@ -87,6 +88,7 @@ examples:
   bide verify --config /etc/bide/bide.toml --witness https://witness.example:8443
   bide verify /var/lib/bide/log --verify-key verify.pub --witness /mnt/audit/heads.jsonl
   bide verify --dsn postgresql://audit@db.example/bide --verify-key verify.pub  # read-only role
+  bide verify --config /etc/bide/bide.toml --archive /mnt/archive/bide-2025  # archive + live
 """
 
 
@@ -142,6 +144,7 @@ def add_parser(sub: Any) -> None:
         default=min(os.cpu_count() or 1, 4),
         help="worker processes for large logs (default: CPUs, at most 4)",
     )
+    add_archive_flag(p)
     add_dsn_flags(
         p, what="verify the log in this database (a read-only role suffices) instead of LOGDIR"
     )
@@ -255,7 +258,7 @@ def verify_dir(
     verify_key = load_verify_key(key_path)
     line = progress_line(sys.stderr)
     try:
-        report = verify_log(log_dir, verify_key, anchor=anchor, jobs=args.jobs, progress=line)
+        report = verified(args, log_dir, verify_key, anchor, progress=line)
     finally:
         if line is not None:
             line.close()

@@ -1,5 +1,5 @@
 """``python -m tests.bench [--quick]
-[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|retention] [--seconds S]
+[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|retention|archive] [--seconds S]
 [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C] [--repeat N] [--dsn DSN] [--ended 1000,100000] [--traced]``.
 
@@ -27,6 +27,7 @@ from typing import Any
 from tests.bench import (
     bench_api,
     bench_append,
+    bench_archive,
     bench_epochs,
     bench_http,
     bench_replay,
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             "pg",
             "pg-cpu",
             "retention",
+            "archive",
         ],
         help="one benchmark; 'goals' is issue 17's table (10,000 operations "
         "saturated, appends, the 1M-event replay), not part of the default run",
@@ -190,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         results["goals"] = table
         goals.print_table(table)
+    if args.only == "archive":
+        archived = bench_archive.run(out, args.records or 100_000, runs=1 if args.quick else 3)
+        results["archive"] = archived
+        bench_archive.print_table(archived)
     if args.only == "pg":  # needs a PostgreSQL server: not part of the default run
         from tests.bench import bench_pg
 
