@@ -5,10 +5,15 @@ table's header. This scanner reads a document ``tomllib`` has already accepted a
 for every key path (``("contract", "state_rules", 2, "category")``: names, and indices of
 array elements and of ``[[array of tables]]`` entries), the line it starts on. It assumes
 valid TOML and never judges it.
+
+The helpers below it turn a :class:`msgspec.ValidationError` about such a document into the
+key path it names and the nearest valid word, for bide.toml (:mod:`daemon.config`) and for
+provider profiles (:mod:`daemon.profile`) alike.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 
@@ -21,6 +26,33 @@ _SCALAR_END = re.compile(r"[,\]}\n#]")
 def key_lines(text: str) -> dict[KeyPath, int]:
     """Every key path of ``text`` (already valid TOML) and the line (from 1) it starts on."""
     return _Scanner(text).scan()
+
+
+def nearest(word: str, choices: tuple[str, ...]) -> str:
+    """``; did you mean 'x'?`` for the choice closest to ``word``, else the list of choices."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
+
+
+def dotted(keys: KeyPath) -> str:
+    """``("contract", "results", 0, "kind")`` as ``contract.results[1].kind`` (from 1)."""
+    return "".join(f"[{k + 1}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+
+
+_MSGSPEC_PATH = re.compile(r"(?: - )?at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+_MSGSPEC_STEP = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]")
+
+
+def msgspec_place(message: str) -> tuple[KeyPath, str]:
+    """The key path a msgspec validation message names (``... - at `$.a[0].b` ``; none for
+    the document's top level) and the message without it."""
+    m = _MSGSPEC_PATH.search(message)
+    if not m:
+        return (), message
+    keys: KeyPath = tuple(
+        name if name else int(index) for name, index in _MSGSPEC_STEP.findall(m.group(1))
+    )
+    return keys, message[: m.start()]
 
 
 def line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:

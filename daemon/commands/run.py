@@ -95,7 +95,9 @@ def witness_keys(cfg: Config) -> dict[str, bytes] | None:
     try:
         return pinned_keys(cfg.witness.witness_keys)
     except ValueError as exc:
-        raise ConfigError(f"config file {cfg.path}: [witness] {exc}") from None
+        raise ConfigError(
+            f"{cfg.where('witness', 'witness_keys')}: witness.witness_keys: {exc}"
+        ) from None
 
 
 def witness_token(cfg: Config) -> bytes | None:
@@ -103,15 +105,18 @@ def witness_token(cfg: Config) -> bytes | None:
     if cfg.witness_token is None:
         if cfg.witness.urls:
             raise ConfigError(
-                f"config file {cfg.path}: [witness] urls need token_file, the secret the "
-                f"witness knows this log's publisher by (create it 0600 with `bide witness "
-                f"token --out FILE` and put the same file in the witness's trust directory)"
+                f"{cfg.where('witness', 'urls')}: witness.urls: urls need token_file, the "
+                f"secret the witness knows this log's publisher by (create it 0600 with "
+                f"`bide witness token --out FILE` and put the same file in the witness's "
+                f"trust directory)"
             )
         return None
     try:
         return read_token(cfg.witness_token)
     except TrustError as exc:
-        raise ConfigError(f"[witness] token_file: {exc}") from None
+        raise ConfigError(
+            f"{cfg.where('witness', 'token_file')}: witness.token_file: {exc}"
+        ) from None
 
 
 def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]:
