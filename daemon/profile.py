@@ -273,7 +273,10 @@ def load_profile(path: Path) -> Profile:
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        m = re.search(r" \(at line (\d+), column \d+\)", str(exc))
+        where = f"{path}:{m.group(1)}" if m else str(path)
+        what = str(exc)[: m.start()] if m else str(exc)
+        raise ConfigError(f"{where}: not valid TOML: {what}") from None
     name = path.stem
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise ConfigError(
@@ -308,7 +311,7 @@ def load_profile(path: Path) -> Profile:
         contract = msgspec.convert({**contract_table, "provider": name}, Contract)
     except msgspec.ValidationError as exc:
         message = str(exc).replace("$.", "$.contract.", 1)
-        if "`$" not in message and contract_table.get("state_rules"):
+        if re.match(r"rule \d+ |documented state ", message):
             # The rules' own analysis (replay.rules.rule_problems), raised by the contract.
             line = _rules_problem_line(text, message)
             raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
@@ -364,7 +367,7 @@ def pointer_problem(pointer: str) -> str | None:
     """Why ``pointer`` is not an RFC 6901 JSON pointer, in words (None when it is one)."""
     if pointer and not pointer.startswith("/"):
         return (
-            f'{pointer!r} is not a JSON pointer: it starts with "/" '
+            f'{pointer!r} is not a JSON pointer: it must start with "/" '
             f'(write "/{pointer}"; "" is the whole body)'
         )
     if re.search(r"~(?![01])", pointer):
@@ -550,9 +553,8 @@ def _conditions(
 
 def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract) -> None:
     line = _line_of(text, ("submit",), "url")
-    parts = urlsplit(submit.url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
+    if problem := _url_problem(submit.url):
+        raise ConfigError(f"{path}:{line}: submit.url: {problem}")
     if submit.job_id_from == "body" and not submit.job_id_pointer:
         raise ConfigError(
             f'{_at(path, text, "submit", "job_id_from")}: submit.job_id_from is "body" but '
@@ -602,19 +604,45 @@ def _check_url(path: Path, text: str, url: str, table: str, job_id_in_body: bool
     simple, reserved = url.count(_PLACEHOLDER), url.count(_PATH_PLACEHOLDER)
     if simple + reserved != (0 if job_id_in_body else 1):
         raise ConfigError(
-            f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} (one path segment or "
-            f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once"
+            f"{path}:{line}: {table}.url: must contain {_PLACEHOLDER} (one path segment or "
+            f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once, got {_shown_url(url)}"
         )
-    parts = urlsplit(url.replace(_PLACEHOLDER, "x").replace(_PATH_PLACEHOLDER, "x"))
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(f"{path}:{line}: {table}.url must be an absolute http(s) URL")
+    filled = url.replace(_PLACEHOLDER, "x").replace(_PATH_PLACEHOLDER, "x")
+    if problem := _url_problem(filled, shown=url):
+        raise ConfigError(f"{path}:{line}: {table}.url: {problem}")
     if "job_id}" in url.split("//", 1)[1].split("/", 1)[0].split("?", 1)[0]:
-        raise ConfigError(f"{path}:{line}: {_PLACEHOLDER} may not be in the host")
+        raise ConfigError(
+            f"{path}:{line}: {table}.url: {_PLACEHOLDER} may not be in the host, got "
+            f"{_shown_url(url)}"
+        )
     if reserved and _PATH_PLACEHOLDER not in urlsplit(url).path:
         raise ConfigError(
-            f"{path}:{line}: {_PATH_PLACEHOLDER} is a path and belongs in the URL's path; "
-            f"use {_PLACEHOLDER} in a query"
+            f"{path}:{line}: {table}.url: {_PATH_PLACEHOLDER} is a path and belongs in the "
+            f"URL's path; use {_PLACEHOLDER} in a query"
         )
+
+
+def _url_problem(url: str, shown: str | None = None) -> str | None:
+    """Why ``url`` is not an absolute http(s) URL, in words (None when it is one); the
+    message shows ``shown`` (the URL as written, placeholders and all) instead."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        parts, host = None, None
+    if parts is None or parts.scheme not in ("https", "http") or not host:
+        written = url if shown is None else shown
+        return f"must be an http:// or https:// URL with a host, got {_shown_url(written)}"
+    return None
+
+
+def _shown_url(url: str) -> str:
+    """``url`` for a message: without userinfo or query (either may hold a secret)."""
+    shown = url.split("?", 1)[0].split("#", 1)[0]
+    if "@" in shown.split("//", 1)[-1].split("/", 1)[0]:
+        scheme, _, rest = shown.rpartition("//")
+        shown = (scheme + "//" if scheme or shown.startswith("//") else "") + rest.split("@", 1)[1]
+    return repr(shown + ("?..." if "?" in url else ""))
 
 
 _PATH_RE = re.compile(r"(?: - )?at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
@@ -628,6 +656,8 @@ _PATTERN_WORDS = {
     r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$": "a file name in the credentials directory: "
     "a letter or digit, then letters, digits, '_', '.', '-' (no slashes)",
     r"^[A-Za-z0-9-]{1,64}$": "an HTTP header name: letters, digits and '-'",
+    r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$": "an HTTP header name: letters, digits and "
+    "!#$%&'*+.^_`|~- (no spaces or ':')",
     r"^/[\x21-\x7e]*$": 'a URL path: starts with "/", no spaces or non-ASCII characters',
 }
 
@@ -637,7 +667,7 @@ def _explain(path: Path, text: str, message: str) -> str:
     being the key's own, with the nearest valid word for an unknown key or value."""
     m = _PATH_RE.search(message)
     if not m and not message.startswith("Object "):
-        return f"{path}: {message}"
+        return _explain_unplaced(path, text, message)
     # msgspec names no place for the profile's top level.
     keys: KeyPath = tuple(
         name if name else int(index) for name, index in _STEP_RE.findall(m.group(1) if m else "")
@@ -654,10 +684,13 @@ def _explain(path: Path, text: str, message: str) -> str:
         value = found.group(1)
         nearest = _nearest(value.strip("'"), choices) if choices else ""
         detail = f"{value} is not valid{nearest}"
-    elif (found := re.match(r"Expected `str` matching regex '(.+)'$", detail)) and (
-        words := _PATTERN_WORDS.get(found.group(1))
-    ):
-        detail = f"must be {words}"
+    elif found := re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail):
+        value = _value_at(text, keys)
+        pattern = found.group(2).replace("\\\\", "\\")
+        if pattern == _POINTER_PATTERN and isinstance(value, str) and pointer_problem(value):
+            detail = str(pointer_problem(value))
+        elif words := _PATTERN_WORDS.get(pattern):
+            detail = f"must be {words}, got {value!r}"
     dotted = _dotted(keys)
     where = keys
     if keys[:2] == ("contract", "state_rules") and "when" in keys:
@@ -665,6 +698,38 @@ def _explain(path: Path, text: str, message: str) -> str:
         where = keys[: keys.index("when") + 1]
     line = line_of(_key_lines(text), where)
     return f"{path}:{line}: {dotted}: {detail}" if line else f"{path}: {dotted}: {detail}"
+
+
+_POINTER_PATTERN = r"^(/([^~/]|~[01])*)*$"
+
+
+def _value_at(text: str, keys: KeyPath) -> object:
+    """The value written at ``keys`` (None where there is none)."""
+    value: object = tomllib.loads(text)
+    for key in keys:
+        if isinstance(value, dict) and isinstance(key, str):
+            value = value.get(key)
+        elif isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
+        else:
+            return None
+    return value
+
+
+def _explain_unplaced(path: Path, text: str, message: str) -> str:
+    """A contract's own check names no place: put it on the line of the first contract key
+    it names that the file writes (``backoff_cap_seconds must be at least ...``)."""
+    lines = _key_lines(text)
+    named = sorted(
+        (message.find(key), key)
+        for key in _CONTRACT_FIELDS
+        if re.search(rf"\b{key}\b", message) and ("contract", key) in lines
+    )
+    if not named:
+        line = lines.get(("contract",), 0)
+        return f"{path}:{line}: contract: {message}" if line else f"{path}: {message}"
+    key = named[0][1]
+    return f"{path}:{lines[('contract', key)]}: contract.{key}: {message}"
 
 
 def _dotted(keys: KeyPath) -> str:

@@ -81,7 +81,7 @@ def test_an_unknown_key_inside_a_rule(tmp_path: Path) -> None:
 def test_a_bad_pointer_in_when_is_explained_on_the_line_of_when(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, '{ "/status" = "done", "/ok" = true }', '{ "status" = "x" }')
     assert f'{path}:{line}: contract.state_rules[3].when."status": ' in out
-    assert 'starts with "/"' in out
+    assert 'must start with "/"' in out
     assert 'write "/status"' in out
 
 
@@ -100,8 +100,63 @@ def test_an_unknown_result_kind_on_its_line_in_a_multiline_array(tmp_path: Path)
 
 def test_a_result_pointer_is_explained_in_words_not_a_regex(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, 'pointer = "/size"', 'pointer = "size"')
-    assert f"{path}:{line}: contract.results[2].pointer: must be a JSON pointer" in out
+    assert f"{path}:{line}: contract.results[2].pointer: 'size' is not a JSON pointer: " in out
+    assert 'it must start with "/" (write "/size"' in out
     assert "regex" not in out
+
+
+def test_a_state_pointer_without_its_slash_is_explained_on_its_own_line(tmp_path: Path) -> None:
+    path, line, out = check(tmp_path, 'job_id_pointer = "/id"', 'job_id_pointer = "status/state"')
+    assert line == 6
+    assert f"{path}:6: contract.job_id_pointer: 'status/state' is not a JSON pointer: " in out
+    assert 'write "/status/state"' in out
+
+
+def test_a_header_name_with_a_space_is_explained_in_words(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\nrate_limit_remaining_header = "x remaining"\n'
+        'rate_limit_reset_header = "x-reset"',
+    )
+    assert f"{path}:{line + 1}: contract.rate_limit_remaining_header: must be an HTTP header" in out
+    assert "got 'x remaining'" in out
+    assert "regex" not in out
+
+
+def test_a_status_url_without_a_scheme_says_what_it_must_be(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path, "https://api.example.com/v1/runs/{job_id}", "api.example.com/v1/runs/{job_id}"
+    )
+    assert line == 2
+    assert (
+        f"{path}:2: status.url: must be an http:// or https:// URL with a host, "
+        f"got 'api.example.com/v1/runs/{{job_id}}'"
+    ) in out
+
+
+def test_a_url_is_shown_without_its_query_or_userinfo(tmp_path: Path) -> None:
+    path, _line, out = check(
+        tmp_path,
+        "https://api.example.com/v1/runs/{job_id}",
+        "ftp://user:hunter2@api.example.com/v1/runs/{job_id}?key=s3cret",
+    )
+    assert f"{path}:2: status.url: must be an http:// or https:// URL with a host" in out
+    assert "ftp://api.example.com/v1/runs/{job_id}?..." in out
+    assert "hunter2" not in out
+    assert "s3cret" not in out
+
+
+def test_a_check_between_two_keys_points_at_the_first_key_it_names(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path, 'job_id_pointer = "/id"', 'job_id_pointer = "/id"\nbackoff_cap_seconds = 1'
+    )
+    assert f"{path}:{line + 1}: contract.backoff_cap_seconds: backoff_cap_seconds must be" in out
+
+
+def test_invalid_toml_names_its_line(tmp_path: Path) -> None:
+    path, _line, out = check(tmp_path, "timeout_seconds = 10", "timeout_seconds = ")
+    assert f"{path}:3: not valid TOML: " in out
 
 
 def test_an_unknown_top_level_table(tmp_path: Path) -> None:
