@@ -41,10 +41,19 @@ def add_parser(sub: Any) -> None:
         "signed checkpoint; SIGHUP reloads provider profiles. New logs are forward-secure: "
         "signing.key (the root key) certifies the first epoch key once, then may go offline "
         "(the daemon warns while it is readable); every signed head goes to [witness].",
-        epilog="example:\n  bide run --config /etc/bide/bide.toml",
+        epilog="examples:\n  bide run --config /etc/bide/bide.toml\n"
+        "  bide run --check --config /etc/bide/bide.toml   # check it all, start nothing",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, every profile, the keys, the store and the witnesses, print "
+        "what was found and every problem (file:line and the fix), and exit: 0 when all is "
+        "well, 78 (EX_CONFIG) otherwise; writes nothing",
+    )
+    p.add_argument("--json", action="store_true", help="with --check: the report as JSON")
     p.set_defaults(func=run)
 
 
@@ -137,6 +146,10 @@ def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from daemon.preflight import run_check
+
+        return run_check(args)
     cfg = load_config(args.config)
     unreachable = interpreter_unreachable_by_others()
     if unreachable is not None:
