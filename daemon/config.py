@@ -452,8 +452,23 @@ def _explain(
     elif found := re.match(r"Expected `(\w+)` (.+)$", detail):
         want, bound = found.groups()
         detail = f"must be {_TYPE_WORDS.get(want, want)} {bound}, got {_shown(table, keys)}"
+    if not fix and (default := _default_at(keys)):
+        fix = f"or remove it for the default, {default}"
     line = line_of(lines, keys)
     return keys, Problem(str(path), line, dotted(keys), detail, fix)
+
+
+def _default_at(keys: KeyPath) -> str:
+    """The default of the key at ``keys``, as TOML would write it ("" when it has none)."""
+    tp = _type_at(keys[:-1])
+    if not keys or not isinstance(tp, type) or not issubclass(tp, msgspec.Struct):
+        return ""
+    for f in msgspec.structs.fields(tp):
+        if f.name == keys[-1] and f.default is not msgspec.NODEFAULT and f.default is not None:
+            if isinstance(f.default, bool):
+                return str(f.default).lower()
+            return msgspec.json.encode(f.default).decode()
+    return ""
 
 
 def _did_you_mean(word: str, choices: tuple[str, ...]) -> str:
