@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,14 @@ EX_CONFIG = 78
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory `bide demo --keep` wrote: config, keys, a profile, a log, a snapshot."""
     keep = tmp_path_factory.mktemp("check") / "demo"
     out = subprocess.run(
         [*BIDE, "demo", "--keep", str(keep)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    yield keep
+    return keep
 
 
 def check(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
