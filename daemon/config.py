@@ -310,8 +310,8 @@ def _postgres(cfg: Config) -> PostgresConfig | None:
         )
     if pg.renew_seconds >= pg.lease_seconds:
         raise ConfigError(
-            f"{cfg.where('postgres', 'renew_seconds')}: postgres.renew_seconds "
-            f"({pg.renew_seconds:g}) must be shorter than lease_seconds ({pg.lease_seconds:g})"
+            f"{cfg.where('postgres', 'renew_seconds')}: postgres.renew_seconds: "
+            f"{pg.renew_seconds:g} must be shorter than lease_seconds ({pg.lease_seconds:g})"
         )
     return msgspec.structs.replace(pg, dsn=pg.dsn or store)
 
