@@ -4,59 +4,17 @@ Lookup order: ``--config FILE``, then ``$BIDE_CONFIG``, then ``/etc/bide/bide.to
 Relative paths in the file are relative to the file's own directory, so a config written
 next to its state (``bide demo --keep DIR``) works from any working directory.
 
-Example::
+Every key, its type, default, limits and meaning: ``deploy/CONFIG.md``, generated from the
+structs below by :mod:`daemon.config_reference` (add a key's meaning there); a working
+example: ``deploy/bide.toml``. A minimal config::
 
     [paths]
     state_dir = "/var/lib/bide"           # log/, spool/, outbox/ live here
     keys_dir = "/etc/bide/keys"           # omit under systemd: $CREDENTIALS_DIRECTORY
     profiles_dir = "/etc/bide/profiles"   # one TOML provider profile per file
 
-    [log]
-    checkpoint_every = 1000               # records between signed checkpoints
-    checkpoint_interval_seconds = 60      # and at least this often while running
-    snapshot_every = 100000               # events between state snapshots (0: only at stop)
-    forward_secure = true                 # new logs: checkpoints signed by evolving epoch keys
-    epoch_seconds = 3600                  # a new epoch key (the old one destroyed) this often
-    epoch_checkpoints = 0                 # or every N checkpoints, whichever first (0: off)
-    store = "files"                       # or "postgresql://bide@db.example/bide": see [postgres]
-
-    [postgres]                            # the log in PostgreSQL (pip install 'bide[postgres]')
-    dsn = "postgresql://bide@db.example/bide"   # never a password here: password_file
-    password_file = "/etc/bide/db.password"     # 0600; or libpq's PGPASSFILE
-    lease_seconds = 10                    # how long a node's lease runs without renewal
-    renew_seconds = 3                     # how often the active node renews it
-    request_margin_seconds = 1            # a request needs its timeout plus this left on the lease
-    standby_poll_seconds = 0.5            # standbys also wake on every commit and handover (NOTIFY)
-    node = "host-a"                       # this node's name (default: the host name)
-
-    [witness]                             # every signed head leaves the host (deploy/README.md)
-    file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
-    syslog = true                         # one line per head to syslog/journald
-    urls = ["https://witness.example:8443/v1/heads"]   # `bide witness serve` instances
-    token_file = "/etc/bide/witness.token"  # 0600; the witness's trust dir holds the same
-    witness_keys = ["base64…"]            # pinned: what `bide witness serve` prints
-
-    [spool]
-    agents_group = "bide-agents"          # may register jobs (spool/incoming)
-    approvers_group = "bide-approvers"    # may decide escalations (spool/decisions)
-
-    [metrics]
-    listen = "127.0.0.1:9464"             # Prometheus /metrics; off when empty (default)
-
-    [daemon]
-    drain_seconds = 5                     # on SIGTERM, how long requests in flight may finish
-
-    [api]
-    socket = "/run/bide/api.sock"         # default: $RUNTIME_DIRECTORY/api.sock, else state_dir
-    socket_group = "bide-agents"          # who may connect (mode 0660)
-    allow_self_approval = false           # one-person setups: approve your own escalations
-    daemon_user = "bide"                  # the CLI sends only to a socket this user answers
-
-    [fetch]
-    per_principal_per_minute = 30         # fetches one user may ask for (then 429 / rejected)
-    burst = 10                            # at once after a quiet spell
-    results_max_age_seconds = 604800      # results/ files older than this are removed
-    results_max_bytes = 10737418240       # and the oldest beyond this total (the newest stays)
+Errors name the file, the key's own line and the nearest valid key (:func:`read_config`
+collects every problem; ``bide run --check`` reports them all).
 """
 
 from __future__ import annotations

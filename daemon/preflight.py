@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,13 @@ def _profiles(cfg: Config, report: Report) -> None:
 
 
 def _keys(cfg: Config, report: Report) -> None:
+    if cfg.keys_dir is None and not os.environ.get("CREDENTIALS_DIRECTORY"):
+        report.found["keys"] = {"dir": None}
+        report.warnings.append(
+            "keys not checked: no [paths] keys_dir, and no $CREDENTIALS_DIRECTORY here; under "
+            "systemd they come from LoadCredential= at start (outside it, set keys_dir)"
+        )
+        return
     try:
         keys_dir = keys_directory(cfg.keys_dir)
     except EventLogError as exc:
@@ -320,7 +328,10 @@ def render(report: Report) -> str:
         parts = [f"{k['data_keys']} data key(s)"] if "data_keys" in k else []
         parts += [f"{what} {k[key]}" for what, key in (("verify key", "verify_key"),) if key in k]
         parts += [f"signing key {k['signing_key']}"] if "signing_key" in k else []
-        out.append(f"keys       {k['dir']}: {', '.join(parts) or 'none loaded'}")
+        if k["dir"] is None:
+            out.append("keys       from $CREDENTIALS_DIRECTORY at start (not checked here)")
+        else:
+            out.append(f"keys       {k['dir']}: {', '.join(parts) or 'none loaded'}")
     if "store" in f:
         s = f["store"]
         if s["kind"] == "files":

@@ -192,3 +192,20 @@ def test_a_missing_config_is_named_with_the_fix(tmp_path: Path) -> None:
     out = check(tmp_path / "nope.toml")
     assert out.returncode == EX_CONFIG
     assert f"problem: {tmp_path / 'nope.toml'}: does not exist; pass --config FILE" in out.stdout
+
+
+def test_the_shipped_service_config_passes_with_keys_left_to_systemd(tmp_path: Path) -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    config = tmp_path / "bide.toml"
+    config.write_text(
+        (deploy / "bide.toml")
+        .read_text()
+        .replace("/var/lib/bide", str(tmp_path / "state"))
+        .replace("/etc/bide/profiles", str(deploy / "profiles"))
+    )
+    out = check(config)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "keys       from $CREDENTIALS_DIRECTORY at start (not checked here)" in out.stdout
+    shipped = len(list((deploy / "profiles").glob("*.toml")))
+    assert f"profiles   {shipped} valid in {deploy / 'profiles'}" in out.stdout
+    assert not (tmp_path / "state").exists()
