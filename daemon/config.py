@@ -31,7 +31,14 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 import msgspec
 
 from daemon.errors import ConfigError, UsageError
-from daemon.tomllines import KeyPath, dotted, key_lines, line_of, msgspec_place
+from daemon.tomllines import (
+    KeyPath,
+    dotted,
+    key_lines,
+    line_of,
+    msgspec_place,
+    type_in_words,
+)
 
 DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
 
@@ -372,16 +379,6 @@ def problem_of(message: str) -> Problem:
     return _parsed(message)
 
 
-_TYPE_WORDS = {
-    "str": "a string in quotes",
-    "int": "a whole number",
-    "float": "a number",
-    "bool": "true or false",
-    "array": "a list [...]",
-    "object": "a table",
-}
-
-
 def _explain(
     path: Path, lines: dict[KeyPath, int], table: dict[str, Any], message: str
 ) -> tuple[KeyPath, Problem]:
@@ -400,16 +397,12 @@ def _explain(
         value = found.group(1)
         detail = f"{value} is not valid"
         fix = _did_you_mean(value.strip("'\""), _literal_at(keys))
-    elif found := re.match(r"Expected `str` matching regex '(.+)'$", detail):
-        words = PATTERN_WORDS.get(found.group(1).replace("\\\\", "\\"), "")
+    elif found := re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail):
+        words = PATTERN_WORDS.get(found.group(2).replace("\\\\", "\\"), "")
         detail = f"must be {words}" if words else detail
         detail += f", got {_shown(table, keys)}"
-    elif found := re.match(r"Expected `(\w+)`, got `(\w+)`", detail):
-        want, got = found.groups()
-        detail = f"must be {_TYPE_WORDS.get(want, want)}, got {_TYPE_WORDS.get(got, got)}"
-    elif found := re.match(r"Expected `(\w+)` (.+)$", detail):
-        want, bound = found.groups()
-        detail = f"must be {_TYPE_WORDS.get(want, want)} {bound}, got {_shown(table, keys)}"
+    elif said := type_in_words(detail, _shown(table, keys)):
+        detail = said
     if not fix and (default := _default_at(keys)):
         fix = f"or remove it for the default, {default}"
     line = line_of(lines, keys)

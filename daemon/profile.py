@@ -68,7 +68,7 @@ from msgspec import Meta
 from daemon import readpost
 from daemon.awssign import AwsSigning, botocore_missing
 from daemon.errors import ConfigError
-from daemon.tomllines import KeyPath, key_lines, line_of
+from daemon.tomllines import KeyPath, key_lines, line_of, type_in_words
 from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, ResultField, StateTable, contract_digest
 
@@ -314,7 +314,8 @@ def load_profile(path: Path) -> Profile:
         if re.match(r"rule \d+ |documented state ", message):
             # The rules' own analysis (replay.rules.rule_problems), raised by the contract.
             line = _rules_problem_line(text, message)
-            raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
+            key = "documented_states" if message.startswith("documented") else "state_rules"
+            raise ConfigError(f"{path}:{line}: contract.{key}: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
     _check_url(path, text, raw.status.url, "status", job_id_in_body=raw.status.body is not None)
     if raw.credential is not None:
@@ -665,6 +666,8 @@ _PATTERN_WORDS = {
 def _explain(path: Path, text: str, message: str) -> str:
     """Turn msgspec's ``... - at `$.a[0].b` `` into ``FILE:LINE: a[1].b: ...``, the line
     being the key's own, with the nearest valid word for an unknown key or value."""
+    if dict_key := _DICT_KEY_RE.search(message):
+        return _explain_dict_key(path, text, message[: dict_key.start()], dict_key.group(1))
     m = _PATH_RE.search(message)
     if not m and not message.startswith("Object "):
         return _explain_unplaced(path, text, message)
@@ -691,6 +694,8 @@ def _explain(path: Path, text: str, message: str) -> str:
             detail = str(pointer_problem(value))
         elif words := _PATTERN_WORDS.get(pattern):
             detail = f"must be {words}, got {value!r}"
+    elif words := type_in_words(detail, repr(_value_at(text, keys))):
+        detail = words
     dotted = _dotted(keys)
     where = keys
     if keys[:2] == ("contract", "state_rules") and "when" in keys:
@@ -714,6 +719,25 @@ def _value_at(text: str, keys: KeyPath) -> object:
         else:
             return None
     return value
+
+
+_DICT_KEY_RE = re.compile(r" - at `key` in `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`$")
+
+
+def _explain_dict_key(path: Path, text: str, detail: str, where: str) -> str:
+    """A table's key that fails its pattern (``documented_states = { "status" = [...] }``):
+    the first such key, on its own line, in words."""
+    keys: KeyPath = tuple(name if name else int(index) for name, index in _STEP_RE.findall(where))
+    table = _value_at(text, keys)
+    found = re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail)
+    pattern = found.group(2).replace("\\\\", "\\") if found else ""
+    if isinstance(table, dict) and pattern == _POINTER_PATTERN:
+        for key in table:
+            if problem := pointer_problem(str(key)):
+                line = line_of(_key_lines(text), (*keys, str(key)))
+                return f"{path}:{line}: {_dotted(keys)}: {problem}"
+    line = line_of(_key_lines(text), keys)
+    return f"{path}:{line}: {_dotted(keys)}: a key {detail[0].lower()}{detail[1:]}"
 
 
 def _explain_unplaced(path: Path, text: str, message: str) -> str:

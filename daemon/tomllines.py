@@ -55,6 +55,29 @@ def msgspec_place(message: str) -> tuple[KeyPath, str]:
     return keys, message[: m.start()]
 
 
+#: msgspec's type names in words.
+TYPE_WORDS = {
+    "str": "a string in quotes",
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "array": "a list [...]",
+    "object": "a table",
+}
+
+
+def type_in_words(detail: str, shown: str) -> str | None:
+    """msgspec's ``Expected `int`, got `str` `` or ``Expected `int` >= 1`` in words, with
+    ``shown`` (the value as written) for a bound; None for any other message."""
+    if found := re.match(r"Expected `(\w+)`, got `(\w+)`$", detail):
+        want, got = found.groups()
+        return f"must be {TYPE_WORDS.get(want, want)}, got {TYPE_WORDS.get(got, got)}"
+    if found := re.match(r"Expected `(\w+)` ([<>]=? \S+)$", detail):
+        want, bound = found.groups()
+        return f"must be {TYPE_WORDS.get(want, want)} {bound}, got {shown}"
+    return None
+
+
 def line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:
     """The line of ``path``, else of its nearest enclosing key written in the file (0: none)."""
     for end in range(len(path), 0, -1):

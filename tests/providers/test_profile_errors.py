@@ -180,7 +180,7 @@ def test_an_unknown_contract_key(tmp_path: Path) -> None:
 
 def test_a_value_out_of_range_points_at_its_key(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, "timeout_seconds = 10", "timeout_seconds = 0")
-    assert f"{path}:{line}: status.timeout_seconds: Expected `float` > 0.0" in out
+    assert f"{path}:{line}: status.timeout_seconds: must be a number > 0.0, got 0" in out
 
 
 def test_an_unknown_condition_operator(tmp_path: Path) -> None:
@@ -225,3 +225,43 @@ def test_a_body_job_id_without_pointer_points_at_job_id_from(tmp_path: Path) -> 
     submit = '[submit]\nurl = "https://api.example.com/v1/runs"\njob_id_from = "body"\n\n'
     path, line, out = check(tmp_path, "[contract]\n", submit + "[contract]\n")
     assert f'{path}:{line + 2}: submit.job_id_from is "body"' in out
+
+
+def test_a_state_of_the_wrong_type_is_said_in_words(tmp_path: Path) -> None:
+    text = PROFILE.split("[[contract.state_rules]]")[0] + (
+        'state_pointer = "/status"\n\n[contract.states]\nsuccess = ["done"]\nfailure = [1]\n'
+    )
+    path = tmp_path / "prov.toml"
+    path.write_text(text)
+    out = subprocess.run(
+        [*BIDE, "check-profile", str(path)], capture_output=True, text=True, timeout=30
+    )
+    line = text.count("\n")
+    assert (
+        f"{path}:{line}: contract.states.failure[1]: must be a string in quotes, got a whole number"
+    ) in out.stdout + out.stderr
+
+
+def test_a_documented_state_pointer_is_explained_on_its_key(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\ndocumented_states = { "status" = ["running", "done"] }',
+    )
+    assert (
+        f"{path}:{line + 1}: contract.documented_states: 'status' is not a JSON pointer: it must "
+        f'start with "/"'
+    ) in out
+    assert "regex" not in out
+
+
+def test_a_documented_state_no_rule_reads_is_on_the_documented_line(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\ndocumented_states = { "/status" = ["running", "done", "lost"] }',
+    )
+    assert (
+        f'{path}:{line + 1}: contract.documented_states: documented state "lost" at /status is '
+        f"classified by no rule"
+    ) in out
