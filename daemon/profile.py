@@ -660,6 +660,11 @@ _PATTERN_WORDS = {
     r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$": "an HTTP header name: letters, digits and "
     "!#$%&'*+.^_`|~- (no spaces or ':')",
     r"^/[\x21-\x7e]*$": 'a URL path: starts with "/", no spaces or non-ASCII characters',
+    r"^[a-z]{2}(-[a-z]+)+-\d+$": 'an AWS region, e.g. "us-east-1"',
+    r"^[a-z0-9-]{1,64}$": "an AWS signing name: lowercase letters, digits and '-' "
+    '(e.g. "states")',
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$": "a name: a letter or digit, then letters, digits, "
+    "'_', '.', '-' (at most 64)",
 }
 
 

@@ -7,6 +7,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+from msgspec import inspect
+
+from daemon.awssign import AwsSigning
+from daemon.profile import _PATTERN_WORDS, ProfileFile
+from replay.contract import Contract
+from replay.rules import Condition, StateRule
 from tests.e2e.harness import BIDE
 
 PROFILE = """\
@@ -265,3 +272,41 @@ def test_a_documented_state_no_rule_reads_is_on_the_documented_line(tmp_path: Pa
         f'{path}:{line + 1}: contract.documented_states: documented state "lost" at /status is '
         f"classified by no rule"
     ) in out
+
+
+def _patterns(tp: object, done: set[type]) -> set[str]:
+    if isinstance(tp, inspect.StructType):
+        if tp.cls in done:
+            return set()
+        done.add(tp.cls)
+        return set().union(*(_patterns(f.type, done) for f in tp.fields))
+    found = {tp.pattern} if isinstance(tp, inspect.StrType) and tp.pattern else set()
+    for attr in ("types", "item_type", "key_type", "value_type"):
+        inner = getattr(tp, attr, None)
+        for t in inner if isinstance(inner, tuple) else (inner,) if inner is not None else ():
+            found |= _patterns(t, done)
+    return found
+
+
+def test_every_pattern_a_profile_is_checked_against_has_words() -> None:
+    """No profile error shows a regex: each pattern in the structs that read a profile is
+    explained in daemon/profile.py's _PATTERN_WORDS."""
+    done: set[type] = set()
+    patterns = set().union(
+        *(
+            _patterns(inspect.type_info(cls), done)
+            for cls in (ProfileFile, Contract, StateRule, Condition, AwsSigning)
+        )
+    )
+    assert patterns - set(_PATTERN_WORDS) == set()
+
+
+def test_a_bad_aws_region_is_said_in_words(tmp_path: Path) -> None:
+    pytest.importorskip("botocore")
+    path, line, out = check(
+        tmp_path,
+        "[contract]\n",
+        '[aws]\nregion = "useast1"\nservice = "states"\n\n[contract]\n',
+    )
+    assert f'{path}:{line + 1}: aws.region: must be an AWS region, e.g. "us-east-1"' in out
+    assert "got 'useast1'" in out
