@@ -46,3 +46,7 @@ def test_every_key_appears_in_the_document_in_its_section() -> None:
 
 def test_the_operators_guide_links_the_reference() -> None:
     assert "(CONFIG.md)" in (DEPLOY / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_pattern_is_said_in_words() -> None:
+    assert "matches `" not in reference(), "add the pattern's words to daemon.config.PATTERN_WORDS"
