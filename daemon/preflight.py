@@ -21,7 +21,6 @@ from typing import Any
 import msgspec
 
 from daemon.config import Config, Problem, config_path, problem_of, read_config
-from daemon.errors import DaemonError
 from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.profile import load_profiles, too_long_for_lease
 from daemon.signing import log_format, log_identity
@@ -65,19 +64,19 @@ def preflight(explicit: str | None, timeout: float = REACH_SECONDS) -> Report:
     path = config_path(explicit)
     report = Report(str(path))
     if not path.is_file() or not _readable(path):
-        missing = not path.exists()
-        report.problems.append(
-            Problem(
-                str(path),
-                0,
-                "",
-                "does not exist" if missing else "cannot be read",
-                "pass --config FILE or set $BIDE_CONFIG (`bide demo --keep DIR` writes a "
-                "working example to DIR/bide.toml)"
-                if missing
-                else "run the check as the daemon's user, or fix the file's permissions",
+        if not path.exists():
+            what, fix = (
+                "does not exist",
+                (
+                    "pass --config FILE or set $BIDE_CONFIG (`bide demo --keep DIR` writes a "
+                    "working example to DIR/bide.toml)"
+                ),
             )
-        )
+        elif not path.is_file():
+            what, fix = "is not a file", "pass the config file itself with --config FILE"
+        else:
+            what, fix = "cannot be read", "run the check as the daemon's user, or fix its mode"
+        report.problems.append(Problem(str(path), 0, "", what, fix))
         return report
     loaded = read_config(path)
     report.problems += loaded.problems
@@ -267,8 +266,8 @@ def _database(dsn: str) -> str:
 
 
 def _witness(cfg: Config, report: Report, timeout: float) -> None:
-    from daemon.commands.run import witness_keys, witness_token
-    from daemon.witness.remote import WitnessUnreachable, shown, witnessed
+    from daemon.witness.remote import WitnessUnreachable, pinned_keys, shown, witnessed
+    from daemon.witness.service import TrustError, read_token
 
     w = cfg.witness
     found: dict[str, Any] = {"file": None, "syslog": w.syslog, "urls": {}}
@@ -284,11 +283,25 @@ def _witness(cfg: Config, report: Report, timeout: float) -> None:
                     "mount or create it (a directory of another host's, ideally)",
                 )
             )
-    for check in (witness_token, witness_keys):
+    if w.urls and cfg.witness_token is None:
+        report.problems.append(
+            _at(
+                cfg,
+                ("witness", "urls"),
+                "urls need token_file, the secret the witness knows this log's publisher by",
+                "create it 0600 with `bide witness token --out FILE` and put the same file in "
+                "the witness's trust directory",
+            )
+        )
+    elif cfg.witness_token is not None:
         try:
-            check(cfg)
-        except DaemonError as exc:
-            report.problems.append(problem_of(str(exc)))
+            read_token(cfg.witness_token)
+        except TrustError as exc:
+            report.problems.append(_at(cfg, ("witness", "token_file"), str(exc)))
+    try:
+        pinned_keys(w.witness_keys)
+    except ValueError as exc:
+        report.problems.append(_at(cfg, ("witness", "witness_keys"), str(exc)))
     log_id = log_identity(cfg.log_dir) if cfg.postgres is None else None
     for n, url in enumerate(w.urls):
         try:

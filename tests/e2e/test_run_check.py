@@ -209,3 +209,15 @@ def test_the_shipped_service_config_passes_with_keys_left_to_systemd(tmp_path: P
     shipped = len(list((deploy / "profiles").glob("*.toml")))
     assert f"profiles   {shipped} valid in {deploy / 'profiles'}" in out.stdout
     assert not (tmp_path / "state").exists()
+
+
+def test_witness_mistakes_are_named_on_their_lines(demo: Path, tmp_path: Path) -> None:
+    root = copy_of(demo, tmp_path)
+    config = root / "bide.toml"
+    config.write_text(
+        CONFIG + '\n[witness]\nurls = ["http://127.0.0.1:9/v1/heads"]\nwitness_keys = ["nope"]\n'
+    )
+    out = check(config, "--json")
+    assert out.returncode == EX_CONFIG, out.stdout + out.stderr
+    problems = {(p["line"], p["key"]) for p in json.loads(out.stdout)["problems"]}
+    assert problems == {(8, "witness.urls"), (9, "witness.witness_keys")}
