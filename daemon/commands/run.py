@@ -11,7 +11,7 @@ import anyio
 
 from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, UsageError
 from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.signing import log_identity, open_signing
 from daemon.supervisor import RequestGate, Supervisor
@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         from daemon.preflight import run_check
 
         return run_check(args)
+    if args.json:
+        raise UsageError("--json goes with --check (bide run --check --json)")
     cfg = load_config(args.config)
     unreachable = interpreter_unreachable_by_others()
     if unreachable is not None:
