@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import grp
 import os
 import sys
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ EX_CONFIG = 78
 #: Asked of a witness when the log has no id yet: a well-formed id no log has (404 = reached).
 _NO_LOG = "0" * 32
 _LAST = 1 << 30
+#: The longest Unix socket path (sun_path holds 108 bytes with the terminating NUL).
+_SUN_PATH = 107
 
 
 @dataclass
@@ -88,6 +91,7 @@ def preflight(explicit: str | None, timeout: float = REACH_SECONDS) -> Report:
     report.found["state_dir"] = {"path": str(cfg.state_dir), "exists": cfg.state_dir.is_dir()}
     if unreachable := interpreter_unreachable_by_others():
         report.warnings.append(unreachable)
+    _settings(cfg, report)
     _profiles(cfg, report)
     _keys(cfg, report)
     _store(cfg, report, timeout)
@@ -108,6 +112,59 @@ def _readable(path: Path) -> bool:
 def _at(cfg: Config, keys: tuple[str | int, ...], message: str, fix: str = "") -> Problem:
     """A problem about the config's key ``keys`` (on its line, or its table's)."""
     return Problem(str(cfg.path), line_of(cfg.lines, keys), dotted(keys), message, fix)
+
+
+def _settings(cfg: Config, report: Report) -> None:
+    """What ``bide run`` refuses at start beyond the file's own validation: spool groups that
+    do not exist, a socket path too long, forward-secure keys with a shared log."""
+    for key in ("agents_group", "approvers_group"):
+        group = getattr(cfg.spool, key)
+        if group and not _group_exists(group):
+            report.problems.append(
+                _at(
+                    cfg,
+                    ("spool", key),
+                    f"group {group!r} does not exist",
+                    f"create it (groupadd {group}), or clear the setting",
+                )
+            )
+    if cfg.api.enabled:
+        socket = cfg.socket_path
+        report.found["api"] = {"socket": str(socket)}
+        if len(os.fsencode(socket)) > _SUN_PATH:
+            report.problems.append(
+                _at(
+                    cfg,
+                    ("api", "socket") if cfg.api_socket is not None else ("paths", "state_dir"),
+                    f"the API socket {socket} is longer than a Unix socket path may be "
+                    f"({_SUN_PATH} bytes)",
+                    "set [api] socket to a shorter path",
+                )
+            )
+        if cfg.api.socket_group and not _group_exists(cfg.api.socket_group):
+            report.warnings.append(
+                f"{cfg.where('api', 'socket_group')}: api.socket_group: group "
+                f"{cfg.api.socket_group!r} does not exist: only the daemon's user and root will "
+                f"be able to connect"
+            )
+    if cfg.postgres is not None and cfg.log.forward_secure:
+        report.problems.append(
+            _at(
+                cfg,
+                ("log", "forward_secure"),
+                "the log is in PostgreSQL, and forward-secure epoch keys live on one host (a "
+                "standby could not continue the chain)",
+                "set [log] forward_secure = false and give every node the same keys directory",
+            )
+        )
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _profiles(cfg: Config, report: Report) -> None:
@@ -309,10 +366,9 @@ def _witness(cfg: Config, report: Report, timeout: float) -> None:
         except WitnessUnreachable as exc:
             # A witness being down does not stop the daemon (it retries): a warning.
             found["urls"][shown(url)] = "unreachable"
-            line = line_of(cfg.lines, ("witness", "urls", n))
             report.warnings.append(
-                f"{cfg.path}:{line}: {exc}; the daemon would start and keep retrying it "
-                f"(is `bide witness serve` running there?)"
+                f"{cfg.where('witness', 'urls', n)}: {exc}; the daemon would start and keep "
+                f"retrying it (is `bide witness serve` running there?)"
             )
         else:
             found["urls"][shown(url)] = "reachable"
@@ -355,6 +411,8 @@ def render(report: Report) -> str:
             lease = s.get("lease")
             held = f", lease epoch {lease['epoch']} ({lease['holder'] or 'free'})" if lease else ""
             out.append(f"store      postgresql {s['database']}: {reach}{held}")
+    if "api" in f:
+        out.append(f"api        {f['api']['socket']}")
     if "witness" in f:
         w = f["witness"]
         parts = [f"file {w['file']}"] if w["file"] else []

@@ -5,7 +5,9 @@ and nothing is ever created or changed."""
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -150,7 +152,10 @@ def test_an_unreachable_database_is_a_problem_on_the_store_line(demo: Path, tmp_
     root = copy_of(demo, tmp_path)
     port = closed_port()
     config = root / "bide.toml"
-    config.write_text(CONFIG + f'\n[log]\nstore = "postgresql://bide@127.0.0.1:{port}/bide"\n')
+    config.write_text(
+        CONFIG + f'\n[log]\nstore = "postgresql://bide@127.0.0.1:{port}/bide"\n'
+        "forward_secure = false\n"
+    )
     out = check(config)
     assert out.returncode == EX_CONFIG, out.stdout + out.stderr
     assert f"store      postgresql 127.0.0.1:{port}/bide: NOT reachable" in out.stdout
@@ -164,7 +169,7 @@ def test_an_unreachable_database_is_a_problem_on_the_store_line(demo: Path, tmp_
 def test_a_reachable_database_shows_its_lease(demo: Path, tmp_path: Path, pg_dsn: str) -> None:
     root = copy_of(demo, tmp_path)
     config = root / "bide.toml"
-    config.write_text(CONFIG + f'\n[postgres]\ndsn = "{pg_dsn}"\n')
+    config.write_text(CONFIG + f'\n[log]\nforward_secure = false\n\n[postgres]\ndsn = "{pg_dsn}"\n')
     out = check(config)
     assert out.returncode == EX_CONFIG, out.stdout + out.stderr
     assert "no bide schema" in out.stdout
@@ -196,12 +201,15 @@ def test_a_missing_config_is_named_with_the_fix(tmp_path: Path) -> None:
 
 def test_the_shipped_service_config_passes_with_keys_left_to_systemd(tmp_path: Path) -> None:
     deploy = Path(__file__).resolve().parents[2] / "deploy"
+    mine = grp.getgrgid(os.getgid()).gr_name
     config = tmp_path / "bide.toml"
     config.write_text(
         (deploy / "bide.toml")
         .read_text()
         .replace("/var/lib/bide", str(tmp_path / "state"))
         .replace("/etc/bide/profiles", str(deploy / "profiles"))
+        .replace('"bide-agents"', f'"{mine}"')  # the guide's groups exist where it is followed
+        .replace('"bide-approvers"', f'"{mine}"')
     )
     out = check(config)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -221,3 +229,23 @@ def test_witness_mistakes_are_named_on_their_lines(demo: Path, tmp_path: Path) -
     assert out.returncode == EX_CONFIG, out.stdout + out.stderr
     problems = {(p["line"], p["key"]) for p in json.loads(out.stdout)["problems"]}
     assert problems == {(8, "witness.urls"), (9, "witness.witness_keys")}
+
+
+def test_what_run_would_refuse_at_start_is_named_too(demo: Path, tmp_path: Path) -> None:
+    """Beyond the file's own rules: a spool group that does not exist, forward-secure keys
+    with the log in PostgreSQL (a standby could not continue the chain)."""
+    root = copy_of(demo, tmp_path)
+    config = root / "bide.toml"
+    config.write_text(
+        CONFIG + '\n[log]\nstore = "postgresql://bide@127.0.0.1:9/bide"\n\n'
+        '[spool]\napprovers_group = "no-such-group-bide"\n'
+    )
+    out = check(config, "--json")
+    assert out.returncode == EX_CONFIG, out.stdout + out.stderr
+    problems = {p["key"]: p for p in json.loads(out.stdout)["problems"]}
+    assert problems["log.forward_secure"]["line"] == 7  # the [log] table: the key is not written
+    assert "set [log] forward_secure = false" in problems["log.forward_secure"]["fix"]
+    assert problems["spool.approvers_group"]["line"] == 11
+    assert problems["spool.approvers_group"]["message"] == (
+        "group 'no-such-group-bide' does not exist"
+    )
