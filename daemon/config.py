@@ -347,7 +347,7 @@ def read_config(path: Path) -> Loaded:
         try:
             cfg = Config(path, raw, lines)
         except ConfigError as exc:
-            problems.append(_parsed(str(exc)))
+            problems.append(problem_of(str(exc), path))
         break
     problems.sort(key=lambda p: p.line or _MAX_LINE)
     return Loaded(None if filled else cfg, problems)
@@ -355,28 +355,24 @@ def read_config(path: Path) -> Loaded:
 
 _MAX_PROBLEMS = 100
 _MAX_LINE = 1 << 30
-_PROBLEM_TEXT = re.compile(r"^(?P<file>.+?)(?::(?P<line>\d+))?: (?:(?P<key>[\w.\[\]\"/~-]+): )?")
+_PROBLEM_TEXT = re.compile(r"^(?::(?P<line>\d+))?: (?:(?P<key>[\w.\[\]\"/~-]+): )?")
 
 
-def _parsed(message: str) -> Problem:
-    """A ``FILE:LINE: key: what; fix`` message (bide.toml's, a profile's) as a :class:`Problem`."""
-    m = _PROBLEM_TEXT.match(message)
+def problem_of(message: str, file: Path | str) -> Problem:
+    """A ``FILE:LINE: key: what; fix`` message about ``file`` (bide.toml's, a profile's) as a
+    :class:`Problem`; a message in another form is its message whole."""
+    m = _PROBLEM_TEXT.match(message[len(str(file)) :]) if message.startswith(str(file)) else None
     if not m:
-        return Problem("", 0, "", message)
-    rest = message[m.end() :]
+        return Problem(str(file), 0, "", message)
+    rest = message[len(str(file)) + m.end() :]
     what, _, fix = rest.partition("; did you mean ")
     return Problem(
-        m.group("file"),
+        str(file),
         int(m.group("line") or 0),
         m.group("key") or "",
         what,
         f"did you mean {fix}" if fix else "",
     )
-
-
-def problem_of(message: str) -> Problem:
-    """A ConfigError's text (bide.toml's or a profile's) as a :class:`Problem`."""
-    return _parsed(message)
 
 
 def _explain(

@@ -199,7 +199,7 @@ def _profiles(cfg: Config, report: Report) -> None:
         "names": sorted(good),
         "refused": sorted(path.stem for path in bad),
     }
-    report.problems += [problem_of(message) for _, message in sorted(bad.items())]
+    report.problems += [problem_of(message, path) for path, message in sorted(bad.items())]
     creds = cfg.credentials_dir
     for name, profile in sorted(good.items()):
         ref = profile.credential
