@@ -24,9 +24,8 @@ import difflib
 import os
 import re
 import tomllib
-import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -38,6 +37,7 @@ from daemon.tomllines import (
     line_of,
     msgspec_place,
     type_in_words,
+    unwrap,
 )
 
 DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
@@ -440,7 +440,7 @@ def _type_at(keys: KeyPath) -> object:
     """The declared type at ``keys`` in bide.toml (None where none is declared)."""
     tp: object = ConfigFile
     for key in keys:
-        tp = _unwrap(tp)
+        tp = unwrap(tp)
         if isinstance(key, int):
             args = get_args(tp)
             tp = args[0] if args else None
@@ -448,21 +448,7 @@ def _type_at(keys: KeyPath) -> object:
             tp = get_type_hints(tp, include_extras=True).get(key)
         else:
             return None
-    return _unwrap(tp)
-
-
-def _unwrap(tp: object) -> object:
-    """``Annotated[X, ...]`` and ``X | None`` to ``X``."""
-    while True:
-        if get_origin(tp) is Annotated:
-            tp = get_args(tp)[0]
-        elif get_origin(tp) in (Union, types.UnionType):
-            args = [a for a in get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
-        else:
-            return tp
+    return unwrap(tp)
 
 
 def _fields_at(keys: KeyPath) -> tuple[str, ...]:

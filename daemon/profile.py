@@ -51,15 +51,13 @@ the quota holds back is recorded as a ``local_quota`` delay, never sent in a wav
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 import tomllib
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import quote, urlsplit
 
 import msgspec
@@ -68,7 +66,15 @@ from msgspec import Meta
 from daemon import readpost
 from daemon.awssign import AwsSigning, botocore_missing
 from daemon.errors import ConfigError
-from daemon.tomllines import KeyPath, key_lines, line_of, type_in_words
+from daemon.tomllines import (
+    KeyPath,
+    dotted,
+    key_lines,
+    line_of,
+    nearest,
+    type_in_words,
+    unwrap,
+)
 from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, ResultField, StateTable, contract_digest
 
@@ -295,7 +301,7 @@ def load_profile(path: Path) -> Profile:
         line = _line_of(text, ("contract",), unknown[0])
         known = tuple(sorted(_CONTRACT_FIELDS - {"provider"}))
         raise ConfigError(
-            f"{path}:{line}: contract.{unknown[0]}: unknown key{_nearest(unknown[0], known)}"
+            f"{path}:{line}: contract.{unknown[0]}: unknown key{nearest(unknown[0], known)}"
         )
     if raw.contract.get("provider", name) != name:
         raise ConfigError(
@@ -359,11 +365,6 @@ _CONDITION_KEYS = ("equals", "present", "absent", "null", "min", "max")
 _SOME_KEYS = ("pointer", "when")
 
 
-def _nearest(word: str, choices: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
-
-
 def pointer_problem(pointer: str) -> str | None:
     """Why ``pointer`` is not an RFC 6901 JSON pointer, in words (None when it is one)."""
     if pointer and not pointer.startswith("/"):
@@ -411,7 +412,7 @@ def _unknown_nested_keys(path: Path, text: str, contract: dict[str, object]) -> 
                 keys = (*where, key)
                 line = line_of(_key_lines(text), keys)
                 raise ConfigError(
-                    f"{path}:{line}: {_dotted(keys)}: unknown key{_nearest(key, known)}"
+                    f"{path}:{line}: {dotted(keys)}: unknown key{nearest(key, known)}"
                 )
 
 
@@ -435,13 +436,13 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
             raise fail(index, "", "a rule is a table")
         for key in rule:
             if key not in _RULE_KEYS:
-                raise fail(index, f".{key}", f"unknown key{_nearest(key, _RULE_KEYS)}", (key,))
+                raise fail(index, f".{key}", f"unknown key{nearest(key, _RULE_KEYS)}", (key,))
         category = rule.get("category")
         if not isinstance(category, str) or category not in _CATEGORIES:
             raise fail(
                 index,
                 ".category",
-                f"{category!r} is not a category{_nearest(str(category), _CATEGORIES)}",
+                f"{category!r} is not a category{nearest(str(category), _CATEGORIES)}",
                 ("category",),
             )
         conditions = _conditions(
@@ -458,7 +459,7 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
                     raise fail(
                         index,
                         f"{where}.{key}",
-                        f"unknown key{_nearest(key, _SOME_KEYS)}",
+                        f"unknown key{nearest(key, _SOME_KEYS)}",
                         (*at, key),
                     )
             if not isinstance(some.get("pointer"), str) or not some.get("when"):
@@ -510,7 +511,7 @@ def _conditions(
                 if word not in _CONDITION_KEYS:
                     raise fail(
                         f"{key}.{word}",
-                        f"unknown condition{_nearest(word, _CONDITION_KEYS)}",
+                        f"unknown condition{nearest(word, _CONDITION_KEYS)}",
                         pointer,
                         word,
                     )
@@ -683,15 +684,15 @@ def _explain(path: Path, text: str, message: str) -> str:
     detail = message[: m.start()] if m else message
     if found := re.match(r"Object contains unknown field `([^`]+)`", detail):
         keys = (*keys, found.group(1))
-        detail = f"unknown key{_nearest(found.group(1), _fields_at(keys[:-1]))}"
+        detail = f"unknown key{nearest(found.group(1), _fields_at(keys[:-1]))}"
     elif found := re.match(r"Object missing required field `([^`]+)`", detail):
         keys = (*keys, found.group(1))
         detail = "missing (this key is required)"
     elif found := re.match(r"Invalid enum value (.+)", detail):
         choices = _literal_at(keys)
         value = found.group(1)
-        nearest = _nearest(value.strip("'"), choices) if choices else ""
-        detail = f"{value} is not valid{nearest}"
+        close = nearest(value.strip("'"), choices) if choices else ""
+        detail = f"{value} is not valid{close}"
     elif found := re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail):
         value = _value_at(text, keys)
         pattern = found.group(2).replace("\\\\", "\\")
@@ -701,13 +702,13 @@ def _explain(path: Path, text: str, message: str) -> str:
             detail = f"must be {words}, got {value!r}"
     elif words := type_in_words(detail, repr(_value_at(text, keys))):
         detail = words
-    dotted = _dotted(keys)
+    named = dotted(keys)
     where = keys
     if keys[:2] == ("contract", "state_rules") and "when" in keys:
         # The rules were rewritten before msgspec saw them: their "when" is a list there.
         where = keys[: keys.index("when") + 1]
     line = line_of(_key_lines(text), where)
-    return f"{path}:{line}: {dotted}: {detail}" if line else f"{path}: {dotted}: {detail}"
+    return f"{path}:{line}: {named}: {detail}" if line else f"{path}: {named}: {detail}"
 
 
 _POINTER_PATTERN = r"^(/([^~/]|~[01])*)*$"
@@ -740,9 +741,9 @@ def _explain_dict_key(path: Path, text: str, detail: str, where: str) -> str:
         for key in table:
             if problem := pointer_problem(str(key)):
                 line = line_of(_key_lines(text), (*keys, str(key)))
-                return f"{path}:{line}: {_dotted(keys)}: {problem}"
+                return f"{path}:{line}: {dotted(keys)}: {problem}"
     line = line_of(_key_lines(text), keys)
-    return f"{path}:{line}: {_dotted(keys)}: a key {detail[0].lower()}{detail[1:]}"
+    return f"{path}:{line}: {dotted(keys)}: a key {detail[0].lower()}{detail[1:]}"
 
 
 def _explain_unplaced(path: Path, text: str, message: str) -> str:
@@ -761,30 +762,11 @@ def _explain_unplaced(path: Path, text: str, message: str) -> str:
     return f"{path}:{lines[('contract', key)]}: contract.{key}: {message}"
 
 
-def _dotted(keys: KeyPath) -> str:
-    """``("contract", "results", 0, "kind")`` as ``contract.results[1].kind`` (from 1)."""
-    return "".join(f"[{k + 1}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
-
-
-def _unwrap(tp: object) -> object:
-    """``Annotated[X, ...]`` and ``X | None`` to ``X``."""
-    while True:
-        if get_origin(tp) is Annotated:
-            tp = get_args(tp)[0]
-        elif get_origin(tp) in (Union, types.UnionType):
-            args = [a for a in get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
-        else:
-            return tp
-
-
 def _type_at(keys: KeyPath) -> object:
     """The declared type of the value at ``keys`` in a profile (None when not declared)."""
     tp: object = ProfileFile
     for key in keys:
-        tp = _unwrap(tp)
+        tp = unwrap(tp)
         if tp is ProfileFile and key == "contract":
             tp = Contract
         elif isinstance(key, int):
@@ -794,7 +776,7 @@ def _type_at(keys: KeyPath) -> object:
             tp = get_type_hints(tp, include_extras=True).get(key)
         else:
             return None
-    return _unwrap(tp)
+    return unwrap(tp)
 
 
 def _fields_at(keys: KeyPath) -> tuple[str, ...]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+import types
+from typing import Annotated, Union, get_args, get_origin
 
 KeyPath = tuple[str | int, ...]
 
@@ -32,6 +34,20 @@ def nearest(word: str, choices: tuple[str, ...]) -> str:
     """``; did you mean 'x'?`` for the choice closest to ``word``, else the list of choices."""
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
+
+
+def unwrap(tp: object) -> object:
+    """A declared type without its ``Annotated[...]`` and ``| None``: ``X``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
 
 
 def dotted(keys: KeyPath) -> str:
