@@ -53,7 +53,12 @@ def add_parser(sub: Any) -> None:
         "what was found and every problem (file:line and the fix), and exit: 0 when all is "
         "well, 78 (EX_CONFIG) otherwise; writes nothing",
     )
-    p.add_argument("--json", action="store_true", help="with --check: the report as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --check: the report as JSON (ok, config, found, problems: file, line, "
+        "key, message, fix; warnings)",
+    )
     p.set_defaults(func=run)
 
 
