@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from daemon import __version__
 from daemon.errors import DaemonError, UsageError
+from daemon.logfmt import journal_prefix
 from eventlog.errors import EventLogError
 
 #: Subcommand modules, in the order ``bide --help`` lists them.
@@ -89,10 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BaseExceptionGroup as group:  # the daemon's task groups wrap what they raise
             raise _alone(group) from None
     except UsageError as exc:
-        print(f"bide {args.command}: {exc}", file=sys.stderr)
+        print(f"{journal_prefix('error', sys.stderr)}bide {args.command}: {exc}", file=sys.stderr)
         return 2
     except (DaemonError, EventLogError) as exc:
-        print(f"bide {args.command}: {exc}", file=sys.stderr)
+        print(f"{journal_prefix('error', sys.stderr)}bide {args.command}: {exc}", file=sys.stderr)
         return getattr(exc, "exit_status", 2)
     except KeyboardInterrupt:
         return 130

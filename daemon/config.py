@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 
 from daemon.errors import ConfigError, UsageError
+from daemon.logfmt import LogLevel
 from daemon.tomllines import (
     KeyPath,
     dotted,
@@ -59,6 +60,7 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     epoch_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # a new epoch key this often
     epoch_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0  # or every N checkpoints (0 off)
     store: str = "files"  # "files", or a postgresql:// DSN (the [postgres] table says more)
+    level: LogLevel = "info"  # the daemon's log lines at or above: debug, info, warning, error
 
 
 class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

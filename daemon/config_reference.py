@@ -57,6 +57,8 @@ MEANINGS: dict[str, dict[str, str]] = {
         "epoch_seconds": "a new epoch key (the old one destroyed) this often",
         "epoch_checkpoints": "or every N checkpoints, whichever comes first (`0`: off)",
         "store": '`"files"`, or a `postgresql://` DSN (the same as `[postgres] dsn`)',
+        "level": "the daemon's log lines at this level and above are written (`bide run "
+        "--log-level` overrides it for one run)",
     },
     "postgres": {
         "dsn": "the database (conninfo or `postgresql://` URL); never a password: `password_file`",

@@ -34,7 +34,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -149,6 +149,9 @@ class Lease:
     _renewed: anyio.Event | None = field(init=False, default=None)
     _lost: anyio.Event | None = field(init=False, default=None)  # set by :meth:`fenced`
     _lost_why: str = field(init=False, default="")
+    #: Called after each look at the database while standby (a standby's reads follow the
+    #: copy it keeps: daemon.standby).
+    followed: Callable[[], None] = field(init=False, default_factory=lambda: _nothing)
 
     def __post_init__(self, following: Following | None) -> None:
         # The holder is written into the signed takeover record and printed by verify: one
@@ -309,6 +312,7 @@ class Lease:
             while True:
                 try:
                     await self.follow()
+                    self.followed()
                     sent = now()
                     term = await self._timed(self.link.take_lease(self.holder, self.lease_seconds))
                     if term is not None:
@@ -403,6 +407,10 @@ class Lease:
                 "could not hand the lease over; the next node waits for it to expire",
                 error=str(exc) or "timed out",
             )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _cannot_listen(why: str) -> None:

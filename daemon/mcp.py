@@ -28,9 +28,8 @@ from mcp.types import ToolAnnotations
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from daemon import __version__
-from daemon.api.client import AsyncApiClient
+from daemon.api.client import AsyncApiClient, shown_time
 from daemon.errors import DaemonError
-from replay.decide import format_time
 
 MAX_WAIT_SECONDS = 60.0
 
@@ -159,7 +158,7 @@ def _result(view: dict[str, Any]) -> OperationResult:
     elif phase == "submitting":
         advice = "bide is submitting the job; call wait_for_operation to learn the outcome."
     else:
-        when = format_time(float(news)) if news is not None else "soon"
+        when = shown_time(news) if news is not None else "soon"
         advice = (
             f"Still running; bide next checks at {when}. Call wait_for_operation again "
             f"(it waits up to 60 s); there is nothing to gain by calling sooner."
@@ -176,7 +175,7 @@ def _result(view: dict[str, Any]) -> OperationResult:
         provider_error=_text_or_none(view.get("provider_error")),
         provider_results=dict(view.get("provider_results") or {}),
         escalation=escalation,
-        next_news_at=format_time(float(news)) if news is not None else None,
+        next_news_at=shown_time(news) if news is not None else None,
         advice=advice,
     )
 

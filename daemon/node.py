@@ -1,7 +1,8 @@
 """``bide run`` with the log in PostgreSQL: a standby until the lease is ours, then the
 supervisor under that epoch, and back to standby if another node fences us.
 
-    standby:  follow the log into the local segment files; try the lease every poll
+    standby:  follow the log into the local segment files; try the lease every poll; answer
+              the local API's reads from that copy, refuse its writes (daemon.standby)
     active:   open the writer on the local copy (every round committed to the database under
               our epoch), write a signed checkpoint (the takeover in the chain), replay,
               recover the previous holder's requests in flight, poll; renew the lease
@@ -21,11 +22,13 @@ from typing import Protocol
 import anyio
 
 from daemon import logfmt
+from daemon.api.door import ApiDoor
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.lease import Lease
 from daemon.pgconfig import config_settings
 from daemon.profile import load_profiles, too_long_for_lease
+from daemon.standby import StandbyReads
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DivergedError, FencedError, LogIOError
@@ -100,23 +103,40 @@ def _check_profiles_fit(cfg: Config, longest: float) -> None:
 async def _node(cfg: Config, lease: Lease, build: Build) -> None:
     await lease.open()
     try:
-        await _terms(cfg, lease, build)
+        async with anyio.create_task_group() as tg:
+            door: ApiDoor | None = None
+            if cfg.api.enabled:
+                # One socket for the node's life: the standby's reads answer on it, then the
+                # active node's API, then the standby's again.
+                door = ApiDoor(cfg)
+                await tg.start(door.serve)
+            await _terms(cfg, lease, build, door)
+            tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await lease.aclose()
 
 
-async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
+async def _terms(cfg: Config, lease: Lease, build: Build, door: ApiDoor | None) -> None:
     """Standby, active, and back, until a graceful stop."""
     log_store = pgstore.PgLogStore(lease.settings)
     while True:
         logfmt.info("standby: following the log", node=lease.holder)
-        epoch = await _standby(lease)
+        reads = None
+        if door is not None:
+            reads = StandbyReads(
+                cfg, lambda: build(cfg, ask_witnesses=False), lease.holder.split("/", 1)[0]
+            )
+            door.answer_with(reads.handle, reads.count)
+        epoch = await _standby(lease, reads)
         if epoch is None:
             return  # SIGTERM while standby: nothing held
+        if door is not None:
+            door.between(f"this node took the log (epoch {epoch}) and is starting")
         store = log_store.writer(lease.term)
         # Witnesses are not asked here: a takeover must not wait on them (heads.jsonl is).
         supervisor = build(cfg, store=store, lease=lease, ask_witnesses=False)
+        supervisor.door = door
         fenced: list[BaseException] = []
         failed: list[BaseException] = []
         try:
@@ -163,8 +183,9 @@ async def _terms(cfg: Config, lease: Lease, build: Build) -> None:
         return
 
 
-async def _standby(lease: Lease) -> int | None:
-    """The lease's epoch once taken; None on SIGTERM/SIGINT first."""
+async def _standby(lease: Lease, reads: StandbyReads | None) -> int | None:
+    """The lease's epoch once taken; None on SIGTERM/SIGINT first. Meanwhile ``reads``
+    answers the API from the copy the lease keeps."""
     got: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
@@ -173,8 +194,12 @@ async def _standby(lease: Lease) -> int | None:
                 got.append(await lease.acquire())
                 tg.cancel_scope.cancel()
 
+            if reads is not None:
+                lease.followed = reads.poke
+                tg.start_soon(reads.run)
             tg.start_soon(take)
             async for _ in signals:
                 tg.cancel_scope.cancel()
                 break
+    lease.followed = lambda: None
     return got[0] if got else None

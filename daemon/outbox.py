@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from replay.decide import format_time
-from replay.events import EscalationRaised
+from replay.events import EscalationRaised, Option
 from replay.state import Operation
 
 
@@ -61,13 +61,21 @@ def escalation_text(ev: EscalationRaised, op: Operation | None = None) -> str:
         lines.append(provider_error_text(op.provider_error, op.provider_error_truncated))
     lines.append("  options:")
     for n, option in enumerate(ev.options, start=1):
-        params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
-        lines.append(f"    {n}. {option.id}: {option.label}" + (f" [{params}]" if params else ""))
+        lines.append(f"    {n}. {_option_text(option)}")
     lines.append(
         f"  decide with:   bide decide {c.operation_id} OPTION --escalation "
         f"{ev.escalation_id} [--note TEXT]"
     )
     return "\n".join(lines) + "\n"
+
+
+def _option_text(option: Option) -> str:
+    """``ID: LABEL [params]``; a label that starts with ``ID:`` is shown alone: it names its
+    id already, and an extension's states the values it puts in force, params included."""
+    if option.label.startswith(f"{option.id}:"):
+        return option.label
+    params = ", ".join(f"{k}={v}" for k, v in sorted(option.params.items()))
+    return f"{option.id}: {option.label}" + (f" [{params}]" if params else "")
 
 
 def write_escalation(outbox: Path, ev: EscalationRaised, op: Operation | None = None) -> Path:

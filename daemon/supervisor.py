@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -20,11 +20,19 @@ from daemon.engine.chain import RequestGate
 from daemon.engine.supervisor import DRAIN_SECONDS
 from daemon.engine.supervisor import Supervisor as Engine
 
+if TYPE_CHECKING:
+    from daemon.api.door import ApiDoor
+    from daemon.api.server import Count, Handler, Request, Response
+
 __all__ = ["DRAIN_SECONDS", "RequestGate", "Supervisor"]
 
 
 class Supervisor(Engine):
     """The engine, serving the local API when ``[api] enabled``."""
+
+    #: The node's socket (the log in PostgreSQL), open across its terms; None: this
+    #: supervisor opens its own.
+    door: ApiDoor | None = None
 
     async def serve_api(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -32,21 +40,20 @@ class Supervisor(Engine):
         """The local API on its Unix socket, answered from the engine's memory."""
         from daemon.api.listener import open_listener
         from daemon.api.server import ApiServer, Limits
-        from daemon.api.service import Api
 
+        handle, count = self.api_handler()
+        if self.door is not None:
+            self.door.answer_with(handle, count)
+            self.api_socket = str(self.config.socket_path)
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.door.between("this node is leaving the active role")
         cfg = self.config.api
         listener, where, bound = await open_listener(
             self.config.socket_path, mode=int(cfg.socket_mode, 8), group=cfg.socket_group
         )
-        api = Api(self)
-
-        async def handle(request: Any) -> Any:
-            self.metrics.api_requests += 1
-            return await api.handle(request)
-
-        def count(reason: str) -> None:
-            self.metrics.api_rejections[reason] += 1
-
         server = ApiServer(
             handle,
             limits=Limits(
@@ -66,3 +73,18 @@ class Supervisor(Engine):
             if bound:
                 with contextlib.suppress(OSError):
                     os.unlink(where)
+
+    def api_handler(self) -> tuple[Handler, Count]:
+        """The API's answers from this engine's memory, and the count of its refusals."""
+        from daemon.api.service import Api
+
+        api = Api(self)
+
+        async def handle(request: Request) -> Response:
+            self.metrics.api_requests += 1
+            return await api.handle(request)
+
+        def count(reason: str) -> None:
+            self.metrics.api_rejections[reason] += 1
+
+        return handle, count

@@ -51,7 +51,7 @@ import multiprocessing
 import operator
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, pairwise, repeat
@@ -96,6 +96,9 @@ _LIVE_WAIT = 0.5  # seconds a partial last line under a held lock may take to be
 EXIT_INTACT = 0
 EXIT_DAMAGED = 1
 EXIT_TORN = 3
+
+#: Told (records checked, bytes checked, bytes to check) as verification goes.
+Progress = Callable[[int, int, int], None]
 
 UNIT_BYTES = 4 * 1024 * 1024  # fast-path work unit
 PARALLEL_MIN_BYTES = 16 * 1024 * 1024  # below this, forking workers costs more than it saves
@@ -218,6 +221,7 @@ def verify_log(
     writer_live: bool | None = None,
     jobs: int = 1,
     resume: LogPosition | None = None,
+    progress: Progress | None = None,
 ) -> Report:
     """Verify the whole log at ``log_dir``; never raises on damage, reports it.
 
@@ -229,6 +233,9 @@ def verify_log(
     on open, and a live writer's partial last line is work in progress, not a torn tail).
     ``jobs`` > 1 checks large logs in that many forked worker processes (only fork from a
     single-threaded process, such as the ``bide verify`` command).
+
+    ``progress`` is told, after each work unit of the fast path, the records checked so far
+    and the bytes checked of the total (a display; it decides nothing).
     """
     report = Report(log_dir=log_dir)
     if writer_live is None:  # None from writer_alive: not ours to look at; assume it runs
@@ -247,7 +254,7 @@ def verify_log(
     elif resume is not None:
         begin = _resume(report, segments, resume) or begin
     try:
-        start = _fast(report, verify_key, segments, anchor, jobs, begin)
+        start = _fast(report, verify_key, segments, anchor, jobs, begin, progress)
         if start is not None:
             _slow(report, verify_key, segments, start[0], start[1], anchor)
         _finish(report, segments, anchor)
@@ -339,10 +346,12 @@ def _fast(
     anchor: tuple[int, str] | None,
     jobs: int,
     begin: tuple[int, int],
+    progress: Progress | None = None,
 ) -> tuple[int, int] | None:
     """Join the summaries of intact units; return (ordinal, offset) where the slow path starts."""
     units = plan_units(segments, begin)
     total = sum(u[3] - u[2] for u in units)
+    told = _told(units, total, progress)
     args = [(u, verify_key.raw, anchor) for u in units]
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the fast path allocates many short-lived objects that hold no cycles
@@ -351,13 +360,31 @@ def _fast(
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(min(jobs, len(units)), mp_context=context) as pool:
                 try:
-                    return _join(report, units, pool.map(_check_unit_args, args))
+                    return _join(report, units, told(pool.map(_check_unit_args, args)))
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
-        return _join(report, units, map(_check_unit_args, args))
+        return _join(report, units, told(map(_check_unit_args, args)))
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _told(
+    units: list[_Unit], total: int, progress: Progress | None
+) -> Callable[[Iterator[_Summary | None]], Iterator[_Summary | None]]:
+    """Pass the units' summaries through, telling ``progress`` after each one (records and
+    bytes checked in this run, not counting what a resume skipped)."""
+
+    def tell(summaries: Iterator[_Summary | None]) -> Iterator[_Summary | None]:
+        done, records = 0, 0
+        for (_, _, start, end), summary in zip(units, summaries, strict=True):
+            yield summary
+            done += end - start
+            if progress is not None and summary is not None:
+                records += summary.records
+                progress(records, done, total)
+
+    return tell
 
 
 def plan_units(

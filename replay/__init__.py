@@ -33,7 +33,9 @@ Deciding a response is two steps, each a module of its own (not re-exported here
 ``replay.reading.read_response(op, response, now) -> Reading`` turns what came back into
 facts (status, body, state, job identity, results, the provider's error, hints, each
 validated), and ``replay.decide.decide_reading(op, reading, request_number, now, draw)``
-applies the rules to them; ``decide`` does both.
+applies the rules to them; ``decide`` does both. What an approved extension puts in force, by
+the operation's recorded ``extend_rule``, and the label that states it, are
+``replay.extension.extended`` and ``extension_label`` (not re-exported either).
 
 The daemon's protocol: for a stored fact, evolve the operation with it and append the fact
 followed by ``decide(op, fact, now, draw)`` (in one batch, or the fact first; a log that ends
@@ -63,6 +65,7 @@ from replay.events import (
     Event,
     HintRejected,
     Histogram,
+    NodeTookOver,
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
@@ -103,6 +106,7 @@ __all__ = [
     "InvalidInputError",
     "Mismatch",
     "NewerSchemaError",
+    "NodeTookOver",
     "Observation",
     "Operation",
     "OperationRegistered",

@@ -29,6 +29,7 @@ from replay.events import (
     DecisionRecorded,
     DecisionRejected,
     Event,
+    NodeTookOver,
     OperationRegistered,
     OperationStopped,
     OperationWithdrawn,
@@ -92,6 +93,8 @@ def check(events: Iterable[Event]) -> list[Mismatch]:
     """
     per_op: dict[str, list[tuple[int, Event]]] = {}
     for index, event in enumerate(events):
+        if isinstance(event, NodeTookOver):
+            continue  # no decision: the node that took the log, told in the story
         per_op.setdefault(event.operation_id, []).append((index, event))
     mismatches: list[Mismatch] = []
     for operation_id, indexed in per_op.items():

@@ -80,9 +80,11 @@ documented; resubmission only with idempotency and a recorded key, S29), each wi
 On a human decision (S36)
 -------------------------
 An offered option of the open escalation becomes ``DecisionRecorded`` with the approver: a
-resuming option is a new authorization (deadline at least ``now + add_seconds``, budgets at least
-``used + added``; counters are never reset, S17) followed by a ``PollScheduled`` with source
-``manual_extension``; any other decision is ``DecisionRejected`` with a reason and changes nothing.
+resuming option is a new authorization (its time added to the deadline, or to ``now`` if the
+deadline has passed, its checks and failures added to the budgets: ``replay.extension``; older
+logs' operations keep their rule, at least ``now + add_seconds`` and ``used + added``; counters
+are never reset, S17) followed by a ``PollScheduled`` with source ``manual_extension``; any
+other decision is ``DecisionRejected`` with a reason and changes nothing.
 
 On a quota deferral
 -------------------
@@ -122,6 +124,7 @@ from replay.events import (
     StopReason,
     TransportFailed,
 )
+from replay.extension import extended, extension_label
 from replay.observations import (
     MAX_ID_LENGTH,
     DecisionSubmitted,
@@ -317,6 +320,7 @@ def register(
             contract_digest=contract_digest(contract),
             registered_by=registered_by,
             registered_by_uid=registered_by_uid,
+            extend_rule="add",
         )
     ]
 
@@ -753,16 +757,6 @@ def _budget_stop(op: Operation, now: float, number: int) -> list[Event]:
     )
 
 
-def _duration(seconds: int) -> str:
-    if seconds % 3600 == 0:
-        hours = seconds // 3600
-        return f"{hours} hour" + ("s" if hours != 1 else "")
-    if seconds % 60 == 0:
-        minutes = seconds // 60
-        return f"{minutes} minute" + ("s" if minutes != 1 else "")
-    return f"{seconds} seconds"
-
-
 def _options(
     op: Operation, reason: StopReason, now: float, retry_after_at: float | None
 ) -> tuple[Option, ...]:
@@ -798,12 +792,7 @@ def _option(
             "add_transport_failures": contract.default_max_transport_failures,
             "add_rate_limited": contract.default_max_rate_limited,
         }
-        span = f"{_duration(add_seconds)} and {contract.extend_status_requests} more checks"
-        label = (
-            f"extend {span}"
-            if kind == "extend"
-            else f"rotate the credential, then resume for {span}"
-        )
+        label = extension_label(op, kind, params, reason, now)
         return Option(id=kind, label=label, params=params)
     labels: dict[OptionKind, str] = {
         "cancel_at_provider": "cancel the job at the provider (documented cancel call)",
@@ -919,29 +908,18 @@ def _on_decision(op: Operation, decision: DecisionSubmitted, now: float) -> list
     )
     if not OPTION_EFFECTS[chosen.id]:
         return [base]  # S34: cancel, resubmit, hand-off are separate operations
-    # S36: a new authorization. S17: budgets grow from what was used; counters stay.
-    params = chosen.params
-    add_seconds = params.get("add_seconds", 0)
-    business = op.business_deadline_at
-    if escalation.reason == "business_deadline_exceeded" and business is not None:
-        business = max(business, now + add_seconds)
+    # S36: a new authorization, by the operation's extend rule (replay.extension). S17:
+    # budgets grow; counters stay.
+    new = extended(op, chosen.params, escalation.reason, now)
     recorded = msgspec.structs.replace(
         base,
         resumes=True,
         follow_up=None,
-        new_deadline_at=max(op.deadline_at, now + add_seconds),
-        new_business_deadline_at=business,
-        new_max_status_requests=max(
-            op.max_status_requests,
-            op.status_requests_used + params.get("add_status_requests", 0),
-        ),
-        new_max_transport_failures=max(
-            op.max_transport_failures,
-            op.transport_failures_used + params.get("add_transport_failures", 0),
-        ),
-        new_max_rate_limited=max(
-            op.max_rate_limited, op.rate_limited_used + params.get("add_rate_limited", 0)
-        ),
+        new_deadline_at=new.deadline_at,
+        new_business_deadline_at=new.business_deadline_at,
+        new_max_status_requests=new.max_status_requests,
+        new_max_transport_failures=new.max_transport_failures,
+        new_max_rate_limited=new.max_rate_limited,
     )
     resumed = evolve(op, recorded)
     deadline, _ = resumed.effective_deadline

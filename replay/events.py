@@ -7,6 +7,8 @@ stable string (``type``), never a class name. They fall in three groups:
   in force), ``registration_rejected``;
 * **facts the daemon records** after a request (observations of the world, S31):
   ``status_response_received``, ``transport_failed``, ``request_outcome_unknown``;
+* **the log's own facts** about an operation: ``node_took_over`` (another node took the log
+  while the operation was not ended; it changes no state, and the story tells it);
 * **decisions** that ``decide`` returns (each carries ``at``, the ``now`` it was computed with,
   and a ``PollScheduled`` carries the jitter ``draw``, so ``check`` can re-derive it):
   ``status_request_intended``, ``response_classified``, ``hint_rejected``, ``poll_scheduled``,
@@ -47,12 +49,14 @@ __all__ = [
     "EscalationContext",
     "EscalationRaised",
     "Event",
+    "ExtendRule",
     "HintName",
     "HintRejected",
     "Histogram",
     "HttpOutcome",
     "JobOutcome",
     "LogEvent",
+    "NodeTookOver",
     "OperationRegistered",
     "OperationStopped",
     "OperationSucceeded",
@@ -155,6 +159,15 @@ HintName = Literal[
     "ratelimit_reset",  # the provider's own reset header (x-ratelimit-reset), epoch seconds
 ]
 
+#: What a resuming decision (``extend``, ``rotate_credential_and_resume``) does to the deadline
+#: and budgets, fixed when the operation is registered, so a log replays with the rule it was
+#: written under. ``add`` (every registration since it exists): the option's time is added to
+#: the deadline in force (to the approval time if the deadline has passed by then) and its
+#: checks and failures to the budgets in force, as the option's label says. ``at_least`` (older
+#: logs): the deadline becomes at least approval + time and each budget at least used + added,
+#: which may add nothing when the deadline and budgets were not reached.
+ExtendRule = Literal["at_least", "add"]
+
 #: The kinds of escalation options (S27, S36); the option id is its kind.
 OptionKind = Literal[
     "extend",
@@ -186,7 +199,9 @@ class Option(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         id: The option's id (its kind); what a decision names.
-        label: Human-readable, with the numbers: "extend 15 minutes and 4 more checks".
+        label: Human-readable, with the numbers the decision will apply, e.g. "extend: deadline
+            2025-04-18T10:40:00Z -> 2025-04-18T10:55:00Z (+15 min), checks 20 -> 24 (+4), ..."
+            (in older logs, "extend 15 minutes and 4 more checks").
         params: Concrete numbers computed when the escalation was raised, e.g.
             ``{"add_seconds": 900, "add_status_requests": 4}``.
     """
@@ -285,6 +300,8 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
         request_digest: SHA-256 of the API request that asked for it (empty from the spool
             and in older logs): a retry with the same operation id and the same request is
             answered with the same receipt, a different request with a conflict.
+        extend_rule: What an approved extension does (:data:`ExtendRule`); ``at_least`` in
+            logs written before the rule was recorded, ``add`` for every new registration.
     """
 
     provider: str
@@ -306,6 +323,7 @@ class OperationRegistered(_Event, tag="operation_registered", frozen=True, kw_on
     registered_by: str = ""
     registered_by_uid: int | None = None
     request_digest: str = ""
+    extend_rule: ExtendRule = "at_least"
 
 
 class RegistrationRejected(_Event, tag="registration_rejected", frozen=True, kw_only=True):
@@ -567,6 +585,23 @@ class OperationWithdrawn(_Event, tag="operation_withdrawn", frozen=True, kw_only
     note: str = ""
 
 
+class NodeTookOver(_Event, tag="node_took_over", frozen=True, kw_only=True):
+    """A node took the log (the lease, with the log in PostgreSQL) while this operation was
+    live or escalated: recorded once per such operation, right after the node's signed
+    takeover checkpoint, before it decides anything. It changes no state; a log without it
+    (files, or written before it) replays exactly as before.
+
+    Attributes:
+        node: The node's name (``[postgres] node``, else its host name).
+        holder: The lease's holder as the takeover checkpoint names it (name/pid/random).
+        epoch: The lease epoch it took.
+    """
+
+    node: str
+    holder: str = ""
+    epoch: Annotated[int, Meta(ge=0)]
+
+
 #: The longest operation id, provider job id, fingerprint or account context accepted.
 MAX_ID_LENGTH: Final = 256
 #: Ids are printable: no control characters, no whitespace at either end.
@@ -771,6 +806,7 @@ Event = (
     | DecisionRecorded
     | DecisionRejected
     | OperationWithdrawn
+    | NodeTookOver
 )
 
 #: Every event class, for code that must enumerate them (tests, docs).
@@ -790,6 +826,7 @@ EVENT_TYPES: Final[tuple[type[_Event], ...]] = (
     DecisionRecorded,
     DecisionRejected,
     OperationWithdrawn,
+    NodeTookOver,
 )
 
 ACTION_EVENT_TYPES: Final[

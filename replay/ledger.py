@@ -25,6 +25,7 @@ from replay.events import (
     ActionIntended,
     ActionSucceeded,
     LogEvent,
+    NodeTookOver,
     OperationRegistered,
     RequestOutcomeUnknown,
     StatusResponseReceived,
@@ -103,7 +104,8 @@ class Ledger:
         self.ops[ev.operation_id] = op
         if isinstance(ev, _FACTS):
             self.undecided[ev.operation_id] = ev
-        else:
+        elif not isinstance(ev, NodeTookOver):
+            # A takeover is recorded before the new node decides what a crash left undecided.
             self.undecided.pop(ev.operation_id, None)
         return op
 

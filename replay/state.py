@@ -35,8 +35,10 @@ from replay.events import (
     EscalationContext,
     EscalationRaised,
     Event,
+    ExtendRule,
     HintRejected,
     Histogram,
+    NodeTookOver,
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
@@ -123,6 +125,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         registered_seq: The log sequence number of the registration, when the fold knew it
             (set by the ledger, not by ``evolve``: a position, not a fact of the event).
         request_digest: The registering API request's digest (idempotent retries).
+        extend_rule: What an approved extension does (``replay.events.ExtendRule``).
         stop_reason: Why the wait last stopped, while escalated or closed.
         provider_error: The provider's own error from a failure stop (S3), as stored: bounded by
             the contract's ``error_cap_bytes``; the JSON text of the error when it fit.
@@ -151,6 +154,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     registered_by_uid: int | None = None
     registered_seq: int | None = None
     request_digest: str = ""
+    extend_rule: ExtendRule = "at_least"
     started_at: float
     deadline_at: float
     business_deadline_at: float | None
@@ -307,6 +311,7 @@ def _registered(event: OperationRegistered) -> Operation:
         registered_by=sys.intern(event.registered_by),
         registered_by_uid=event.registered_by_uid,
         request_digest=event.request_digest,
+        extend_rule=event.extend_rule,
         started_at=_same(event.started_at, event.at),
         deadline_at=event.deadline_at,
         business_deadline_at=event.business_deadline_at,
@@ -331,8 +336,8 @@ def evolve(state: Operation | None, event: Event) -> Operation:
         event: An event of that operation.
 
     Returns:
-        The state after. ``DecisionRejected``, ``HintRejected`` and ``RegistrationRejected``
-        leave it unchanged.
+        The state after. ``DecisionRejected``, ``HintRejected``, ``RegistrationRejected`` and
+        ``NodeTookOver`` leave it unchanged.
 
     Raises:
         ReplayOrderError: The event cannot follow this state: an event before registration, a
@@ -472,7 +477,7 @@ def evolve(state: Operation | None, event: Event) -> Operation:
             return msgspec.structs.replace(
                 s, phase="closed", escalation=None, stop_reason="withdrawn_by_owner"
             )
-        case DecisionRejected() | HintRejected() | RegistrationRejected():
+        case DecisionRejected() | HintRejected() | RegistrationRejected() | NodeTookOver():
             return s
     raise ReplayOrderError(f"unhandled event {event.__struct_config__.tag}")  # pragma: no cover
 

@@ -8,8 +8,9 @@ one line per observation, times in ISO-8601 UTC::
     2025-04-18T10:20:31Z received 503, Retry-After 120, next poll ... from provider guidance
     2025-04-18T10:58:00Z polled (request 12 of 12), state running, request budget exhausted, ...
 
-A line starts at a registration, a response, a transport failure, a wake-up decision or a human
-decision; the decisions taken on it (``at`` equal to the first of them) continue the line.
+A line starts at a registration, a response, a transport failure, a wake-up decision, a human
+decision or a takeover by another node (``node_took_over``); the decisions taken on it (``at``
+equal to the first of them) continue the line.
 :func:`story_json` gives the same lines as JSON-ready dicts, each with the events it tells.
 
 No secret is printed: result URLs lose their query and fragment (signed URLs carry tokens);
@@ -40,6 +41,7 @@ from replay.events import (
     EscalationRaised,
     Event,
     HintRejected,
+    NodeTookOver,
     OperationRegistered,
     OperationStopped,
     OperationSucceeded,
@@ -368,6 +370,9 @@ def _lines(events: Iterable[Event]) -> list[StoryLine]:
                     "no provider call",
                 )
                 open_line[op].group_at = event.at
+            case NodeTookOver():
+                start(event, f"taken over by node {event.node} (epoch {event.epoch})")
+                open_line.pop(op)  # what follows is the new node's own decision
     return lines
 
 

@@ -16,6 +16,7 @@ import pwd
 import socket
 import struct
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,32 @@ import httpx
 import msgspec
 
 from daemon.errors import DaemonError
+from replay.text import format_time
 
 #: A call's own time, beyond any server-side wait it asks for.
 CALL_TIMEOUT = 30.0
+
+
+def api_time(value: object) -> datetime:
+    """A time from the API's answer, in UTC: RFC 3339 text, or the POSIX seconds a daemon
+    from before RFC 3339 answered with (a CLI upgraded before the daemon restarts)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if when.tzinfo is not None:
+                return when.astimezone(UTC)
+    raise DaemonError(f"the daemon answered with a time that is not RFC 3339: {value!r}")
+
+
+def shown_time(value: object) -> str:
+    """A time from the API's answer as the CLI and the MCP tools show it
+    (``2026-12-07T13:04:05.123Z``)."""
+    return format_time(api_time(value).timestamp())
 
 
 class DaemonUnavailable(DaemonError):

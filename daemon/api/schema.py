@@ -2,11 +2,14 @@
 
 The structs are the contract: the server decodes bodies into them (unknown fields refused),
 encodes answers from them, and :mod:`daemon.api.openapi` builds the OpenAPI document from
-them. Times are POSIX seconds (UTC); durations are seconds.
+them. Times in answers are RFC 3339 text in UTC (``2026-12-07T13:04:05.123Z``, as the CLI
+and the MCP tools write them); times in requests are RFC 3339 with an offset, or POSIX
+seconds as before. Durations are seconds.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
 import msgspec
@@ -47,7 +50,19 @@ ProviderError = Annotated[
 Note = Annotated[str, Meta(max_length=1000)]
 Budget = Annotated[int, Meta(ge=1, le=1_000_000)]
 Seconds = Annotated[float, Meta(gt=0, le=366 * 86400.0)]
-Timestamp = Annotated[float, Meta(ge=0, le=32503680000.0)]  # before the year 3000
+#: A time a request gives: RFC 3339 with an offset (``2026-12-07T18:00:00Z``), or POSIX seconds.
+Timestamp = (
+    Annotated[float, Meta(ge=0, le=32503680000.0, description="POSIX seconds")]  # < year 3000
+    | Annotated[datetime, Meta(tz=True, description="RFC 3339, with an offset")]
+)
+#: A time an answer gives: RFC 3339 in UTC, milliseconds when there are any.
+Instant = Annotated[
+    str,
+    Meta(
+        description="RFC 3339 in UTC, e.g. 2026-12-07T13:04:05.123Z",
+        extra_json_schema={"format": "date-time"},
+    ),
+]
 IdempotencyKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,256}$")]
 
 #: Where an operation is; ``submitting`` while bide's submit call for it has not answered.
@@ -159,7 +174,7 @@ class EscalationView(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: str
     escalation_id: int
     reason: str
-    raised_at: float
+    raised_at: Instant
     options: list[OptionView]
     registered_by: str
     detail: str = ""
@@ -198,9 +213,9 @@ class OperationView(msgspec.Struct, frozen=True, kw_only=True):
     max_status_requests: int = 0
     transport_failures_used: int = 0
     rate_limited_used: int = 0
-    registered_at: float = 0.0
-    deadline_at: float | None = None
-    next_news_at: float | None = None
+    registered_at: Instant
+    deadline_at: Instant | None = None
+    next_news_at: Instant | None = None
     retry_after_seconds: float | None = None
     provider_results: dict[
         str,
@@ -225,10 +240,11 @@ class OperationPage(msgspec.Struct, frozen=True, kw_only=True):
 class StoryLine(msgspec.Struct, frozen=True, kw_only=True):
     """One line of the audit story. ``text`` is bide's account; each thing the provider said
     (a state, an error, a header or result value, a job id it chose) is in it only as
-    ``⟨provider_text[i]⟩``, the value being ``provider_text[i]``."""
+    ``⟨provider_text[i]⟩``, the value being ``provider_text[i]``. ``time`` is ``at``
+    again (kept for clients written when ``at`` was POSIX seconds)."""
 
-    at: float
-    time: str
+    at: Instant
+    time: Instant
     text: str
     events: list[str] = []
     provider_text: list[ProviderWords] = []
@@ -280,7 +296,20 @@ class LeaseHealth(msgspec.Struct, frozen=True, kw_only=True):
     remaining_seconds: float
 
 
+class ActiveNode(msgspec.Struct, frozen=True, kw_only=True):
+    """On a standby: the node that last took the log, as the standby's copy of the log
+    records it (its signed takeover checkpoint), and the lease epoch it took."""
+
+    node: str
+    holder: str
+    epoch: int
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """``role`` is ``standby`` on a node that follows a log in PostgreSQL without holding its
+    lease: it answers reads from its copy of the log (``log_head_*``, ``live`` and
+    ``escalated`` are that copy's), refuses writes with 503, and names the ``active`` node."""
+
     status: Literal["ok", "log_failing"]
     version: str
     log_head_sequence: int
@@ -290,6 +319,8 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     you: Principal
     log_store: Literal["files", "postgresql"] = "files"
     lease: LeaseHealth | None = None
+    role: Literal["active", "standby"] = "active"
+    active: ActiveNode | None = None
 
 
 class ApiError(msgspec.Struct, frozen=True, kw_only=True):

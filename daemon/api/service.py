@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
@@ -304,7 +305,7 @@ class Api:
 
     async def _watch(self, caller: Caller, request: Request) -> Response:
         self._need(caller, "agent", "register operations")
-        body = _decode(request.body, WatchRequest)
+        body = _posix_times(_decode(request.body, WatchRequest))
         now = self.sup.clock()
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
         digest = _digest(body, op_id)
@@ -329,7 +330,7 @@ class Api:
 
     async def _submit(self, caller: Caller, request: Request) -> Response:
         self._need(caller, "agent", "submit jobs")
-        body = _decode(request.body, SubmitRequest)
+        body = _posix_times(_decode(request.body, SubmitRequest))
         op_id = body.operation_id or f"op-{secrets.token_hex(6)}"
         # Another principal's id is the caller's too, recorded apart (daemon.scoping).
         recorded = scoping.recorded_id(op_id, caller.peer.uid, self.sup.runner.holder)
@@ -651,23 +652,23 @@ class Api:
 
     def _escalations(self, caller: Caller) -> EscalationList:
         everyone = self._reads_all(caller)
-        out: list[EscalationView] = []
+        out: list[tuple[float, EscalationView]] = []
         for op in self.sup.ops.values():
             if (
                 op.phase == "escalated"
                 and op.escalation is not None
                 and (everyone or op.registered_by_uid == caller.peer.uid)
             ):
-                out.append(self._escalation(op))
+                out.append((op.escalation.raised_at, self._escalation(op)))
         for action in self.sup.runner.actions.values():
             if (
                 action.phase == "escalated"
                 and isinstance(action.outcome, ActionFailed)
                 and (everyone or action.intent.registered_by_uid == caller.peer.uid)
             ):
-                out.append(self._action_escalation(action, action.outcome))
-        out.sort(key=lambda e: e.raised_at)
-        return EscalationList(escalations=out)
+                out.append((action.outcome.at, self._action_escalation(action, action.outcome)))
+        out.sort(key=lambda e: e[0])
+        return EscalationList(escalations=[view for _, view in out])
 
     async def _story(self, caller: Caller, op_id: str, query: dict[str, str]) -> Response:
         found = self._visible_op(caller, op_id)
@@ -705,7 +706,7 @@ class Api:
             operation_id=op_id,
             lines=[
                 StoryLine(
-                    at=float(line["at"]),  # type: ignore[arg-type]
+                    at=format_time(float(line["at"])),  # type: ignore[arg-type]
                     time=str(line["time"]),
                     text=str(line["text"]),
                     events=list(line.get("events", [])),  # type: ignore[call-overload]
@@ -793,9 +794,9 @@ class Api:
             max_status_requests=op.max_status_requests,
             transport_failures_used=op.transport_failures_used,
             rate_limited_used=op.rate_limited_used,
-            registered_at=op.registered_at,
-            deadline_at=op.effective_deadline[0],
-            next_news_at=next_news,
+            registered_at=format_time(op.registered_at),
+            deadline_at=_instant(op.effective_deadline[0]),
+            next_news_at=_instant(next_news),
             retry_after_seconds=(
                 min(60.0, max(1.0, round(next_news - now, 3))) if next_news is not None else None
             ),
@@ -825,8 +826,8 @@ class Api:
             stop_reason=(
                 action.outcome.reason if isinstance(action.outcome, ActionFailed) else None
             ),
-            registered_at=action.intent.at,
-            deadline_at=reg.deadline_at if reg is not None else None,
+            registered_at=format_time(action.intent.at),
+            deadline_at=_instant(reg.deadline_at) if reg is not None else None,
             retry_after_seconds=1.0 if phase == "submitting" else None,
             escalation=(
                 self._action_escalation(action, action.outcome)
@@ -845,7 +846,7 @@ class Api:
             operation_id=op.operation_id,
             escalation_id=esc.escalation_id,
             reason=esc.reason,
-            raised_at=esc.raised_at,
+            raised_at=format_time(esc.raised_at),
             options=_options(esc.options),
             registered_by=op.registered_by,
             detail=detail,
@@ -874,13 +875,32 @@ class Api:
             operation_id=action.operation_id,
             escalation_id=1,
             reason=failed.reason,
-            raised_at=failed.at,
+            raised_at=format_time(failed.at),
             options=_options(failed.options),
             registered_by=action.intent.registered_by,
             detail=failed.detail,
             text=action_escalation_text(action, failed),
             decide_command=f"bide decide {action.operation_id} OPTION",
         )
+
+
+def _instant(t: float | None) -> str | None:
+    """POSIX seconds as an answer gives them: RFC 3339 in UTC."""
+    return None if t is None else format_time(t)
+
+
+B = TypeVar("B", WatchRequest, SubmitRequest)
+
+
+def _posix_times(body: B) -> B:
+    """The request with its RFC 3339 times as POSIX seconds, the form the daemon records
+    (so a retry in either form is the same request)."""
+    changes: dict[str, float] = {}
+    for name in ("business_deadline_at", "started_at"):
+        value = getattr(body, name, None)
+        if isinstance(value, datetime):
+            changes[name] = value.timestamp()
+    return msgspec.structs.replace(body, **changes) if changes else body
 
 
 def _bounded(text: str | None) -> str | None:

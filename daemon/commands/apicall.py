@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from daemon.api.client import ApiCallError, ApiClient, DaemonUnavailable
+from daemon.api.client import ApiCallError, ApiClient, DaemonUnavailable, shown_time
 from daemon.api.provider_text import inline
 from daemon.config import Config
-from replay.decide import format_time
 
 __all__ = ["ApiCallError", "ApiClient", "connect", "print_result", "require", "view_line"]
 
@@ -37,7 +36,7 @@ def require(cfg: Config, command: str) -> ApiClient:
 def view_line(view: dict[str, Any]) -> str:
     reason = f" {view['stop_reason']}" if view.get("stop_reason") else ""
     nxt = (
-        f" next {format_time(float(view['next_news_at']))}"
+        f" next {shown_time(view['next_news_at'])}"
         if view.get("phase") == "live" and view.get("next_news_at") is not None
         else ""
     )

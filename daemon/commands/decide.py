@@ -22,6 +22,9 @@ examples:
   bide decide nightly-export extend --escalation 1 --note "status page says 30 min delay"
   bide decide nightly-export abandon --escalation 2
 
+extend adds its time to the deadline in force (counted from your decision if the deadline has
+passed) and its checks to the budget, as its label in bide escalations states (an operation
+registered by an older bide keeps the rule it was registered under, which its label words).
 The daemon records you as the approver: the user its local API socket reports (SO_PEERCRED),
 or, while it is not running, the decision file's owner. It accepts only an option the open
 escalation offered, and never from the operation's own registrant unless [api]

@@ -42,10 +42,18 @@ def add_parser(sub: Any) -> None:
         "signing.key (the root key) certifies the first epoch key once, then may go offline "
         "(the daemon warns while it is readable); every signed head goes to [witness].",
         epilog="examples:\n  bide run --config /etc/bide/bide.toml\n"
+        "  bide run --config /etc/bide/bide.toml --log-level debug   # overrides [log] level\n"
         "  bide run --check --config /etc/bide/bide.toml   # check it all, start nothing",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
+    p.add_argument(
+        "--log-level",
+        choices=logfmt.LEVELS,
+        metavar="LEVEL",
+        help="write log lines at LEVEL and above: debug, info, warning or error "
+        "(default: the config's [log] level, else info)",
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -158,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         raise UsageError("--json goes with --check (bide run --check --json)")
     cfg = load_config(args.config)
+    level = args.log_level or cfg.log.level
+    logfmt.set_level(level)
+    logfmt.debug("config loaded", config=cfg.path, log_level=level, log=cfg.log_dir)
     unreachable = interpreter_unreachable_by_others()
     if unreachable is not None:
         logfmt.warn(unreachable)

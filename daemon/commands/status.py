@@ -26,7 +26,9 @@ examples:
   bide status --node --config /etc/bide/bide.toml   # the log in PostgreSQL: which node is active
 
 The running daemon answers from memory through its local API (no key needed; agents see
-their own operations). --offline replays the log with its data key instead.
+their own operations). --offline replays the log with its data key instead. On a standby
+node (the log in PostgreSQL) the first line says so and names the active node; the
+operations shown are the standby's copy of the log.
 exit status: 0 shown; 2 no such operation (or not yours), or usage error;
 69 the daemon is not running (use --offline)
 """
@@ -136,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     if args.offline:
         return run_offline(cfg, args)
     with require(cfg, "status") as client:
+        if not args.json:
+            role = standby_line(client.call("GET", "/v1/health"))
+            if role:
+                print(role)
         if args.operation:
             try:
                 view = client.call("GET", f"/v1/operations/{quote(args.operation, safe='')}")
@@ -174,6 +180,23 @@ def run(args: argparse.Namespace) -> int:
         if not views:
             print("no operations yet")
     return 0
+
+
+def standby_line(health: dict[str, Any]) -> str:
+    """On a standby node, the line that says so (its answers come from its copy of the log);
+    "" on the active node."""
+    if health.get("role") != "standby":
+        return ""
+    active = health.get("active")
+    who = (
+        f"active node {active['node']} (epoch {active['epoch']})"
+        if active
+        else "no node has taken the log yet"
+    )
+    return (
+        f"standby; {who}; answering from this node's copy of the log "
+        f"(head {health.get('log_head_sequence', -1)}); writes go to the active node"
+    )
 
 
 def run_offline(cfg: Config, args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from daemon.readers import (
 )
 from replay.actions import action_story
 from replay.story import for_people, story_json
+from replay.text import format_time
 
 
 def add_parser(sub: Any) -> None:
@@ -76,8 +77,9 @@ def run_offline(cfg: Config, args: argparse.Namespace) -> int:
         [*story_json(op_events(log, args.operation)), *action_story(actions)],
         key=lambda line: float(line["at"]),  # type: ignore[arg-type]
     )
-    if args.json:
-        print(json.dumps(lines))
+    if args.json:  # times as the API gives them (RFC 3339), whichever answers
+        shown = [{**line, "at": format_time(float(str(line["at"])))} for line in lines]
+        print(json.dumps(shown))
     else:
         print(for_people(lines), end="")
     return 0

@@ -18,18 +18,17 @@ from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
 from daemon.pgconfig import add_dsn_flags, settings_for
+from daemon.verify_progress import progress_line
+from daemon.verify_witness import check_witnesses
 from daemon.witness.remote import (
     Lie,
     Witnessed,
     WitnessUnreachable,
-    believed,
     pinned_keys,
     shown,
     witnessed,
 )
 from eventlog.envelope import FORMAT_SINGLE_KEY
-from eventlog.headchain import genesis_line
-from eventlog.heads import Finding, Head, judge
 from eventlog.keys import VerifyKey, load_verify_key
 from eventlog.verify import Damage, Report, verify_log
 
@@ -59,6 +58,14 @@ head the witness holds for it: rolled_back, forked, truncated (exit 4, 5, 6). Ev
 witness returns is first checked (its checkpoint's signature through the chain of certified
 keys, from verify.pub and the log's genesis record; with --witness-key, the witness's
 countersignature): one that fails is witness_lied (exit 7), never evidence against the log.
+
+--json with --witness: a "witness" object whether the check passed or not: checked, finding
+(consistent, no_heads, rolled_back, truncated, forked, witness_lied, or not_checked for a
+damaged log), what was checked, each witness with the heads of this log it holds, the newest
+witnessed head; the "verdict" is the witness's finding when the log is otherwise intact
+
+progress: on a terminal, a line on stderr (records/s, the time left) while a large log is
+checked, erased before the report; nothing when stderr is not a terminal
 
 signer: the report names the root key that signed the log (its fingerprint, as `bide keygen`
 prints it) and the epoch of the last signed checkpoint; --expect-signer FINGERPRINT fails
@@ -246,40 +253,41 @@ def verify_dir(
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: need at least 1")
     verify_key = load_verify_key(key_path)
-    report = verify_log(log_dir, verify_key, anchor=anchor, jobs=args.jobs)
+    line = progress_line(sys.stderr)
+    try:
+        report = verify_log(log_dir, verify_key, anchor=anchor, jobs=args.jobs, progress=line)
+    finally:
+        if line is not None:
+            line.close()
     if also is not None:
         also(report)
     signer = signer_json(report, verify_key)
     wrong_signer = bool(args.expect_signer) and (
         args.expect_signer.strip().lower() != verify_key.fingerprint
     )
-    finding = None
-    lies: list[Lie] = []
-    if args.witness and report.damage is None and report.head_seq >= 0 and not wrong_signer:
+    witnesses = None
+    if args.witness:
         ca = witness_ca(args)
-        pinned = witness_pins(args)
-        genesis = genesis_line(log_dir) or ""
-        heads: list[Head] = []
-        for source in args.witness:
-            good, lied = believed(
-                witness_heads(source, report.log_id, ca), verify_key.raw, genesis, pinned
-            )
-            heads += good
-            lies += lied
-        finding = judge(log_dir, report, heads, other_log_is_fork=False)
-        if not heads and not lies:
-            report.notes.append(
-                f"the witness holds no head of log {report.log_id}: it was "
-                f"never published there, or this log replaced the one that was"
-            )
+        witnesses = check_witnesses(
+            args.witness,
+            lambda source: witness_heads(source, report.log_id, ca),
+            log_dir,
+            report,
+            verify_key,
+            witness_pins(args),
+            judged=not wrong_signer,
+        )
+    finding = witnesses.finding if witnesses is not None else None
+    lies = witnesses.lies if witnesses is not None else []
     if args.json:
         print(
             json.dumps(
                 {
                     **report_json(report),
+                    "verdict": report.verdict if witnesses is None else witnesses.verdict(report),
                     "signer": signer,
                     "expected_signer": args.expect_signer or None,
-                    "witness": finding_json(finding),
+                    "witness": witnesses.to_json() if witnesses is not None else None,
                     "witness_lied": [lie_json(lie) for lie in lies],
                 }
             )
@@ -303,6 +311,9 @@ def verify_dir(
                 f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
                 f"{finding.head.seq}:{finding.head.hash})"
             )
+        passed = witnesses.line() if witnesses is not None else None
+        if passed is not None:
+            print(passed)
     if wrong_signer:
         print(
             f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
@@ -371,16 +382,6 @@ def lie_json(lie: Lie) -> dict[str, object]:
         "witness": shown(lie.source),
         "reason": lie.reason,
         "head": {"seq": lie.head.seq, "hash": lie.head.hash, "epoch": lie.head.epoch},
-    }
-
-
-def finding_json(finding: Finding | None) -> dict[str, object] | None:
-    if finding is None:
-        return None
-    return {
-        "kind": finding.kind,
-        "detail": finding.detail,
-        "head": {"seq": finding.head.seq, "hash": finding.head.hash, "epoch": finding.head.epoch},
     }
 
 

@@ -49,6 +49,7 @@ from eventlog.writer import Appended, LogWriter
 from replay.decide import decide
 from replay.events import (
     LogEvent,
+    NodeTookOver,
     OperationRegistered,
     PollScheduled,
     RequestOutcomeUnknown,
@@ -57,6 +58,9 @@ from replay.events import (
 from replay.ledger import Fact, Ledger
 from replay.observations import InternalFault, Observation
 from replay.state import Operation, evolve
+
+#: Takeover events recorded per durable batch (one per operation not ended).
+_TAKEOVER_BATCH = 1000
 
 
 class RequestGate(Protocol):
@@ -437,7 +441,24 @@ class Chain:
             undecided = dict(self.ledger.undecided)
             for follower in self.followers:
                 follower.replayed(self.ledger, log.head_seq)
+            if self.store is not None and self.lease is not None:
+                await self._record_takeover()
             yield undecided
+
+    async def _record_takeover(self) -> None:
+        """Tell each operation not yet ended that this node took the log (its story shows
+        it), before this node decides anything about it."""
+        assert self.lease is not None
+        holder, epoch, _ = self.lease.health()
+        at = self.clock()
+        node = holder.split("/", 1)[0]
+        events = [
+            NodeTookOver(operation_id=op_id, at=at, node=node, holder=holder, epoch=epoch)
+            for op_id, op in self.ops.items()
+            if op.phase in ("live", "escalated")
+        ]
+        for start in range(0, len(events), _TAKEOVER_BATCH):
+            await self.record(events[start : start + _TAKEOVER_BATCH])
 
     async def recover_in_flight(self, undecided: dict[str, Fact] | None = None) -> None:
         """S11/S13: an intent without an outcome counted, and its delivery is ambiguous.

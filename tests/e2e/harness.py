@@ -151,11 +151,13 @@ class Workspace:
         *,
         ready: bool = True,
         listen: socket.socket | None = None,
+        args: Sequence[str] = (),
     ) -> Daemon:
-        """Start ``bide run``; with ``listen``, as systemd's socket activation would: the
-        socket as fd 3, ``LISTEN_FDS=1`` and ``LISTEN_PID`` the daemon's own pid."""
-        log_path = self.root / f"daemon-{len(self.daemons)}.log"
-        command = [*BIDE, "run", "--config", str(self.config)]
+        """Start ``bide run`` (with ``args``); with ``listen``, as systemd's socket activation
+        would: the socket as fd 3, ``LISTEN_FDS=1`` and ``LISTEN_PID`` the daemon's own pid.
+        Its output goes to :meth:`next_log_path`."""
+        log_path = self.next_log_path()
+        command = [*BIDE, "run", "--config", str(self.config), *args]
         extra = dict(env or {})
         activation: dict[str, object] = {}
         if listen is not None:
@@ -177,6 +179,11 @@ class Workspace:
         if ready:
             daemon.wait_ready()
         return daemon
+
+    def next_log_path(self) -> Path:
+        """Where the next daemon's stdout and stderr go (a file made beforehand keeps its
+        inode, so a test can name it in ``$JOURNAL_STREAM``)."""
+        return self.root / f"daemon-{len(self.daemons)}.log"
 
     def wait_writer(self, daemon: Daemon, timeout: float = 15.0) -> None:
         """Wait until ``daemon`` holds the log: at once with files; with PostgreSQL once it

@@ -113,6 +113,33 @@ def test_extend_decision_resumes_with_new_budget_and_counters_kept(tmp_path: Pat
         assert status["max_status_requests"] > 2
 
 
+def test_extend_adds_exactly_its_time_and_checks_to_a_deadline_not_reached(tmp_path: Path) -> None:
+    """Issue 37: an unknown state stops the wait long before its deadline and budget; the
+    approved extension adds 15 minutes and 4 checks to them, as the option's label says."""
+    with workspace(tmp_path, {"odd": "running, mystery, running x2, succeeded with result"}) as ws:
+        ws.start_daemon()
+        assert (
+            ws.watch("odd", "ext-add", "--max-requests", "10", "--deadline", "30m").returncode == 0
+        )
+        assert ws.bide("wait", "ext-add", "--timeout", "30s").returncode == 3
+        [esc] = json.loads(ws.bide("escalations", "--json").stdout)
+        assert esc["reason"] == "unknown_state"
+        [extend] = [o for o in esc["options"] if o["id"] == "extend"]
+        assert "(+15 min," in extend["label"]
+        assert "checks 10 -> 14 (+4)" in extend["label"]
+        assert ws.bide("decide", "ext-add", "extend", "--escalation", "1").returncode == 0
+        assert ws.bide("wait", "ext-add", "--timeout", "30s").returncode == 0
+        status = json.loads(ws.bide("status", "ext-add", "--json").stdout)
+        assert (status["status_requests_used"], status["max_status_requests"]) == (5, 14)
+        events = [e for _, e in ws.log().events]
+        [registered] = [e for e in events if isinstance(e, OperationRegistered)]
+        [decided] = [e for e in events if isinstance(e, DecisionRecorded)]
+        assert registered.extend_rule == "add"
+        assert decided.new_deadline_at == registered.deadline_at + 900
+        assert decided.new_max_status_requests == 10 + 4
+        assert ws.log().ops["ext-add"].deadline_at == registered.deadline_at + 900
+
+
 def test_restart_with_overdue_operations_polls_each_exactly_once(tmp_path: Path) -> None:
     with workspace(tmp_path, {f"job-{i}": "running" for i in range(3)}) as ws:
         # Slow backoff: a second request inside the check window would be a catch-up burst.

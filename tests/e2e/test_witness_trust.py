@@ -317,7 +317,9 @@ def test_a_lying_witness_is_reported_as_lying_and_does_not_stop_the_daemon(tmp_p
             )
             assert result.returncode == 7, result.stdout + result.stderr
             report = json.loads(result.stdout)
-            assert report["witness"] is None  # not rolled back
+            assert report["witness"]["kind"] is None  # not rolled back ...
+            assert report["witness"]["finding"] == "witness_lied"  # ... but lied to
+            assert report["verdict"] == "witness_lied"
             lie = report["witness_lied"][0]
             assert lie["head"]["seq"] == forged.seq
             assert "does not verify" in lie["reason"]

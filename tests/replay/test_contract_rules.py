@@ -80,7 +80,7 @@ def test_s37_escalation_states_state_elapsed_calls_and_extension_numbers() -> No
     assert len(extend) == 1
     assert extend[0].params["add_seconds"] == 900
     assert extend[0].params["add_status_requests"] == 4
-    assert "15 minutes" in extend[0].label
-    assert "4 more checks" in extend[0].label
+    assert "(+15 min," in extend[0].label
+    assert "checks 12 -> 16 (+4)" in extend[0].label
     labels = " ".join(o.label.lower() for o in raised.options)
     assert "continue" not in labels

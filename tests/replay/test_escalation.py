@@ -125,7 +125,11 @@ def test_s27_options_carry_concrete_numbers() -> None:
     raised = _escalate(d, "request_budget_exhausted")
     extend = raised.options[0]
     assert extend.id == "extend"
-    assert extend.label == "extend 15 minutes and 4 more checks"
+    assert extend.label == (
+        "extend: deadline 2025-04-18T10:40:00Z -> 2025-04-18T10:55:00Z (+15 min, counted from "
+        "the approval if the deadline has passed by then), checks 12 -> 16 (+4), "
+        "transport failures 3 -> 6 (+3), rate-limited 3 -> 6 (+3)"
+    )
     assert extend.params == {
         "add_seconds": 900,
         "add_status_requests": 4,
@@ -192,7 +196,7 @@ def test_s36_extension_is_new_authorization_with_approver_counters_kept() -> Non
     assert isinstance(scheduled, PollScheduled)
     assert (recorded.approver, recorded.note) == ("alice", "export is worth it")
     assert recorded.resumes
-    assert recorded.new_deadline_at == max(before.deadline_at, now + 900)
+    assert recorded.new_deadline_at == max(before.deadline_at, now) + 900
     assert recorded.new_max_status_requests == 12 + 4
     assert scheduled.delay_source == "manual_extension"
     # S17: counters are never reset.

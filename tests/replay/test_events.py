@@ -43,6 +43,7 @@ STABLE_TAGS = {
     "DecisionRecorded": "decision_recorded",
     "DecisionRejected": "decision_rejected",
     "OperationWithdrawn": "operation_withdrawn",
+    "NodeTookOver": "node_took_over",
 }
 
 
@@ -84,6 +85,10 @@ def test_every_event_type_round_trips() -> None:
 
     log.append(OperationWithdrawn(operation_id="x", at=T0, by="alice", by_uid=1001, note="n"))
     seen.add(OperationWithdrawn)
+    from replay import NodeTookOver
+
+    log.append(NodeTookOver(operation_id="x", at=T0, node="b", holder="b/7/abc", epoch=3))
+    seen.add(NodeTookOver)
     assert seen == set(EVENT_TYPES), set(EVENT_TYPES) - seen
     for event in log:
         data = encode_event(event)  # type: ignore[arg-type]

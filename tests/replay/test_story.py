@@ -38,7 +38,9 @@ def test_s39_story_reads_like_the_article() -> None:
         "next poll 2025-04-18T10:03:31Z from local backoff",
         "2025-04-18T10:03:31Z polled (request 5 of 5), state running, "
         "stopped: request_budget_exhausted (5 of 5 status requests used), escalated (#1), "
-        "options: extend 15 minutes and 4 more checks [extend] | "
+        "options: extend: deadline 2025-04-18T10:40:00Z -> 2025-04-18T10:55:00Z (+15 min, "
+        "counted from the approval if the deadline has passed by then), checks 5 -> 9 (+4), "
+        "transport failures 3 -> 6 (+3), rate-limited 3 -> 6 (+3) [extend] | "
         "inspect the job in the provider console; bide stops waiting "
         "[inspect_provider_console] | abandon: stop waiting; the job's result is not used "
         "[abandon]",
@@ -100,3 +102,42 @@ def test_the_providers_words_are_apart_from_bides_and_bounded_in_the_json_story(
     # For people, inline and quoted, as before.
     assert f"state {hostile[:128]!r} is in no list" in story(d.log)
     assert bounded("x" * 600) == "x" * 512 + "…[cut by bide: 88 more characters]"
+
+
+def test_a_takeover_is_a_line_of_its_own_and_changes_nothing_else() -> None:
+    from replay import NodeTookOver, check, fold
+
+    d = Daemon.start(max_status_requests=5)
+    d.poll_and_respond(content=body("queued"), draw=0.8)
+    d.poll(d.op.next_poll_at)  # the intent, then the node dies before the answer
+    at = d.op.next_poll_at + 1
+    took = NodeTookOver(operation_id=d.op.operation_id, at=at, node="b", holder="b/7/ab", epoch=4)
+    before = fold(d.log)
+    d.log.append(took)
+    assert fold(d.log) == before  # no state changes
+    d.outcome_unknown(at)  # what the new node records for the intent in flight
+    lines = story(d.log).splitlines()
+    assert lines[2:] == [
+        "2025-04-18T10:00:15Z taken over by node b (epoch 4)",
+        "2025-04-18T10:00:15Z request 2 of 5: outcome unknown after a restart (counted; "
+        "delivery ambiguous), next poll 2025-04-18T10:00:30Z from local backoff",
+    ]
+    assert [line["events"] for line in story_json(d.log)][2] == ["node_took_over"]
+    assert check(d.log) == []  # nothing to re-derive, nothing out of place
+
+
+def test_a_takeover_between_a_fact_and_its_decision_keeps_the_fact_undecided() -> None:
+    """A crash between a fact and its decision: the new node records its takeover first,
+    then decides the fact; the takeover must not make the ledger forget it."""
+    from replay import NodeTookOver, encode_event
+    from replay.ledger import Ledger
+
+    d = Daemon.start()
+    d.poll(d.op.next_poll_at)
+    d.outcome_unknown(d.op.next_poll_at)
+    recorded = d.log[:-1]  # the fact is durable, its decision is not
+    unknown = recorded[-1]
+    took = NodeTookOver(operation_id=d.op.operation_id, at=unknown.at, node="b", epoch=2)
+    ledger = Ledger()
+    ledger.fold(enumerate(encode_event(e) for e in [*recorded, took]))
+    assert ledger.undecided == {d.op.operation_id: unknown}
