@@ -10,12 +10,13 @@ the field to its struct, a line to its section here, and regenerate the document
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import inspect
 
 from daemon.config import PATTERN_WORDS, ConfigFile
+from daemon.tomllines import unwrap
 
 #: What each section is for (one line, under its heading).
 SECTIONS: dict[str, str] = {
@@ -183,6 +184,14 @@ def _constraints(tp: inspect.Type) -> str:
     return ""
 
 
+def _choices(declared: object) -> str:
+    """A Literal's values in the order the code declares them (msgspec sorts them)."""
+    tp = unwrap(declared)
+    if get_origin(tp) is not Literal:
+        return ""
+    return "one of " + ", ".join(f"`{v}`" for v in get_args(tp))
+
+
 def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
@@ -219,12 +228,11 @@ def reference() -> str:
         title = f"## [{name}]" + (" (required)" if required else "")
         lines += [title, "", SECTIONS[name], ""]
         lines += ["| key | type | default | limits | meaning |", "|---|---|---|---|---|"]
+        hints = get_type_hints(info.cls, include_extras=True)
         for f in info.fields:
             meaning = MEANINGS[name][f.name]
-            lines.append(
-                f"| `{f.name}` | {_type(f.type)} | {_default(f)} | {_constraints(f.type)} "
-                f"| {meaning} |"
-            )
+            limits = _choices(hints[f.name]) or _constraints(f.type)
+            lines.append(f"| `{f.name}` | {_type(f.type)} | {_default(f)} | {limits} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
 
