@@ -4,79 +4,42 @@ Lookup order: ``--config FILE``, then ``$BIDE_CONFIG``, then ``/etc/bide/bide.to
 Relative paths in the file are relative to the file's own directory, so a config written
 next to its state (``bide demo --keep DIR``) works from any working directory.
 
-Example::
+Every key, its type, default, limits and meaning: ``deploy/CONFIG.md``, generated from the
+structs below by :mod:`daemon.config_reference` (add a key's meaning there); a working
+example: ``deploy/bide.toml``. A minimal config::
 
     [paths]
     state_dir = "/var/lib/bide"           # log/, spool/, outbox/ live here
     keys_dir = "/etc/bide/keys"           # omit under systemd: $CREDENTIALS_DIRECTORY
     profiles_dir = "/etc/bide/profiles"   # one TOML provider profile per file
 
-    [log]
-    checkpoint_every = 1000               # records between signed checkpoints
-    checkpoint_interval_seconds = 60      # and at least this often while running
-    snapshot_every = 100000               # events between state snapshots (0: only at stop)
-    forward_secure = true                 # new logs: checkpoints signed by evolving epoch keys
-    epoch_seconds = 3600                  # a new epoch key (the old one destroyed) this often
-    epoch_checkpoints = 0                 # or every N checkpoints, whichever first (0: off)
-    store = "files"                       # or "postgresql://bide@db.example/bide": see [postgres]
-    level = "info"                        # debug, info, warning or error (bide run --log-level)
-
-    [postgres]                            # the log in PostgreSQL (pip install 'bide[postgres]')
-    dsn = "postgresql://bide@db.example/bide"   # never a password here: password_file
-    password_file = "/etc/bide/db.password"     # 0600; or libpq's PGPASSFILE
-    lease_seconds = 10                    # how long a node's lease runs without renewal
-    renew_seconds = 3                     # how often the active node renews it
-    request_margin_seconds = 1            # a request needs its timeout plus this left on the lease
-    standby_poll_seconds = 0.5            # standbys also wake on every commit and handover (NOTIFY)
-    node = "host-a"                       # this node's name (default: the host name)
-
-    [witness]                             # every signed head leaves the host (deploy/README.md)
-    file = "/mnt/audit/bide-heads.jsonl"  # append-only file on another host's mount
-    syslog = true                         # one line per head to syslog/journald
-    urls = ["https://witness.example:8443/v1/heads"]   # `bide witness serve` instances
-    token_file = "/etc/bide/witness.token"  # 0600; the witness's trust dir holds the same
-    witness_keys = ["base64…"]            # pinned: what `bide witness serve` prints
-
-    [spool]
-    agents_group = "bide-agents"          # may register jobs (spool/incoming)
-    approvers_group = "bide-approvers"    # may decide escalations (spool/decisions)
-
-    [metrics]
-    listen = "127.0.0.1:9464"             # Prometheus /metrics; off when empty (default)
-
-    [daemon]
-    drain_seconds = 5                     # on SIGTERM, how long requests in flight may finish
-
-    [api]
-    socket = "/run/bide/api.sock"         # default: $RUNTIME_DIRECTORY/api.sock, else state_dir
-    socket_group = "bide-agents"          # who may connect (mode 0660)
-    allow_self_approval = false           # one-person setups: approve your own escalations
-    daemon_user = "bide"                  # the CLI sends only to a socket this user answers
-
-    [retention]                           # ended operations leave memory and the snapshot
-    ended_after = 604800                  # seconds an ended operation stays (the log keeps it)
-    max_ended = 10000                     # ended operations kept at most (oldest retire first)
-    max_tombstones = 100000               # retired ids that still answer a retry (~30 B each)
-    check_seconds = 60                    # how often the daemon looks for what is due
-
-    [fetch]
-    per_principal_per_minute = 30         # fetches one user may ask for (then 429 / rejected)
-    burst = 10                            # at once after a quiet spell
-    results_max_age_seconds = 604800      # results/ files older than this are removed
-    results_max_bytes = 10737418240       # and the oldest beyond this total (the newest stays)
+Errors name the file, the key's own line and the nearest valid key (:func:`read_config`
+collects every problem; ``bide run --check`` reports them all).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
+import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
 from daemon.errors import ConfigError, UsageError
 from daemon.logfmt import LogLevel
+from daemon.tomllines import (
+    KeyPath,
+    dotted,
+    key_lines,
+    line_of,
+    msgspec_place,
+    type_in_words,
+    unwrap,
+)
 
 DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
 
@@ -142,8 +105,17 @@ class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     receipt_max_files: Annotated[int, msgspec.Meta(ge=1)] = 10_000  # per receipts directory
 
 
+#: The patterns of bide.toml's strings, and what they ask for in words.
+LISTEN_PATTERN = r"^$|^[^\s:]+:\d{1,5}$"
+MODE_PATTERN = r"^0?[0-7]{3}$"
+PATTERN_WORDS = {
+    LISTEN_PATTERN: 'HOST:PORT, e.g. "127.0.0.1:9464" (or "" for off)',
+    MODE_PATTERN: 'a file mode in octal, e.g. "0660"',
+}
+
+
 class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    listen: Annotated[str, msgspec.Meta(pattern=r"^$|^[^\s:]+:\d{1,5}$")] = ""  # "" is off
+    listen: Annotated[str, msgspec.Meta(pattern=LISTEN_PATTERN)] = ""  # "" is off
 
 
 class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -151,7 +123,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     enabled: bool = True
     socket: str = ""  # default: $RUNTIME_DIRECTORY/api.sock under systemd, else state_dir
-    socket_mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0660"
+    socket_mode: Annotated[str, msgspec.Meta(pattern=MODE_PATTERN)] = "0660"
     socket_group: str = "bide-agents"  # "" keeps the daemon's own group
     agents_group: str | None = None  # default: [spool] agents_group; "" admits everyone
     approvers_group: str | None = None  # default: [spool] approvers_group; "" admits everyone
@@ -211,9 +183,12 @@ class ConfigFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Config:
     """A loaded config with every path resolved."""
 
-    def __init__(self, path: Path, raw: ConfigFile) -> None:
+    def __init__(
+        self, path: Path, raw: ConfigFile, lines: dict[KeyPath, int] | None = None
+    ) -> None:
         self.path = path
         self.raw = raw
+        self.lines = lines or {}
         base = path.parent
         self.state_dir = (base / raw.paths.state_dir).resolve()
         self.keys_dir = (base / raw.paths.keys_dir).resolve() if raw.paths.keys_dir else None
@@ -237,12 +212,17 @@ class Config:
             (base / raw.witness.token_file).resolve() if raw.witness.token_file else None
         )
         self.api_socket = (base / raw.api.socket).resolve() if raw.api.socket else None
-        self.postgres = _postgres(path, raw)
+        self.postgres = _postgres(self)
         self.password_file = (
             (base / self.postgres.password_file).resolve()
             if self.postgres is not None and self.postgres.password_file
             else None
         )
+
+    def where(self, *keys: str | int) -> str:
+        """``FILE:LINE`` of ``keys`` in the file (or of the nearest enclosing key written)."""
+        line = line_of(self.lines, keys)
+        return f"{self.path}:{line}" if line else str(self.path)
 
     @property
     def log_dir(self) -> Path:
@@ -285,31 +265,32 @@ class Config:
         )
 
 
-def _postgres(path: Path, raw: ConfigFile) -> PostgresConfig | None:
+def _postgres(cfg: Config) -> PostgresConfig | None:
     """The PostgreSQL store's settings, or None for the file store; the DSN from ``[log]
     store`` or ``[postgres] dsn`` (both: they must agree)."""
-    store, pg = raw.log.store, raw.postgres
+    store, pg = cfg.raw.log.store, cfg.raw.postgres
     in_log = store.startswith(("postgresql://", "postgres://"))
     if store != "files" and not in_log:
         raise ConfigError(
-            f'{path}: [log] store = "{store.split(":")[0]}:..." is neither '
+            f'{cfg.where("log", "store")}: log.store: "{store.split(":")[0]}:..." is neither '
             f'"files" nor a postgresql:// DSN'
         )
     if pg is None:
         return PostgresConfig(dsn=store) if in_log else None
     if in_log and pg.dsn and pg.dsn != store:
         raise ConfigError(
-            f"{path}: [log] store and [postgres] dsn name two databases; keep one of them"
+            f"{cfg.where('postgres', 'dsn')}: postgres.dsn: [log] store and [postgres] dsn "
+            f"name two databases; keep one of them"
         )
     if not (in_log or pg.dsn):
         raise ConfigError(
-            f"{path}: a [postgres] table without a dsn; set dsn there (or "
-            f'[log] store = "postgresql://...")'
+            f"{cfg.where('postgres')}: postgres: a [postgres] table without a dsn; set dsn "
+            f'there (or [log] store = "postgresql://...")'
         )
     if pg.renew_seconds >= pg.lease_seconds:
         raise ConfigError(
-            f"{path}: [postgres] renew_seconds ({pg.renew_seconds}) must be "
-            f"shorter than lease_seconds ({pg.lease_seconds})"
+            f"{cfg.where('postgres', 'renew_seconds')}: postgres.renew_seconds: "
+            f"{pg.renew_seconds:g} must be shorter than lease_seconds ({pg.lease_seconds:g})"
         )
     return msgspec.structs.replace(pg, dsn=pg.dsn or store)
 
@@ -323,10 +304,215 @@ def config_path(explicit: str | None) -> Path:
     return DEFAULT_CONFIG
 
 
+class Problem(msgspec.Struct, frozen=True):
+    """One mistake in bide.toml or a profile: the file, the line of the key itself (0 where
+    none is written), the key (dotted, ``log.checkpoint_every``), what is wrong, the fix."""
+
+    file: str
+    line: int
+    key: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        key = f" {self.key}:" if self.key else ""
+        fix = f"; {self.fix}" if self.fix else ""
+        return f"{where}:{key} {self.message}{fix}"
+
+
+class Loaded(msgspec.Struct, frozen=True):
+    """What reading a config found: the config (built from what was valid, every faulty key
+    left at its default) unless a required key is missing, and every problem."""
+
+    config: Config | None
+    problems: list[Problem]
+
+
+def read_config(path: Path) -> Loaded:
+    """Read and validate ``path``, naming every problem rather than the first; the file must
+    exist and be readable (:func:`load_config` says so as a usage error)."""
+    path = path.resolve()
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r" \(at line (\d+), column \d+\)", str(exc))
+        what = str(exc)[: m.start()] if m else str(exc)
+        line = int(m.group(1)) if m else 0
+        return Loaded(None, [Problem(str(path), line, "", f"not valid TOML: {what}")])
+    lines = key_lines(text)
+    problems: list[Problem] = []
+    filled: set[KeyPath] = set()  # tables put in for a missing one: their keys are missing too
+    cfg: Config | None = None
+    for _ in range(_MAX_PROBLEMS):
+        try:
+            raw = msgspec.convert(table, ConfigFile)
+        except msgspec.ValidationError as exc:
+            keys, problem = _explain(path, lines, table, str(exc))
+            missing = problem.message.startswith("missing")
+            if not (missing and keys[:-1] in filled):
+                problems.append(problem)
+            if missing and _fill(table, keys):
+                filled.add(keys)
+            elif missing or not _drop(table, keys):
+                break
+            continue
+        try:
+            cfg = Config(path, raw, lines)
+        except ConfigError as exc:
+            problems.append(problem_of(str(exc), path))
+        break
+    problems.sort(key=lambda p: p.line or _MAX_LINE)
+    return Loaded(None if filled else cfg, problems)
+
+
+_MAX_PROBLEMS = 100
+_MAX_LINE = 1 << 30
+_PROBLEM_TEXT = re.compile(r"^(?::(?P<line>\d+))?: (?:(?P<key>[\w.\[\]\"/~-]+): )?")
+
+
+def problem_of(message: str, file: Path | str) -> Problem:
+    """A ``FILE:LINE: key: what; fix`` message about ``file`` (bide.toml's, a profile's) as a
+    :class:`Problem`; a message in another form is its message whole."""
+    m = _PROBLEM_TEXT.match(message[len(str(file)) :]) if message.startswith(str(file)) else None
+    if not m:
+        return Problem(str(file), 0, "", message)
+    rest = message[len(str(file)) + m.end() :]
+    what, _, fix = rest.partition("; did you mean ")
+    return Problem(
+        str(file),
+        int(m.group("line") or 0),
+        m.group("key") or "",
+        what,
+        f"did you mean {fix}" if fix else "",
+    )
+
+
+def _explain(
+    path: Path, lines: dict[KeyPath, int], table: dict[str, Any], message: str
+) -> tuple[KeyPath, Problem]:
+    """msgspec's message about bide.toml as the key's own line, words and the fix."""
+    keys, detail = msgspec_place(message)
+    fix = ""
+    if found := re.match(r"Object contains unknown field `([^`]+)`", detail):
+        keys = (*keys, found.group(1))
+        what = "unknown section" if len(keys) == 1 else "unknown key"
+        detail, fix = what, _did_you_mean(found.group(1), _fields_at(keys[:-1]))
+    elif found := re.match(r"Object missing required field `([^`]+)`", detail):
+        keys = (*keys, found.group(1))
+        detail = "missing: this " + ("key" if len(keys) > 1 else "section") + " is required"
+        fix = f"add it under [{dotted(keys[:-1])}]" if len(keys) > 1 else f"add a [{keys[0]}] table"
+    elif found := re.match(r"Invalid enum value (.+)", detail):
+        value = found.group(1)
+        detail = f"{value} is not valid"
+        fix = _did_you_mean(value.strip("'\""), _literal_at(keys))
+    elif found := re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail):
+        words = PATTERN_WORDS.get(found.group(2).replace("\\\\", "\\"), "")
+        detail = f"must be {words}" if words else detail
+        detail += f", got {_shown(table, keys)}"
+    elif said := type_in_words(detail, _shown(table, keys)):
+        detail = said
+    if not fix and (default := _default_at(keys)):
+        fix = f"or remove it for the default, {default}"
+    line = line_of(lines, keys)
+    return keys, Problem(str(path), line, dotted(keys), detail, fix)
+
+
+def _default_at(keys: KeyPath) -> str:
+    """The default of the key at ``keys``, as TOML would write it ("" when it has none)."""
+    tp = _type_at(keys[:-1])
+    if not keys or not isinstance(tp, type) or not issubclass(tp, msgspec.Struct):
+        return ""
+    for f in msgspec.structs.fields(tp):
+        if f.name == keys[-1] and f.default is not msgspec.NODEFAULT and f.default is not None:
+            if isinstance(f.default, bool):
+                return str(f.default).lower()
+            return msgspec.json.encode(f.default).decode()
+    return ""
+
+
+def _did_you_mean(word: str, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"one of {', '.join(choices)}" if choices else ""
+
+
+def _shown(table: dict[str, Any], keys: KeyPath) -> str:
+    value: Any = table
+    for key in keys:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return "?"
+    text = msgspec.json.encode(value).decode() if not isinstance(value, bool) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _type_at(keys: KeyPath) -> object:
+    """The declared type at ``keys`` in bide.toml (None where none is declared)."""
+    tp: object = ConfigFile
+    for key in keys:
+        tp = unwrap(tp)
+        if isinstance(key, int):
+            args = get_args(tp)
+            tp = args[0] if args else None
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            tp = get_type_hints(tp, include_extras=True).get(key)
+        else:
+            return None
+    return unwrap(tp)
+
+
+def _fields_at(keys: KeyPath) -> tuple[str, ...]:
+    tp = _type_at(keys)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tuple(tp.__struct_fields__)
+    return ()
+
+
+def _literal_at(keys: KeyPath) -> tuple[str, ...]:
+    tp = _type_at(keys)
+    return tuple(str(a) for a in get_args(tp)) if get_origin(tp) is Literal else ()
+
+
+def _drop(table: dict[str, Any], keys: KeyPath) -> bool:
+    """Remove the faulty key so its default applies and the rest can be checked (a faulty
+    list element: the whole list). False when there is nothing to remove."""
+    while keys:
+        parent: Any = table
+        for key in keys[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and keys[-1] in parent:
+            del parent[keys[-1]]
+            return True
+        keys = keys[:-1]
+    return False
+
+
+def _fill(table: dict[str, Any], keys: KeyPath) -> bool:
+    """Put a stand-in where a required key is missing, so the rest can be checked."""
+    tp = _type_at(keys)
+    parent: Any = table
+    for key in keys[:-1]:
+        parent = parent[key]
+    if not isinstance(parent, dict):
+        return False
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        parent[keys[-1]] = {}
+    elif tp is str:
+        parent[keys[-1]] = ""
+    else:
+        return False
+    return True
+
+
 def load_config(explicit: str | None) -> Config:
+    """The config, or a :class:`ConfigError` naming every problem in it."""
     path = config_path(explicit)
     try:
-        data = path.read_bytes()
+        path.read_bytes()
     except FileNotFoundError:
         raise UsageError(
             f"config file {path} does not exist; pass --config FILE or set $BIDE_CONFIG "
@@ -334,13 +520,16 @@ def load_config(explicit: str | None) -> Config:
         ) from None
     except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        raw = msgspec.toml.decode(data, type=ConfigFile)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return Config(path.resolve(), raw)
+    loaded = read_config(path)
+    if len(loaded.problems) == 1:
+        raise ConfigError(str(loaded.problems[0]))
+    if loaded.problems:
+        raise ConfigError(
+            f"{len(loaded.problems)} problems in the config:\n"
+            + "\n".join(f"  {p}" for p in loaded.problems)
+        )
+    assert loaded.config is not None
+    return loaded.config
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:

@@ -51,15 +51,13 @@ the quota holds back is recorded as a ``local_quota`` delay, never sent in a wav
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 import tomllib
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import quote, urlsplit
 
 import msgspec
@@ -68,7 +66,15 @@ from msgspec import Meta
 from daemon import readpost
 from daemon.awssign import AwsSigning, botocore_missing
 from daemon.errors import ConfigError
-from daemon.tomllines import KeyPath, key_lines, line_of
+from daemon.tomllines import (
+    KeyPath,
+    dotted,
+    key_lines,
+    line_of,
+    nearest,
+    type_in_words,
+    unwrap,
+)
 from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, ResultField, StateTable, contract_digest
 
@@ -273,7 +279,10 @@ def load_profile(path: Path) -> Profile:
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        m = re.search(r" \(at line (\d+), column \d+\)", str(exc))
+        where = f"{path}:{m.group(1)}" if m else str(path)
+        what = str(exc)[: m.start()] if m else str(exc)
+        raise ConfigError(f"{where}: not valid TOML: {what}") from None
     name = path.stem
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise ConfigError(
@@ -292,7 +301,7 @@ def load_profile(path: Path) -> Profile:
         line = _line_of(text, ("contract",), unknown[0])
         known = tuple(sorted(_CONTRACT_FIELDS - {"provider"}))
         raise ConfigError(
-            f"{path}:{line}: contract.{unknown[0]}: unknown key{_nearest(unknown[0], known)}"
+            f"{path}:{line}: contract.{unknown[0]}: unknown key{nearest(unknown[0], known)}"
         )
     if raw.contract.get("provider", name) != name:
         raise ConfigError(
@@ -308,10 +317,11 @@ def load_profile(path: Path) -> Profile:
         contract = msgspec.convert({**contract_table, "provider": name}, Contract)
     except msgspec.ValidationError as exc:
         message = str(exc).replace("$.", "$.contract.", 1)
-        if "`$" not in message and contract_table.get("state_rules"):
+        if re.match(r"rule \d+ |documented state ", message):
             # The rules' own analysis (replay.rules.rule_problems), raised by the contract.
             line = _rules_problem_line(text, message)
-            raise ConfigError(f"{path}:{line}: contract.state_rules: {message}") from None
+            key = "documented_states" if message.startswith("documented") else "state_rules"
+            raise ConfigError(f"{path}:{line}: contract.{key}: {message}") from None
         raise ConfigError(_explain(path, text, message)) from None
     _check_url(path, text, raw.status.url, "status", job_id_in_body=raw.status.body is not None)
     if raw.credential is not None:
@@ -355,16 +365,11 @@ _CONDITION_KEYS = ("equals", "present", "absent", "null", "min", "max")
 _SOME_KEYS = ("pointer", "when")
 
 
-def _nearest(word: str, choices: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
-
-
 def pointer_problem(pointer: str) -> str | None:
     """Why ``pointer`` is not an RFC 6901 JSON pointer, in words (None when it is one)."""
     if pointer and not pointer.startswith("/"):
         return (
-            f'{pointer!r} is not a JSON pointer: it starts with "/" '
+            f'{pointer!r} is not a JSON pointer: it must start with "/" '
             f'(write "/{pointer}"; "" is the whole body)'
         )
     if re.search(r"~(?![01])", pointer):
@@ -407,7 +412,7 @@ def _unknown_nested_keys(path: Path, text: str, contract: dict[str, object]) -> 
                 keys = (*where, key)
                 line = line_of(_key_lines(text), keys)
                 raise ConfigError(
-                    f"{path}:{line}: {_dotted(keys)}: unknown key{_nearest(key, known)}"
+                    f"{path}:{line}: {dotted(keys)}: unknown key{nearest(key, known)}"
                 )
 
 
@@ -431,13 +436,13 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
             raise fail(index, "", "a rule is a table")
         for key in rule:
             if key not in _RULE_KEYS:
-                raise fail(index, f".{key}", f"unknown key{_nearest(key, _RULE_KEYS)}", (key,))
+                raise fail(index, f".{key}", f"unknown key{nearest(key, _RULE_KEYS)}", (key,))
         category = rule.get("category")
         if not isinstance(category, str) or category not in _CATEGORIES:
             raise fail(
                 index,
                 ".category",
-                f"{category!r} is not a category{_nearest(str(category), _CATEGORIES)}",
+                f"{category!r} is not a category{nearest(str(category), _CATEGORIES)}",
                 ("category",),
             )
         conditions = _conditions(
@@ -454,7 +459,7 @@ def _rules_from_toml(path: Path, text: str, raw: object) -> list[dict[str, objec
                     raise fail(
                         index,
                         f"{where}.{key}",
-                        f"unknown key{_nearest(key, _SOME_KEYS)}",
+                        f"unknown key{nearest(key, _SOME_KEYS)}",
                         (*at, key),
                     )
             if not isinstance(some.get("pointer"), str) or not some.get("when"):
@@ -506,7 +511,7 @@ def _conditions(
                 if word not in _CONDITION_KEYS:
                     raise fail(
                         f"{key}.{word}",
-                        f"unknown condition{_nearest(word, _CONDITION_KEYS)}",
+                        f"unknown condition{nearest(word, _CONDITION_KEYS)}",
                         pointer,
                         word,
                     )
@@ -550,9 +555,8 @@ def _conditions(
 
 def _check_submit(path: Path, text: str, submit: SubmitCall, contract: Contract) -> None:
     line = _line_of(text, ("submit",), "url")
-    parts = urlsplit(submit.url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(f"{path}:{line}: submit.url must be an absolute http(s) URL")
+    if problem := _url_problem(submit.url):
+        raise ConfigError(f"{path}:{line}: submit.url: {problem}")
     if submit.job_id_from == "body" and not submit.job_id_pointer:
         raise ConfigError(
             f'{_at(path, text, "submit", "job_id_from")}: submit.job_id_from is "body" but '
@@ -602,19 +606,45 @@ def _check_url(path: Path, text: str, url: str, table: str, job_id_in_body: bool
     simple, reserved = url.count(_PLACEHOLDER), url.count(_PATH_PLACEHOLDER)
     if simple + reserved != (0 if job_id_in_body else 1):
         raise ConfigError(
-            f"{path}:{line}: {table}.url must contain {_PLACEHOLDER} (one path segment or "
-            f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once"
+            f"{path}:{line}: {table}.url: must contain {_PLACEHOLDER} (one path segment or "
+            f"query value) or {_PATH_PLACEHOLDER} (a path) exactly once, got {_shown_url(url)}"
         )
-    parts = urlsplit(url.replace(_PLACEHOLDER, "x").replace(_PATH_PLACEHOLDER, "x"))
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(f"{path}:{line}: {table}.url must be an absolute http(s) URL")
+    filled = url.replace(_PLACEHOLDER, "x").replace(_PATH_PLACEHOLDER, "x")
+    if problem := _url_problem(filled, shown=url):
+        raise ConfigError(f"{path}:{line}: {table}.url: {problem}")
     if "job_id}" in url.split("//", 1)[1].split("/", 1)[0].split("?", 1)[0]:
-        raise ConfigError(f"{path}:{line}: {_PLACEHOLDER} may not be in the host")
+        raise ConfigError(
+            f"{path}:{line}: {table}.url: {_PLACEHOLDER} may not be in the host, got "
+            f"{_shown_url(url)}"
+        )
     if reserved and _PATH_PLACEHOLDER not in urlsplit(url).path:
         raise ConfigError(
-            f"{path}:{line}: {_PATH_PLACEHOLDER} is a path and belongs in the URL's path; "
-            f"use {_PLACEHOLDER} in a query"
+            f"{path}:{line}: {table}.url: {_PATH_PLACEHOLDER} is a path and belongs in the "
+            f"URL's path; use {_PLACEHOLDER} in a query"
         )
+
+
+def _url_problem(url: str, shown: str | None = None) -> str | None:
+    """Why ``url`` is not an absolute http(s) URL, in words (None when it is one); the
+    message shows ``shown`` (the URL as written, placeholders and all) instead."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        parts, host = None, None
+    if parts is None or parts.scheme not in ("https", "http") or not host:
+        written = url if shown is None else shown
+        return f"must be an http:// or https:// URL with a host, got {_shown_url(written)}"
+    return None
+
+
+def _shown_url(url: str) -> str:
+    """``url`` for a message: without userinfo or query (either may hold a secret)."""
+    shown = url.split("?", 1)[0].split("#", 1)[0]
+    if "@" in shown.split("//", 1)[-1].split("/", 1)[0]:
+        scheme, _, rest = shown.rpartition("//")
+        shown = (scheme + "//" if scheme or shown.startswith("//") else "") + rest.split("@", 1)[1]
+    return repr(shown + ("?..." if "?" in url else ""))
 
 
 _PATH_RE = re.compile(r"(?: - )?at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
@@ -628,16 +658,25 @@ _PATTERN_WORDS = {
     r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$": "a file name in the credentials directory: "
     "a letter or digit, then letters, digits, '_', '.', '-' (no slashes)",
     r"^[A-Za-z0-9-]{1,64}$": "an HTTP header name: letters, digits and '-'",
+    r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$": "an HTTP header name: letters, digits and "
+    "!#$%&'*+.^_`|~- (no spaces or ':')",
     r"^/[\x21-\x7e]*$": 'a URL path: starts with "/", no spaces or non-ASCII characters',
+    r"^[a-z]{2}(-[a-z]+)+-\d+$": 'an AWS region, e.g. "us-east-1"',
+    r"^[a-z0-9-]{1,64}$": "an AWS signing name: lowercase letters, digits and '-' "
+    '(e.g. "states")',
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$": "a name: a letter or digit, then letters, digits, "
+    "'_', '.', '-' (at most 64)",
 }
 
 
 def _explain(path: Path, text: str, message: str) -> str:
     """Turn msgspec's ``... - at `$.a[0].b` `` into ``FILE:LINE: a[1].b: ...``, the line
     being the key's own, with the nearest valid word for an unknown key or value."""
+    if dict_key := _DICT_KEY_RE.search(message):
+        return _explain_dict_key(path, text, message[: dict_key.start()], dict_key.group(1))
     m = _PATH_RE.search(message)
     if not m and not message.startswith("Object "):
-        return f"{path}: {message}"
+        return _explain_unplaced(path, text, message)
     # msgspec names no place for the profile's top level.
     keys: KeyPath = tuple(
         name if name else int(index) for name, index in _STEP_RE.findall(m.group(1) if m else "")
@@ -645,52 +684,89 @@ def _explain(path: Path, text: str, message: str) -> str:
     detail = message[: m.start()] if m else message
     if found := re.match(r"Object contains unknown field `([^`]+)`", detail):
         keys = (*keys, found.group(1))
-        detail = f"unknown key{_nearest(found.group(1), _fields_at(keys[:-1]))}"
+        detail = f"unknown key{nearest(found.group(1), _fields_at(keys[:-1]))}"
     elif found := re.match(r"Object missing required field `([^`]+)`", detail):
         keys = (*keys, found.group(1))
         detail = "missing (this key is required)"
     elif found := re.match(r"Invalid enum value (.+)", detail):
         choices = _literal_at(keys)
         value = found.group(1)
-        nearest = _nearest(value.strip("'"), choices) if choices else ""
-        detail = f"{value} is not valid{nearest}"
-    elif (found := re.match(r"Expected `str` matching regex '(.+)'$", detail)) and (
-        words := _PATTERN_WORDS.get(found.group(1))
-    ):
-        detail = f"must be {words}"
-    dotted = _dotted(keys)
+        close = nearest(value.strip("'"), choices) if choices else ""
+        detail = f"{value} is not valid{close}"
+    elif found := re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail):
+        value = _value_at(text, keys)
+        pattern = found.group(2).replace("\\\\", "\\")
+        if pattern == _POINTER_PATTERN and isinstance(value, str) and pointer_problem(value):
+            detail = str(pointer_problem(value))
+        elif words := _PATTERN_WORDS.get(pattern):
+            detail = f"must be {words}, got {value!r}"
+    elif words := type_in_words(detail, repr(_value_at(text, keys))):
+        detail = words
+    named = dotted(keys)
     where = keys
     if keys[:2] == ("contract", "state_rules") and "when" in keys:
         # The rules were rewritten before msgspec saw them: their "when" is a list there.
         where = keys[: keys.index("when") + 1]
     line = line_of(_key_lines(text), where)
-    return f"{path}:{line}: {dotted}: {detail}" if line else f"{path}: {dotted}: {detail}"
+    return f"{path}:{line}: {named}: {detail}" if line else f"{path}: {named}: {detail}"
 
 
-def _dotted(keys: KeyPath) -> str:
-    """``("contract", "results", 0, "kind")`` as ``contract.results[1].kind`` (from 1)."""
-    return "".join(f"[{k + 1}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+_POINTER_PATTERN = r"^(/([^~/]|~[01])*)*$"
 
 
-def _unwrap(tp: object) -> object:
-    """``Annotated[X, ...]`` and ``X | None`` to ``X``."""
-    while True:
-        if get_origin(tp) is Annotated:
-            tp = get_args(tp)[0]
-        elif get_origin(tp) in (Union, types.UnionType):
-            args = [a for a in get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
+def _value_at(text: str, keys: KeyPath) -> object:
+    """The value written at ``keys`` (None where there is none)."""
+    value: object = tomllib.loads(text)
+    for key in keys:
+        if isinstance(value, dict) and isinstance(key, str):
+            value = value.get(key)
+        elif isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
         else:
-            return tp
+            return None
+    return value
+
+
+_DICT_KEY_RE = re.compile(r" - at `key` in `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`$")
+
+
+def _explain_dict_key(path: Path, text: str, detail: str, where: str) -> str:
+    """A table's key that fails its pattern (``documented_states = { "status" = [...] }``):
+    the first such key, on its own line, in words."""
+    keys: KeyPath = tuple(name if name else int(index) for name, index in _STEP_RE.findall(where))
+    table = _value_at(text, keys)
+    found = re.match(r"Expected `str` matching regex (['\"])(.+)\1$", detail)
+    pattern = found.group(2).replace("\\\\", "\\") if found else ""
+    if isinstance(table, dict) and pattern == _POINTER_PATTERN:
+        for key in table:
+            if problem := pointer_problem(str(key)):
+                line = line_of(_key_lines(text), (*keys, str(key)))
+                return f"{path}:{line}: {dotted(keys)}: {problem}"
+    line = line_of(_key_lines(text), keys)
+    return f"{path}:{line}: {dotted(keys)}: a key {detail[0].lower()}{detail[1:]}"
+
+
+def _explain_unplaced(path: Path, text: str, message: str) -> str:
+    """A contract's own check names no place: put it on the line of the first contract key
+    it names that the file writes (``backoff_cap_seconds must be at least ...``)."""
+    lines = _key_lines(text)
+    named = sorted(
+        (message.find(key), key)
+        for key in _CONTRACT_FIELDS
+        if re.search(rf"\b{key}\b", message) and ("contract", key) in lines
+    )
+    if not named:
+        line = lines.get(("contract",), 0)
+        return f"{path}:{line}: contract: {message}" if line else f"{path}: {message}"
+    key = named[0][1]
+    return f"{path}:{lines[('contract', key)]}: contract.{key}: {message}"
 
 
 def _type_at(keys: KeyPath) -> object:
     """The declared type of the value at ``keys`` in a profile (None when not declared)."""
     tp: object = ProfileFile
     for key in keys:
-        tp = _unwrap(tp)
+        tp = unwrap(tp)
         if tp is ProfileFile and key == "contract":
             tp = Contract
         elif isinstance(key, int):
@@ -700,7 +776,7 @@ def _type_at(keys: KeyPath) -> object:
             tp = get_type_hints(tp, include_extras=True).get(key)
         else:
             return None
-    return _unwrap(tp)
+    return unwrap(tp)
 
 
 def _fields_at(keys: KeyPath) -> tuple[str, ...]:

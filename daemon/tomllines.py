@@ -5,12 +5,19 @@ table's header. This scanner reads a document ``tomllib`` has already accepted a
 for every key path (``("contract", "state_rules", 2, "category")``: names, and indices of
 array elements and of ``[[array of tables]]`` entries), the line it starts on. It assumes
 valid TOML and never judges it.
+
+The helpers below it turn a :class:`msgspec.ValidationError` about such a document into the
+key path it names and the nearest valid word, for bide.toml (:mod:`daemon.config`) and for
+provider profiles (:mod:`daemon.profile`) alike.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
+import types
+from typing import Annotated, Union, get_args, get_origin
 
 KeyPath = tuple[str | int, ...]
 
@@ -21,6 +28,70 @@ _SCALAR_END = re.compile(r"[,\]}\n#]")
 def key_lines(text: str) -> dict[KeyPath, int]:
     """Every key path of ``text`` (already valid TOML) and the line (from 1) it starts on."""
     return _Scanner(text).scan()
+
+
+def nearest(word: str, choices: tuple[str, ...]) -> str:
+    """``; did you mean 'x'?`` for the choice closest to ``word``, else the list of choices."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f" (one of {', '.join(choices)})"
+
+
+def unwrap(tp: object) -> object:
+    """A declared type without its ``Annotated[...]`` and ``| None``: ``X``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def dotted(keys: KeyPath) -> str:
+    """``("contract", "results", 0, "kind")`` as ``contract.results[1].kind`` (from 1)."""
+    return "".join(f"[{k + 1}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+
+
+_MSGSPEC_PATH = re.compile(r"(?: - )?at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+_MSGSPEC_STEP = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]")
+
+
+def msgspec_place(message: str) -> tuple[KeyPath, str]:
+    """The key path a msgspec validation message names (``... - at `$.a[0].b` ``; none for
+    the document's top level) and the message without it."""
+    m = _MSGSPEC_PATH.search(message)
+    if not m:
+        return (), message
+    keys: KeyPath = tuple(
+        name if name else int(index) for name, index in _MSGSPEC_STEP.findall(m.group(1))
+    )
+    return keys, message[: m.start()]
+
+
+#: msgspec's type names in words.
+TYPE_WORDS = {
+    "str": "a string in quotes",
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "array": "a list [...]",
+    "object": "a table",
+}
+
+
+def type_in_words(detail: str, shown: str) -> str | None:
+    """msgspec's ``Expected `int`, got `str` `` or ``Expected `int` >= 1`` in words, with
+    ``shown`` (the value as written) for a bound; None for any other message."""
+    if found := re.match(r"Expected `(\w+)`, got `(\w+)`$", detail):
+        want, got = found.groups()
+        return f"must be {TYPE_WORDS.get(want, want)}, got {TYPE_WORDS.get(got, got)}"
+    if found := re.match(r"Expected `(\w+)` ([<>]=? \S+)$", detail):
+        want, bound = found.groups()
+        return f"must be {TYPE_WORDS.get(want, want)} {bound}, got {shown}"
+    return None
 
 
 def line_of(lines: dict[KeyPath, int], path: KeyPath) -> int:

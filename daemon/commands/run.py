@@ -11,7 +11,7 @@ import anyio
 
 from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, UsageError
 from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.signing import log_identity, open_signing
 from daemon.supervisor import RequestGate, Supervisor
@@ -42,7 +42,8 @@ def add_parser(sub: Any) -> None:
         "signing.key (the root key) certifies the first epoch key once, then may go offline "
         "(the daemon warns while it is readable); every signed head goes to [witness].",
         epilog="examples:\n  bide run --config /etc/bide/bide.toml\n"
-        "  bide run --config /etc/bide/bide.toml --log-level debug   # overrides [log] level",
+        "  bide run --config /etc/bide/bide.toml --log-level debug   # overrides [log] level\n"
+        "  bide run --check --config /etc/bide/bide.toml   # check it all, start nothing",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
@@ -52,6 +53,19 @@ def add_parser(sub: Any) -> None:
         metavar="LEVEL",
         help="write log lines at LEVEL and above: debug, info, warning or error "
         "(default: the config's [log] level, else info)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, every profile, the keys, the store and the witnesses, print "
+        "what was found and every problem (file:line and the fix), and exit: 0 when all is "
+        "well, 78 (EX_CONFIG) otherwise; writes nothing",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --check: the report as JSON (ok, config, found, problems: file, line, "
+        "key, message, fix; warnings)",
     )
     p.set_defaults(func=run)
 
@@ -103,7 +117,9 @@ def witness_keys(cfg: Config) -> dict[str, bytes] | None:
     try:
         return pinned_keys(cfg.witness.witness_keys)
     except ValueError as exc:
-        raise ConfigError(f"config file {cfg.path}: [witness] {exc}") from None
+        raise ConfigError(
+            f"{cfg.where('witness', 'witness_keys')}: witness.witness_keys: {exc}"
+        ) from None
 
 
 def witness_token(cfg: Config) -> bytes | None:
@@ -111,15 +127,18 @@ def witness_token(cfg: Config) -> bytes | None:
     if cfg.witness_token is None:
         if cfg.witness.urls:
             raise ConfigError(
-                f"config file {cfg.path}: [witness] urls need token_file, the secret the "
-                f"witness knows this log's publisher by (create it 0600 with `bide witness "
-                f"token --out FILE` and put the same file in the witness's trust directory)"
+                f"{cfg.where('witness', 'urls')}: witness.urls: urls need token_file, the "
+                f"secret the witness knows this log's publisher by (create it 0600 with "
+                f"`bide witness token --out FILE` and put the same file in the witness's "
+                f"trust directory)"
             )
         return None
     try:
         return read_token(cfg.witness_token)
     except TrustError as exc:
-        raise ConfigError(f"[witness] token_file: {exc}") from None
+        raise ConfigError(
+            f"{cfg.where('witness', 'token_file')}: witness.token_file: {exc}"
+        ) from None
 
 
 def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]:
@@ -141,6 +160,12 @@ def proof_source(cfg: Config, store: LineStore | None) -> Callable[[int], Proof]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from daemon.preflight import run_check
+
+        return run_check(args)
+    if args.json:
+        raise UsageError("--json goes with --check (bide run --check --json)")
     cfg = load_config(args.config)
     level = args.log_level or cfg.log.level
     logfmt.set_level(level)

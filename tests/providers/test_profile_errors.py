@@ -7,6 +7,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+from msgspec import inspect
+
+from daemon.awssign import AwsSigning
+from daemon.profile import _PATTERN_WORDS, ProfileFile
+from replay.contract import Contract
+from replay.rules import Condition, StateRule
 from tests.e2e.harness import BIDE
 
 PROFILE = """\
@@ -81,7 +88,7 @@ def test_an_unknown_key_inside_a_rule(tmp_path: Path) -> None:
 def test_a_bad_pointer_in_when_is_explained_on_the_line_of_when(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, '{ "/status" = "done", "/ok" = true }', '{ "status" = "x" }')
     assert f'{path}:{line}: contract.state_rules[3].when."status": ' in out
-    assert 'starts with "/"' in out
+    assert 'must start with "/"' in out
     assert 'write "/status"' in out
 
 
@@ -100,8 +107,63 @@ def test_an_unknown_result_kind_on_its_line_in_a_multiline_array(tmp_path: Path)
 
 def test_a_result_pointer_is_explained_in_words_not_a_regex(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, 'pointer = "/size"', 'pointer = "size"')
-    assert f"{path}:{line}: contract.results[2].pointer: must be a JSON pointer" in out
+    assert f"{path}:{line}: contract.results[2].pointer: 'size' is not a JSON pointer: " in out
+    assert 'it must start with "/" (write "/size"' in out
     assert "regex" not in out
+
+
+def test_a_state_pointer_without_its_slash_is_explained_on_its_own_line(tmp_path: Path) -> None:
+    path, line, out = check(tmp_path, 'job_id_pointer = "/id"', 'job_id_pointer = "status/state"')
+    assert line == 6
+    assert f"{path}:6: contract.job_id_pointer: 'status/state' is not a JSON pointer: " in out
+    assert 'write "/status/state"' in out
+
+
+def test_a_header_name_with_a_space_is_explained_in_words(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\nrate_limit_remaining_header = "x remaining"\n'
+        'rate_limit_reset_header = "x-reset"',
+    )
+    assert f"{path}:{line + 1}: contract.rate_limit_remaining_header: must be an HTTP header" in out
+    assert "got 'x remaining'" in out
+    assert "regex" not in out
+
+
+def test_a_status_url_without_a_scheme_says_what_it_must_be(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path, "https://api.example.com/v1/runs/{job_id}", "api.example.com/v1/runs/{job_id}"
+    )
+    assert line == 2
+    assert (
+        f"{path}:2: status.url: must be an http:// or https:// URL with a host, "
+        f"got 'api.example.com/v1/runs/{{job_id}}'"
+    ) in out
+
+
+def test_a_url_is_shown_without_its_query_or_userinfo(tmp_path: Path) -> None:
+    path, _line, out = check(
+        tmp_path,
+        "https://api.example.com/v1/runs/{job_id}",
+        "ftp://user:hunter2@api.example.com/v1/runs/{job_id}?key=s3cret",
+    )
+    assert f"{path}:2: status.url: must be an http:// or https:// URL with a host" in out
+    assert "ftp://api.example.com/v1/runs/{job_id}?..." in out
+    assert "hunter2" not in out
+    assert "s3cret" not in out
+
+
+def test_a_check_between_two_keys_points_at_the_first_key_it_names(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path, 'job_id_pointer = "/id"', 'job_id_pointer = "/id"\nbackoff_cap_seconds = 1'
+    )
+    assert f"{path}:{line + 1}: contract.backoff_cap_seconds: backoff_cap_seconds must be" in out
+
+
+def test_invalid_toml_names_its_line(tmp_path: Path) -> None:
+    path, _line, out = check(tmp_path, "timeout_seconds = 10", "timeout_seconds = ")
+    assert f"{path}:3: not valid TOML: " in out
 
 
 def test_an_unknown_top_level_table(tmp_path: Path) -> None:
@@ -125,7 +187,7 @@ def test_an_unknown_contract_key(tmp_path: Path) -> None:
 
 def test_a_value_out_of_range_points_at_its_key(tmp_path: Path) -> None:
     path, line, out = check(tmp_path, "timeout_seconds = 10", "timeout_seconds = 0")
-    assert f"{path}:{line}: status.timeout_seconds: Expected `float` > 0.0" in out
+    assert f"{path}:{line}: status.timeout_seconds: must be a number > 0.0, got 0" in out
 
 
 def test_an_unknown_condition_operator(tmp_path: Path) -> None:
@@ -170,3 +232,81 @@ def test_a_body_job_id_without_pointer_points_at_job_id_from(tmp_path: Path) -> 
     submit = '[submit]\nurl = "https://api.example.com/v1/runs"\njob_id_from = "body"\n\n'
     path, line, out = check(tmp_path, "[contract]\n", submit + "[contract]\n")
     assert f'{path}:{line + 2}: submit.job_id_from is "body"' in out
+
+
+def test_a_state_of_the_wrong_type_is_said_in_words(tmp_path: Path) -> None:
+    text = PROFILE.split("[[contract.state_rules]]")[0] + (
+        'state_pointer = "/status"\n\n[contract.states]\nsuccess = ["done"]\nfailure = [1]\n'
+    )
+    path = tmp_path / "prov.toml"
+    path.write_text(text)
+    out = subprocess.run(
+        [*BIDE, "check-profile", str(path)], capture_output=True, text=True, timeout=30
+    )
+    line = text.count("\n")
+    assert (
+        f"{path}:{line}: contract.states.failure[1]: must be a string in quotes, got a whole number"
+    ) in out.stdout + out.stderr
+
+
+def test_a_documented_state_pointer_is_explained_on_its_key(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\ndocumented_states = { "status" = ["running", "done"] }',
+    )
+    assert (
+        f"{path}:{line + 1}: contract.documented_states: 'status' is not a JSON pointer: it must "
+        f'start with "/"'
+    ) in out
+    assert "regex" not in out
+
+
+def test_a_documented_state_no_rule_reads_is_on_the_documented_line(tmp_path: Path) -> None:
+    path, line, out = check(
+        tmp_path,
+        'job_id_pointer = "/id"',
+        'job_id_pointer = "/id"\ndocumented_states = { "/status" = ["running", "done", "lost"] }',
+    )
+    assert (
+        f'{path}:{line + 1}: contract.documented_states: documented state "lost" at /status is '
+        f"classified by no rule"
+    ) in out
+
+
+def _patterns(tp: object, done: set[type]) -> set[str]:
+    if isinstance(tp, inspect.StructType):
+        if tp.cls in done:
+            return set()
+        done.add(tp.cls)
+        return set().union(*(_patterns(f.type, done) for f in tp.fields))
+    found = {tp.pattern} if isinstance(tp, inspect.StrType) and tp.pattern else set()
+    for attr in ("types", "item_type", "key_type", "value_type"):
+        inner = getattr(tp, attr, None)
+        for t in inner if isinstance(inner, tuple) else (inner,) if inner is not None else ():
+            found |= _patterns(t, done)
+    return found
+
+
+def test_every_pattern_a_profile_is_checked_against_has_words() -> None:
+    """No profile error shows a regex: each pattern in the structs that read a profile is
+    explained in daemon/profile.py's _PATTERN_WORDS."""
+    done: set[type] = set()
+    patterns = set().union(
+        *(
+            _patterns(inspect.type_info(cls), done)
+            for cls in (ProfileFile, Contract, StateRule, Condition, AwsSigning)
+        )
+    )
+    assert patterns - set(_PATTERN_WORDS) == set()
+
+
+def test_a_bad_aws_region_is_said_in_words(tmp_path: Path) -> None:
+    pytest.importorskip("botocore")
+    path, line, out = check(
+        tmp_path,
+        "[contract]\n",
+        '[aws]\nregion = "useast1"\nservice = "states"\n\n[contract]\n',
+    )
+    assert f'{path}:{line + 1}: aws.region: must be an AWS region, e.g. "us-east-1"' in out
+    assert "got 'useast1'" in out
