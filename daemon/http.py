@@ -57,7 +57,7 @@ HEADER_CAP = 512  # bytes kept of any recorded header value
 MIN_TIMEOUT = 0.05
 CREDENTIAL_MAX_AGE = 1.0  # seconds a credential read is reused while its file looks unchanged
 URL_CHECKS_KEPT = 16_384  # status URLs whose parse is remembered at most, per generation
-URL_CHECKS_SECONDS = 300.0  # a URL's parse is let go 300-600 s after its last request
+URL_CHECKS_SECONDS = 30.0  # a URL's parse is let go 30-60 s after its last request
 
 
 def _check_url(key: tuple[str, str, str]) -> str | None:
