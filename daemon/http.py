@@ -31,7 +31,6 @@ So those guarantees hold by construction, not by configuration.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import ssl
 import time
@@ -47,6 +46,7 @@ from daemon import connections
 from daemon.awssign import Signer, SigningError
 from daemon.credentials import CommandCredential
 from daemon.profile import Profile
+from daemon.recent import RecentResults
 from daemon.secretfiles import CredentialError, read_private_file
 from replay.actions import origin
 from replay.events import ResponseHeaders, StatusResponseReceived, TransportFailed, TransportKind
@@ -56,19 +56,28 @@ USER_AGENT = "bide/0.1 (+status polling under a contract)"
 HEADER_CAP = 512  # bytes kept of any recorded header value
 MIN_TIMEOUT = 0.05
 CREDENTIAL_MAX_AGE = 1.0  # seconds a credential read is reused while its file looks unchanged
-URL_CHECKS_KEPT = 16_384  # status URLs whose parse is remembered: one per live operation
+URL_CHECKS_KEPT = 16_384  # status URLs whose parse is remembered at most, per generation
+URL_CHECKS_SECONDS = 30.0  # a URL's parse is let go 30-60 s after its last request
 
 
-@functools.lru_cache(maxsize=URL_CHECKS_KEPT)
-def _url_refused(url: str, provider_origin: str, path_prefix: str) -> str | None:
-    """:func:`check_provider_url`, remembered: an operation's status URL is the same at every
-    poll, and parsing it twice per request (here and for its origin) cost about 15 µs."""
-    return check_provider_url(url, provider_origin, path_prefix)
+def _check_url(key: tuple[str, str, str]) -> str | None:
+    return check_provider_url(*key)
 
 
-@functools.lru_cache(maxsize=URL_CHECKS_KEPT)
+#: :func:`check_provider_url` by (URL, provider origin, path prefix), and each URL's origin,
+#: remembered while the URL is in use: an operation's status URL is the same at every poll,
+#: and parsing it twice per request (here and for its origin) cost about 15 µs; let go once
+#: its operation stops being polled, so retired operations leave nothing here (issue 38).
+_url_refused: RecentResults[tuple[str, str, str], str | None] = RecentResults(
+    _check_url, seconds=URL_CHECKS_SECONDS, most=URL_CHECKS_KEPT
+)
+_origins: RecentResults[str, str] = RecentResults(
+    origin, seconds=URL_CHECKS_SECONDS, most=URL_CHECKS_KEPT
+)
+
+
 def _origin_of(url: str) -> str:
-    return origin(url)
+    return _origins.get(url)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -391,7 +400,7 @@ class StatusClient:
         """The one status request of a poll, as the fact the model reads (``job_id`` fills a
         POST read's body, daemon/readpost.py)."""
         status = self.profile.status
-        refused = _url_refused(url, self.profile.origin, self.profile.status_path_prefix)
+        refused = _url_refused.get((url, self.profile.origin, self.profile.status_path_prefix))
         if refused is not None:  # S22: only the profile's own status resources
             return TransportFailed(
                 operation_id=operation_id,
