@@ -60,7 +60,11 @@ def unix_users(
 ) -> Iterator[dict[str, User]]:
     """``users`` (name: its supplementary groups) and ``groups``, made afresh. A user's
     primary group is its own private one unless ``primary`` names one; root is made a member
-    of ``root_in`` (groups of these tests only, so root's other memberships are untouched)."""
+    of ``root_in`` (groups of these tests only, so root's other memberships are untouched).
+    What an interrupted earlier run left behind is removed first, users before groups (a
+    group that is a leftover user's primary group cannot be deleted)."""
+    for name in users:
+        subprocess.run(["userdel", name], capture_output=True, check=False)
     for group in groups:
         subprocess.run(["groupdel", group], capture_output=True, check=False)
         run("groupadd", group)
