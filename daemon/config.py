@@ -25,7 +25,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
 
@@ -34,11 +34,12 @@ from daemon.logfmt import LogLevel
 from daemon.tomllines import (
     KeyPath,
     dotted,
+    fields_at,
     key_lines,
     line_of,
     msgspec_place,
+    type_at,
     type_in_words,
-    unwrap,
 )
 
 DEFAULT_CONFIG = Path("/etc/bide/bide.toml")
@@ -452,24 +453,11 @@ def _shown(table: dict[str, Any], keys: KeyPath) -> str:
 
 def _type_at(keys: KeyPath) -> object:
     """The declared type at ``keys`` in bide.toml (None where none is declared)."""
-    tp: object = ConfigFile
-    for key in keys:
-        tp = unwrap(tp)
-        if isinstance(key, int):
-            args = get_args(tp)
-            tp = args[0] if args else None
-        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-            tp = get_type_hints(tp, include_extras=True).get(key)
-        else:
-            return None
-    return unwrap(tp)
+    return type_at(ConfigFile, keys)
 
 
 def _fields_at(keys: KeyPath) -> tuple[str, ...]:
-    tp = _type_at(keys)
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        return tuple(tp.__struct_fields__)
-    return ()
+    return fields_at(ConfigFile, keys)
 
 
 def _literal_at(keys: KeyPath) -> tuple[str, ...]:

@@ -57,7 +57,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, get_args, get_origin
 from urllib.parse import quote, urlsplit
 
 import msgspec
@@ -69,11 +69,12 @@ from daemon.errors import ConfigError
 from daemon.tomllines import (
     KeyPath,
     dotted,
+    fields_at,
     key_lines,
     line_of,
     nearest,
+    type_at,
     type_in_words,
-    unwrap,
 )
 from replay.actions import SubmitSpec, origin
 from replay.contract import Contract, ResultField, StateTable, contract_digest
@@ -764,26 +765,11 @@ def _explain_unplaced(path: Path, text: str, message: str) -> str:
 
 def _type_at(keys: KeyPath) -> object:
     """The declared type of the value at ``keys`` in a profile (None when not declared)."""
-    tp: object = ProfileFile
-    for key in keys:
-        tp = unwrap(tp)
-        if tp is ProfileFile and key == "contract":
-            tp = Contract
-        elif isinstance(key, int):
-            args = get_args(tp)
-            tp = args[0] if args else None
-        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-            tp = get_type_hints(tp, include_extras=True).get(key)
-        else:
-            return None
-    return unwrap(tp)
+    return type_at(ProfileFile, keys, {"contract": Contract})
 
 
 def _fields_at(keys: KeyPath) -> tuple[str, ...]:
-    tp = _type_at(keys)
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        return tuple(f for f in tp.__struct_fields__ if f != "provider")
-    return ()
+    return tuple(f for f in fields_at(ProfileFile, keys, {"contract": Contract}) if f != "provider")
 
 
 def _literal_at(keys: KeyPath) -> tuple[str, ...]:

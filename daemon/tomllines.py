@@ -17,7 +17,9 @@ import difflib
 import re
 import tomllib
 import types
-from typing import Annotated, Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin, get_type_hints
+
+import msgspec
 
 KeyPath = tuple[str | int, ...]
 
@@ -48,6 +50,33 @@ def unwrap(tp: object) -> object:
             tp = args[0]
         else:
             return tp
+
+
+def type_at(root: type, keys: KeyPath, read_as: dict[str, type] | None = None) -> object:
+    """The declared type of the value at ``keys`` under the struct ``root`` (None where none
+    is declared). ``read_as`` names root tables declared loosely but read by a struct of their
+    own (a profile's ``contract``, a dict until :class:`replay.contract.Contract` reads it)."""
+    tp: object = root
+    for key in keys:
+        tp = unwrap(tp)
+        if tp is root and read_as and isinstance(key, str) and key in read_as:
+            tp = read_as[key]
+        elif isinstance(key, int):
+            args = get_args(tp)
+            tp = args[0] if args else None
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            tp = get_type_hints(tp, include_extras=True).get(key)
+        else:
+            return None
+    return unwrap(tp)
+
+
+def fields_at(root: type, keys: KeyPath, read_as: dict[str, type] | None = None) -> tuple[str, ...]:
+    """The keys a table at ``keys`` may hold (none when it is not a struct)."""
+    tp = type_at(root, keys, read_as)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tuple(tp.__struct_fields__)
+    return ()
 
 
 def dotted(keys: KeyPath) -> str:
