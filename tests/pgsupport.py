@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    import psycopg
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -46,7 +50,19 @@ def schema_dsn() -> Iterator[str]:
         try:
             yield psycopg.conninfo.make_conninfo(base, options=f"-csearch_path={schema}")
         finally:
-            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+            drop_schemas(admin, schema)
+
+
+def drop_schemas(admin: psycopg.Connection[Any], schema: str) -> None:
+    """Drop ``schema`` and the shard schemas a sharded log made beside it."""
+    from psycopg import sql
+
+    rows = admin.execute(
+        "SELECT nspname FROM pg_namespace WHERE nspname = %s OR nspname LIKE %s",
+        (schema, f"{schema}\\_shard\\_%"),
+    ).fetchall()
+    for (name,) in rows:
+        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
 
 def role(dsn: str, name: str) -> Iterator[str]:
