@@ -29,7 +29,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from eventlog.errors import SchemaError
+from eventlog.errors import SchemaError, StoreError
 
 if TYPE_CHECKING:
     import psycopg
@@ -299,7 +299,7 @@ def init_sharded(
             conn.commit()
         except pgstore.DatabaseError as exc:
             conn.rollback()
-            raise pgstore.StoreError(f"bide log init failed: {pgstore.reason(exc)}") from None
+            raise StoreError(f"bide log init failed: {pgstore.reason(exc)}") from None
     finally:
         conn.close()
     versions: list[tuple[int | None, int]] = []
