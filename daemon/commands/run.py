@@ -174,8 +174,18 @@ def run(args: argparse.Namespace) -> int:
     if unreachable is not None:
         logfmt.warn(unreachable)
     if cfg.postgres is not None:
-        from daemon.node import run_node  # psycopg only where the log is in PostgreSQL
+        # psycopg only where the log is in PostgreSQL
+        from daemon.node import run_node
+        from daemon.pgconfig import config_settings
+        from eventlog.shards import layout_of
 
+        settings = config_settings(cfg)
+        assert settings is not None
+        layout = layout_of(settings)
+        if layout.sharded:
+            from daemon.shards.runtime import run_shard_node
+
+            return run_shard_node(cfg, build_supervisor, layout)
         return run_node(cfg, build_supervisor)
     anyio.run(build_supervisor(cfg).run)
     return 0
@@ -187,9 +197,12 @@ def build_supervisor(
     store: LineStore | None = None,
     lease: RequestGate | None = None,
     ask_witnesses: bool = True,
+    edges: bool = True,
+    **extra: Any,
 ) -> Supervisor:
     """The supervisor of one run (of one term as the active node, with the log in
-    PostgreSQL: ``store`` and ``lease``)."""
+    PostgreSQL: ``store`` and ``lease``; of one shard's term on a sharded node: ``edges``
+    False, and ``extra`` the node's ``supervisor_kwargs``, passed to the supervisor)."""
     keys_dir = keys_directory(cfg.keys_dir)
     chosen = open_signing(cfg, keys_dir)
     for message, fields in chosen.warnings:
@@ -217,4 +230,6 @@ def build_supervisor(
         publisher=publisher if publisher.enabled else None,
         store=store,
         lease=lease,
+        edges=edges,
+        **extra,
     )

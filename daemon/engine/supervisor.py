@@ -76,6 +76,7 @@ class Supervisor:
         drain_seconds: float | None = None,
         store: LineStore | None = None,
         lease: RequestGate | None = None,
+        edges: bool = True,
     ) -> None:
         # Signs the log: forward-secure epoch keys (eventlog.epochs), or format 2's one key.
         signs: EpochSigning | Signer
@@ -87,6 +88,10 @@ class Supervisor:
             raise ValueError("the supervisor needs a signing key or epoch signing")
         self.config = config
         self.clock = clock
+        #: False for one shard of a sharded node (daemon.shards.runtime): no spool watch or
+        #: scan, API, metrics listener, signal handlers, profile watch, systemd notify or
+        #: status loop of its own; the node owns those. Timers, retention and the chain run.
+        self.edges = edges
         self.publisher = publisher  # sends every signed head to the configured witnesses
         self.drain_seconds = config.daemon.drain_seconds if drain_seconds is None else drain_seconds
         self.metrics = Metrics()
@@ -299,6 +304,20 @@ class Supervisor:
         if self._main_scope is not None:
             self._main_scope.cancel()
 
+    async def _start_edges(self, tg: anyio.abc.TaskGroup) -> None:
+        """The spool and profile watches, the metrics listener and the API."""
+        cfg = self.config
+        tg.start_soon(self.spool_door.watch, self.stopping)
+        if cfg.profiles_dir is not None:
+            tg.start_soon(self._watch_profiles)
+        if cfg.metrics.listen:
+            host, _, port = cfg.metrics.listen.rpartition(":")
+            bound = await tg.start(serve_metrics, host, int(port), self.render_metrics)
+            self.metrics_url = f"http://{host}:{bound}/metrics"
+            logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
+        if cfg.api.enabled:
+            await tg.start(self.serve_api)
+
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -339,37 +358,29 @@ class Supervisor:
                 live = [op for op in self.ops.values() if op.phase == "live"]
                 for op in live:
                     poller.schedule(op.operation_id)
-                await self.spool_door.ingest_all()
-                self.spool_door.prune(force=True)
+                if self.edges:
+                    await self.spool_door.ingest_all()
+                    self.spool_door.prune(force=True)
                 with anyio.CancelScope() as main_scope:
                     self._main_scope = main_scope
                     async with anyio.create_task_group() as tg:
-                        # Before READY=1: a SIGTERM right after it must drain, not kill.
-                        await tg.start(self._signals, main_scope)
+                        if self.edges:
+                            # Before READY=1: a SIGTERM right after it must drain, not kill.
+                            await tg.start(self._signals, main_scope)
                         tg.start_soon(poller.timer_loop)
                         tg.start_soon(poller.watch_wall_clock)
-                        tg.start_soon(self.spool_door.watch, self.stopping)
-                        if cfg.profiles_dir is not None:
-                            tg.start_soon(self._watch_profiles)
-                        if cfg.metrics.listen:
-                            host, _, port = cfg.metrics.listen.rpartition(":")
-                            bound = await tg.start(
-                                serve_metrics, host, int(port), self.render_metrics
-                            )
-                            self.metrics_url = f"http://{host}:{bound}/metrics"
-                            logfmt.info(
-                                "metrics listening", address=f"http://{host}:{bound}/metrics"
-                            )
-                        if cfg.api.enabled:
-                            await tg.start(self.serve_api)
+                        if self.edges:
+                            await self._start_edges(tg)
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)
-                        systemd.notify("READY=1", f"STATUS={self.status_line()}")
-                        tg.start_soon(self._status_and_watchdog)
+                        if self.edges:
+                            systemd.notify("READY=1", f"STATUS={self.status_line()}")
+                            tg.start_soon(self._status_and_watchdog)
                         tg.start_soon(self._retire_ended)
                         task_status.started()
                 # Draining: no new requests; those in flight get a bounded time to finish.
                 self.stopping.set()
-                systemd.notify("STOPPING=1", f"STATUS=stopping: {self.status_line()}")
+                if self.edges:
+                    systemd.notify("STOPPING=1", f"STATUS=stopping: {self.status_line()}")
                 await poller.wait_idle(self.drain_seconds)
                 polls.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):

@@ -15,9 +15,9 @@ Rules:
   different places (their rank), so they rarely race for the same lease.
 * Release (a graceful handover, drained and snapshot first): shards above my share, only as
   many as the nodes below their share cannot fill from the free shards, split among the
-  nodes above their share in name order: nothing is released into the void, and a dead node's shards (free once its leases run out) are taken without
-  moving anyone else's. A leaving node (or one not among the live nodes) releases
-  everything and takes nothing.
+  nodes above their share in name order: nothing is released into the void, and a dead
+  node's shards (free once its leases run out) are taken without moving anyone else's. A
+  leaving node (or one not among the live nodes) releases everything and takes nothing.
 
 A shard whose lease is held by a node that is not live (its heartbeat expired, or a
 previous incarnation of a restarted node) stays that holder's until the lease runs out: the

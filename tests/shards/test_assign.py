@@ -73,9 +73,7 @@ def test_a_lone_node_takes_every_free_shard() -> None:
 
 def test_a_node_at_its_share_does_nothing() -> None:
     holders = {0: "a", 1: "a", 2: "b", 3: "b"}
-    assert plan(4, {"a": False, "b": False}, holders, "a") == Plan(
-        frozenset(), frozenset(), 2
-    )
+    assert plan(4, {"a": False, "b": False}, holders, "a") == Plan(frozenset(), frozenset(), 2)
 
 
 def test_a_joiner_gets_shards_by_handover() -> None:

@@ -1,0 +1,669 @@
+"""``bide run`` on a sharded log: one process holding some of the shards, following all.
+
+Theory of operation. A :class:`ShardNode` is one process with one API door, one metrics
+listener, the signals and systemd's notify; the engine parts that repeat per shard run
+inside it:
+
+    membership  the node's heartbeat row in ``bide_nodes`` (:mod:`daemon.shards.membership`)
+    per shard   a term loop as :mod:`daemon.node` runs for an unsharded log, on the shard's
+                settings (its schema) with its local copy in ``STATE/shards/NNN/log``:
+                standby     follow the shard into the local copy; its reads answer the API
+                            (:class:`daemon.standby.StandbyReads`); take the lease only when
+                            the plan says so (the shard is free or its lease ran out, and
+                            this node is below its fair share)
+                active      an engine supervisor built without edges (``edges=False``) under
+                            the shard's lease and epoch; every fencing rule holds per shard
+                handover    the plan says release: drain as on SIGTERM (final snapshot), hand
+                            the lease over at once, back to standby; the taker wakes on the
+                            handover's NOTIFY
+                fenced      an append or renewal refused: that shard's term ends, its lease
+                            is left to run out, the node carries on with its other shards
+    planner     every ``renew_seconds`` reads the live nodes and every shard's lease holder
+                and runs :func:`daemon.shards.assign.plan`; a standby's take asks it again
+                on fresh facts (so a shard handed over is taken within a NOTIFY, not a tick)
+    SIGTERM     the node's row is marked leaving (the others take its shards as it hands
+                them over), every active shard drains and releases its lease, the row goes
+
+Plug points for the rest of issue 39: ``router(node) -> Handler`` makes the door's handler
+(the default, :func:`shard_router`, sends ``/v1/health`` a node summary and every other
+request to the shard its operation id names); ``term_tasks`` are started as ``task(k,
+handler)`` in each active term's task group; ``supervisor_kwargs`` go to ``build`` for every
+shard (a shared ``pacing``, say).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import anyio.abc
+import msgspec
+import watchfiles
+
+from daemon import logfmt, systemd
+from daemon.api.door import ApiDoor
+from daemon.api.server import Handler, Request, Response, error
+from daemon.config import Config
+from daemon.errors import ConfigError
+from daemon.lease import FOLLOW_SPACING, Lease, now
+from daemon.metrics import BUILD_INFO, node_active, read_process, render_process, serve_metrics
+from daemon.shards import assign, metricspage
+from daemon.shards.membership import Membership, View
+from daemon.standby import StandbyReads
+from daemon.supervisor import RequestGate, Supervisor
+from eventlog import pgstore
+from eventlog.errors import DamagedLogError, DivergedError, FencedError, LogIOError, StoreError
+from eventlog.store import LineStore
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
+    from eventlog.shards import Layout
+
+
+class ShardBuild(Protocol):
+    """``daemon.commands.run.build_supervisor``: the supervisor of one shard's term (or of
+    its standby reads)."""
+
+    def __call__(
+        self,
+        cfg: Config,
+        *,
+        store: LineStore | None = None,
+        lease: RequestGate | None = None,
+        ask_witnesses: bool = True,
+        edges: bool = True,
+        **extra: Any,
+    ) -> Supervisor: ...
+
+
+Router = Callable[["ShardNode"], Handler]
+TermTask = Callable[[int, Handler], Coroutine[Any, Any, None]]
+
+#: How fresh the planner's facts must be when a standby asks whether to take its shard.
+FRESH_SECONDS = 0.05
+
+
+def node_name(cfg: Config) -> str:
+    """The node's name in ``bide_nodes`` and its leases' holder: ``[postgres] node`` or the
+    host name, as :class:`daemon.lease.Lease` cleans it."""
+    assert cfg.postgres is not None
+    return re.sub(r"[^A-Za-z0-9._-]", "_", cfg.postgres.node or socket.gethostname())[:64]
+
+
+def shard_config(cfg: Config, shard: int) -> Config:
+    """The config one shard's engine runs with: the node's, its state (local copy of the
+    log, snapshot, outbox) in ``STATE/shards/NNN``."""
+    scfg = copy.copy(cfg)
+    scfg.state_dir = cfg.state_dir / "shards" / f"{shard:03d}"
+    return scfg
+
+
+@dataclass
+class ShardLease(Lease):
+    """A shard's lease, taken only when the node's plan says so: ``claim()`` before each try
+    (True: try now), ``settle(took)`` after it."""
+
+    claim: Callable[[], Awaitable[bool]] = field(default=lambda: _yes())
+    settle: Callable[[bool], None] = field(default=lambda took: None)
+
+    async def acquire(self) -> int:
+        """:meth:`Lease.acquire`, asking the plan before each try."""
+        async with self.link.news(_cannot_listen) as news:
+            while True:
+                try:
+                    await self.follow()
+                    self.followed()
+                    if await self.claim():
+                        epoch = await self._try_take()
+                        if epoch is not None:
+                            return epoch
+                except (StoreError, DamagedLogError, OSError) as exc:
+                    logfmt.warn("standby cannot follow the shard; retrying", error=exc)
+                    await anyio.sleep(self.poll)
+                    continue
+                await news(self.poll)
+                await anyio.sleep(FOLLOW_SPACING)
+
+    async def _try_take(self) -> int | None:
+        took = False
+        try:
+            sent = now()
+            term = await self._timed(self.link.take_lease(self.holder, self.lease_seconds))
+            if term is None:
+                return None
+            self.epoch, self._term = term.epoch, term
+            self._extended(sent + self.lease_seconds)
+            self.stats.takeovers += 1
+            took = await self._caught_up()
+            return term.epoch if took else None
+        finally:
+            self.settle(took)
+
+
+async def _yes() -> bool:
+    return True
+
+
+def _cannot_listen(why: str) -> None:
+    logfmt.warn("cannot listen for new records; following by polling", error=why)
+
+
+async def _unavailable(request: Request) -> Response:
+    return error(
+        503,
+        "shard_starting",
+        "this node is still opening that shard; ask again in a moment",
+        headers=[("Retry-After", "1")],
+    )
+
+
+class _Health(msgspec.Struct, frozen=True):
+    status: str
+    role: str
+    node: str
+    shards: int
+    held: list[int]
+    live_nodes: list[str]
+
+
+def shard_router(node: ShardNode) -> Handler:
+    """The default door: ``/v1/health`` answers for the node; a request naming an operation
+    (``/v1/operations/{id}...``, or a registration's ``operation_id``) goes to that shard's
+    handler; anything else is refused (503) until a router that merges over shards is
+    plugged in (issue 39, E)."""
+
+    async def handle(request: Request) -> Response:
+        path = request.path
+        if path == "/v1/health" and request.method == "GET":
+            view = node.view
+            body = _Health(
+                status="ok",
+                role="shards",
+                node=node.name,
+                shards=node.layout.count,
+                held=sorted(node.held()),
+                live_nodes=sorted(view.nodes) if view is not None else [],
+            )
+            return Response(200, msgspec.json.encode(body))
+        op_id = _operation_of(request)
+        if op_id is None:
+            return error(
+                503,
+                "not_routed",
+                "this sharded node answers only requests that name an operation",
+                headers=[("Retry-After", "5")],
+            )
+        return await node.handler(node.layout.shard_of(op_id))(request)
+
+    return handle
+
+
+def _operation_of(request: Request) -> str | None:
+    prefix = "/v1/operations/"
+    if request.path.startswith(prefix):
+        return request.path[len(prefix) :].split("/", 1)[0] or None
+    if request.path == "/v1/operations" and request.method == "POST":
+        try:
+            body = msgspec.json.decode(request.body)
+        except msgspec.DecodeError:
+            return None
+        got = body.get("operation_id") if isinstance(body, dict) else None
+        return got if isinstance(got, str) and got else None
+    return None
+
+
+class ShardNode:
+    """One process holding its fair share of a sharded log (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        build: ShardBuild,
+        *,
+        layout: Layout,
+        settings: PgSettings,
+        router: Router | None = None,
+        term_tasks: Iterable[TermTask] = (),
+        supervisor_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        assert cfg.postgres is not None
+        self.config = cfg
+        self.build = build
+        self.layout = layout
+        self.settings = settings
+        self.name = node_name(cfg)
+        #: Every shard's lease is held under this one string: a restarted node (another
+        #: pid) is another holder, and waits out the leases its previous process held.
+        self.holder = f"{self.name}/{os.getpid()}/{secrets.token_hex(3)}"
+        self.router = router or shard_router
+        self.term_tasks = tuple(term_tasks)
+        self.supervisor_kwargs = dict(supervisor_kwargs or {})
+        pg = cfg.postgres
+        self.membership = Membership(
+            settings,
+            layout,
+            self.name,
+            lease_seconds=pg.lease_seconds,
+            renew_seconds=pg.renew_seconds,
+        )
+        self.view: View | None = None
+        self._view_at = float("-inf")
+        self._plan_lock = anyio.Lock()
+        self._claimed: set[int] = set()  # takes in flight (a claim granted, not yet settled)
+        self._handlers: dict[int, Handler] = {}
+        self._active: dict[int, Supervisor] = {}
+        self._release: dict[int, anyio.Event] = {}
+        self._stopping = anyio.Event()
+
+    # -- what the others plug into ---------------------------------------------------------
+
+    def handler(self, shard: int) -> Handler:
+        """The API's answers for ``shard``: the active supervisor's while this node holds
+        it, the shard's standby reads otherwise (503 while neither is up)."""
+        return self._handlers.get(shard, _unavailable)
+
+    def held(self) -> set[int]:
+        """The shards this node is active on now."""
+        return set(self._active)
+
+    def supervisors(self) -> dict[int, Supervisor]:
+        """Each active shard's engine supervisor."""
+        return dict(self._active)
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def _owner(self, holder: str) -> str:
+        """The node a lease's holder string names; a previous process of this node is not
+        this node (its leases run out before they are ours)."""
+        if holder == self.holder:
+            return self.name
+        name = holder.split("/", 1)[0]
+        return holder if name == self.name else name
+
+    async def _refresh(self) -> View:
+        self.view = await self.membership.view()
+        self._view_at = time.monotonic()
+        return self.view
+
+    def _plan(self, view: View) -> assign.Plan:
+        nodes = dict(view.nodes)
+        if self._stopping.is_set():
+            nodes[self.name] = True
+        holders = {k: self._owner(h) for k, h in view.holders.items()}
+        for k in self._active:
+            holders[k] = self.name
+        for k in self._claimed:
+            holders.setdefault(k, self.name)
+        return assign.plan(self.layout.count, nodes, holders, self.name)
+
+    async def _claim(self, shard: int) -> bool:
+        """May this node try to take ``shard`` now? Asked by the shard's standby before each
+        try, on facts at most :data:`FRESH_SECONDS` old; a yes is counted as held until
+        settled, so two shards' standbys never both take the last place in the share."""
+        if self._stopping.is_set():
+            return False
+        async with self._plan_lock:
+            try:
+                view = self.view
+                if view is None or time.monotonic() - self._view_at > FRESH_SECONDS:
+                    view = await self._refresh()
+            except StoreError as exc:
+                logfmt.warn("cannot read the node catalog; taking nothing", error=exc)
+                return False
+            if self.name not in view.nodes:
+                return False  # not (yet) counted by the others: take nothing
+            if shard in self._plan(view).take:
+                self._claimed.add(shard)
+                return True
+            return False
+
+    def _settle(self, shard: int, took: bool) -> None:
+        self._claimed.discard(shard)
+        if took:
+            self.view = None  # the next claim reads the facts again
+
+    async def _planner(self) -> None:
+        """Every ``renew_seconds``: hand over what the plan says to (the takes are the
+        standbys', through :meth:`_claim`)."""
+        assert self.config.postgres is not None
+        every = self.config.postgres.renew_seconds
+        while True:
+            try:
+                async with self._plan_lock:
+                    view = await self._refresh()
+                    release = self._plan(view).release if self.name in view.nodes else set()
+                for k in sorted(release):
+                    event = self._release.get(k)
+                    if event is not None and not event.is_set():
+                        logfmt.info("shard handover", shard=k, node=self.name)
+                        event.set()
+            except StoreError as exc:
+                logfmt.warn("cannot read the node catalog; holding what is held", error=exc)
+            await anyio.sleep(every)
+
+    # -- one shard ------------------------------------------------------------------------
+
+    async def _shard(self, shard: int) -> None:
+        """Standby, active, and back, for one shard, until the node stops."""
+        pg = self.config.postgres
+        assert pg is not None
+        scfg = shard_config(self.config, shard)
+        scfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lease = ShardLease(
+            self.layout.settings(self.settings, shard),
+            scfg.log_dir,
+            lease_seconds=pg.lease_seconds,
+            renew_seconds=pg.renew_seconds,
+            margin=pg.request_margin_seconds,
+            node=self.name,
+            poll=pg.standby_poll_seconds,
+            claim=partial(self._claim, shard),
+            settle=partial(self._settle, shard),
+        )
+        lease.holder = self.holder
+        await lease.open()
+        try:
+            log_store = pgstore.PgLogStore(lease.settings)
+            while not self._stopping.is_set():
+                reads = StandbyReads(scfg, lambda: self.build(scfg, ask_witnesses=False), self.name)
+                self._handlers[shard] = reads.handle
+                epoch = await self._standby(lease, reads)
+                if epoch is None:
+                    return
+                await self._term(shard, scfg, lease, log_store, epoch)
+        finally:
+            self._handlers.pop(shard, None)
+            with anyio.CancelScope(shield=True):
+                await lease.aclose()
+
+    async def _standby(self, lease: ShardLease, reads: StandbyReads) -> int | None:
+        """The shard's epoch once taken; None once the node stops first."""
+        got: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def take() -> None:
+                got.append(await lease.acquire())
+                tg.cancel_scope.cancel()
+
+            async def stop() -> None:
+                await self._stopping.wait()
+                tg.cancel_scope.cancel()
+
+            lease.followed = reads.poke
+            tg.start_soon(reads.run)
+            tg.start_soon(take)
+            tg.start_soon(stop)
+        lease.followed = lambda: None
+        if got and self._stopping.is_set():
+            await lease.release()  # taken as the node began to stop: nothing sent under it
+            return None
+        return got[0] if got else None
+
+    async def _term(
+        self,
+        shard: int,
+        scfg: Config,
+        lease: ShardLease,
+        log_store: pgstore.PgLogStore,
+        epoch: int,
+    ) -> None:
+        """One active term on ``shard``: until a handover, the node's stop, or fencing."""
+        taken = time.monotonic()
+        self._handlers[shard] = _unavailable
+        store = log_store.writer(lease.term)
+        supervisor = self.build(
+            scfg,
+            store=store,
+            lease=lease,
+            ask_witnesses=False,
+            edges=False,
+            **self.supervisor_kwargs,
+        )
+        release = self._release[shard] = anyio.Event()
+        fenced: list[BaseException] = []
+        failed: list[BaseException] = []
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def body(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                    await supervisor.run(task_status=task_status)
+                    tg.cancel_scope.cancel()
+
+                async def handover() -> None:
+                    """Drain as on SIGTERM once the plan hands the shard over or the node
+                    stops (a cancelled term never gets here)."""
+                    async with anyio.create_task_group() as either:
+
+                        async def on(event: anyio.Event) -> None:
+                            await event.wait()
+                            either.cancel_scope.cancel()
+
+                        either.start_soon(on, release)
+                        either.start_soon(on, self._stopping)
+                    supervisor.request_stop()
+
+                tg.start_soon(lease.keep)
+                await tg.start(body)
+                handle, _count = supervisor.api_handler()
+                self._active[shard] = supervisor
+                self._handlers[shard] = handle
+                logfmt.info(
+                    "shard taken",
+                    shard=shard,
+                    epoch=epoch,
+                    node=self.name,
+                    ready_seconds=f"{time.monotonic() - taken:.3f}",
+                )
+                for task in self.term_tasks:
+                    tg.start_soon(task, shard, handle)
+                tg.start_soon(handover)
+        except* FencedError as group:
+            fenced.extend(group.exceptions)
+        except* LogIOError as group:
+            failed.extend(group.exceptions)
+        finally:
+            self._active.pop(shard, None)
+            self._release.pop(shard, None)
+            self._handlers[shard] = _unavailable
+            lease.stats.fenced_appends += store.fenced
+            store.close()
+            lease.forget_head()
+        held = f"{time.monotonic() - taken:.3f}"
+        if fenced or failed:
+            # Requests cancelled a moment ago may still be at the provider: the lease runs
+            # out rather than being handed over (as daemon.node does for the whole log).
+            lease.valid_until = float("-inf")
+            if fenced and not any(isinstance(e, DivergedError) for e in fenced):
+                lease.stats.fenced += 1
+            logfmt.warn(
+                "shard fenced" if fenced else "shard failed",
+                shard=shard,
+                epoch=epoch,
+                node=self.name,
+                error=(fenced or failed)[0],
+                held_seconds=held,
+            )
+            return
+        with anyio.CancelScope(shield=True):
+            await lease.release()
+        logfmt.info(
+            "shard released",
+            shard=shard,
+            epoch=epoch,
+            node=self.name,
+            why="stopping" if self._stopping.is_set() else "handover",
+            held_seconds=held,
+        )
+
+    # -- the node's edges -----------------------------------------------------------------
+
+    def render_metrics(self) -> str:
+        pages = {k: sup.render_metrics() for k, sup in self.supervisors().items()}
+        node = [
+            *BUILD_INFO,
+            *render_process(read_process()),
+            *node_active(True),
+            "# HELP bide_node_shards_held The shards this node is active on.",
+            "# TYPE bide_node_shards_held gauge",
+            f"bide_node_shards_held {len(pages)}",
+            "# HELP bide_node_shards The log's shard count.",
+            "# TYPE bide_node_shards gauge",
+            f"bide_node_shards {self.layout.count}",
+        ]
+        return metricspage.merge(pages, node)
+
+    def status_line(self) -> str:
+        held = self.held()
+        sups = self.supervisors().values()
+        live = sum(1 for sup in sups for op in sup.ops.values() if op.phase == "live")
+        return f"{len(held)} of {self.layout.count} shards held, {live} live"
+
+    def reload_profiles(self) -> None:
+        for sup in self.supervisors().values():
+            sup.load_profiles()
+
+    async def _signals(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            task_status.started()
+            async for signum in sigs:
+                if signum == signal.SIGHUP:
+                    logfmt.info("SIGHUP: reloading profiles")
+                    self.reload_profiles()
+                    continue
+                logfmt.info("stopping", signal=signal.Signals(signum).name, node=self.name)
+                self.request_stop()
+                return
+
+    def request_stop(self) -> None:
+        """Leave gracefully: hand every shard over (drained, snapshot) and leave."""
+        self._stopping.set()
+        self.membership.leaving = True
+
+    async def _watch_profiles(self) -> None:
+        assert self.config.profiles_dir is not None
+        async for _ in watchfiles.awatch(
+            self.config.profiles_dir, stop_event=self._stopping, debounce=200, rust_timeout=1000
+        ):
+            self.reload_profiles()
+
+    async def _status_and_watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        period = min(interval, 5.0) if interval else 5.0
+        last = ""
+        while True:
+            line = self.status_line()
+            messages = ["WATCHDOG=1"] if interval else []
+            if line != last:
+                messages.append(f"STATUS={line}")
+                last = line
+            if messages:
+                systemd.notify(*messages)
+            await anyio.sleep(period)
+
+    async def run(self) -> None:
+        """The node, until SIGTERM/SIGINT and every shard handed over."""
+        cfg = self.config
+        await self.membership.beat(0)  # counted by the others before taking anything
+        logfmt.info("node joined", node=self.name, shards=self.layout.count)
+        try:
+            async with anyio.create_task_group() as edges:
+                await edges.start(self._signals)
+                if cfg.api.enabled:
+                    door = ApiDoor(cfg)
+                    door.answer_with(self.router(self))
+                    await edges.start(door.serve)
+                if cfg.metrics.listen:
+                    host, _, port = cfg.metrics.listen.rpartition(":")
+                    bound = await edges.start(serve_metrics, host, int(port), self.render_metrics)
+                    logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
+                if cfg.profiles_dir is not None:
+                    edges.start_soon(self._watch_profiles)
+                edges.start_soon(self.membership.keep, lambda: len(self._active))
+                edges.start_soon(self._planner)
+                edges.start_soon(self._status_and_watchdog)
+                async with anyio.create_task_group() as shards:
+                    for k in range(self.layout.count):
+                        shards.start_soon(self._shard, k)
+                    systemd.notify("READY=1", f"STATUS={self.status_line()}")
+                    await self._stopping.wait()
+                    systemd.notify("STOPPING=1", f"STATUS=stopping: {self.status_line()}")
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await self.membership.beat(len(self._active))
+                        except StoreError as exc:
+                            logfmt.warn("could not mark this node leaving", error=exc)
+                # Every shard drained and handed over: leave.
+                await self.membership.leave()
+                logfmt.info("node left", node=self.name)
+                edges.cancel_scope.cancel()
+        finally:
+            self.membership.close()
+
+
+def run_shard_node(
+    cfg: Config,
+    build: ShardBuild,
+    layout: Layout,
+    *,
+    router: Router | None = None,
+    term_tasks: Iterable[TermTask] = (),
+    supervisor_kwargs: Mapping[str, Any] | None = None,
+) -> int:
+    """``bide run`` on a sharded layout."""
+    from daemon.node import _check_profiles_fit
+    from daemon.pgconfig import config_settings
+    from eventlog.lock import WriterLock
+
+    settings = config_settings(cfg)
+    assert settings is not None
+    assert cfg.postgres is not None
+    if cfg.log.forward_secure:
+        raise ConfigError(
+            f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
+            f"host (a standby could not continue the chain): set [log] forward_secure = false "
+            f"and give every node the same keys directory (signing.key, data.key)"
+        )
+    pg = cfg.postgres
+    _check_profiles_fit(cfg, pg.lease_seconds - pg.renew_seconds - pg.request_margin_seconds)
+    cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    node_lock = WriterLock(cfg.state_dir)
+    node_lock.acquire()
+    try:
+        node = ShardNode(
+            cfg,
+            build,
+            layout=layout,
+            settings=settings,
+            router=router,
+            term_tasks=term_tasks,
+            supervisor_kwargs=supervisor_kwargs,
+        )
+        anyio.run(node.run)
+    finally:
+        node_lock.release()
+    return 0
+
+
+__all__ = [
+    "Router",
+    "ShardBuild",
+    "ShardLease",
+    "ShardNode",
+    "TermTask",
+    "node_name",
+    "run_shard_node",
+    "shard_config",
+    "shard_router",
+]

@@ -1,0 +1,197 @@
+"""Real ``bide run`` nodes on a sharded PostgreSQL log against the simulator
+(daemon.shards.runtime): the nodes split the shards, a joiner gets its share by graceful
+handover (no lease timeout), a SIGKILLed node's shards are taken once their leases run out,
+and the operations registered on the way keep being polled to their end; every shard's chain
+verifies with ``verify.pub`` alone."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from eventlog.pgstore import PgSettings
+from eventlog.shards import Layout, layout_of
+from tests.e2e.harness import BIDE, LeaseTimes, Workspace, until, workspace
+from tests.e2e.pgnodes import Node, node_config, start
+
+SHARDS = 4
+#: A SIGKILLed node's shards move after at most 3 s.
+LEASE = LeaseTimes(seconds=3.0, renew=0.5, margin=0.2)
+JOBS: dict[str, str | list[object]] = {
+    f"job-{i}": "running x30, succeeded with result" for i in range(8)
+}
+_LINE = re.compile(r'^ts=(\S+) level=\S+ msg="(shard taken|shard released)" (.*)$', re.M)
+
+
+@pytest.fixture
+def sharded_dsn(pg_dsn: str) -> str:
+    out = subprocess.run(
+        [*BIDE, "log", "init", "--dsn", pg_dsn, "--shards", str(SHARDS)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return pg_dsn
+
+
+def _layout(dsn: str) -> Layout:
+    return layout_of(PgSettings(dsn))
+
+
+def _holders(dsn: str) -> dict[int, str]:
+    """shard -> the node whose unexpired lease holds it (the database's word)."""
+    layout = _layout(dsn)
+    got: dict[int, str] = {}
+    with psycopg.connect(dsn) as conn:
+        for k in range(layout.count):
+            row = conn.execute(
+                f'SELECT holder FROM "{layout.schema(k)}".bide_lease WHERE expires_at > now()'
+            ).fetchone()
+            if row is not None and row[0]:
+                got[k] = str(row[0]).split("/", 1)[0]
+    return got
+
+
+def _loads(dsn: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for who in _holders(dsn).values():
+        out[who] = out.get(who, 0) + 1
+    return out
+
+
+def _api(node: Node) -> httpx.Client:
+    transport = httpx.HTTPTransport(uds=str(node.state / "api.sock"))
+    return httpx.Client(transport=transport, base_url="http://bide", timeout=10.0)
+
+
+def _moves(node: Node) -> list[tuple[str, int, float, str]]:
+    """(what, shard, when, why) for each shard taken or released, from the node's log."""
+    assert node.daemon is not None
+    out = []
+    for ts, what, rest in _LINE.findall(node.daemon.output()):
+        fields = dict(re.findall(r"(\w+)=(\S+)", rest))
+        when = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+        out.append((what, int(fields["shard"]), when, fields.get("why", "")))
+    return out
+
+
+def _register(nodes: list[Node], op: str, job: str) -> None:
+    """Through the API of the node that holds the operation's shard (the others' standby
+    reads refuse a write with 503; so does a holder still opening the shard)."""
+    body = {"operation_id": op, "provider": "sim", "job_id": job, "max_status_requests": 60}
+    answers: list[tuple[str, int, str]] = []
+
+    def registered() -> bool:
+        answers.clear()
+        for node in nodes:
+            with _api(node) as api:
+                answer = api.post("/v1/operations", json=body)
+            if answer.status_code in (200, 201):
+                return True
+            assert answer.status_code == 503, answer.text
+            answers.append((node.name, answer.status_code, answer.text[:200]))
+        return False
+
+    until(registered, 20, f"a node to register {op}")
+
+
+def _phase(node: Node, op: str) -> str:
+    with _api(node) as api:
+        answer = api.get(f"/v1/operations/{op}")
+    return str(answer.json().get("phase", "")) if answer.status_code == 200 else ""
+
+
+def _verify_every_shard(ws: Workspace, dsn: str) -> None:
+    layout = _layout(dsn)
+    for k in range(layout.count):
+        shard_dsn = layout.settings(PgSettings(dsn), k).dsn
+        out = subprocess.run(
+            [
+                *BIDE,
+                "verify",
+                "--dsn",
+                shard_dsn,
+                "--verify-key",
+                str(ws.root / "keys" / "verify.pub"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert out.returncode == 0, f"shard {k}: {out.stdout}{out.stderr}"
+
+
+def test_nodes_split_hand_over_and_take_a_dead_nodes_shards(
+    tmp_path: Path, sharded_dsn: str
+) -> None:
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a, b, c = (node_config(ws, name, dsn, lease=LEASE) for name in ("a", "b", "c"))
+        start(ws, a)
+        start(ws, b)
+        # Two nodes: two shards each.
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "a and b to hold two shards each")
+
+        ops = {f"op-{i}": f"job-{i}" for i in range(8)}
+        for op, job in ops.items():
+            _register([a, b], op, job)
+
+        # A third node joins: its fair share (a=2, b=1, c=1) comes by handover from b.
+        joined = time.time()
+        start(ws, c)
+        until(
+            lambda: _loads(dsn) == {"a": 2, "b": 1, "c": 1},
+            20,
+            "c to get its share by handover",
+        )
+        until(lambda: _moves(c), 20, "c to start its shard")
+        released = [m for m in _moves(b) if m[0] == "shard released" and m[2] >= joined]
+        assert [(m[1], m[3]) for m in released] == [(released[0][1], "handover")]
+        moved = released[0][1]
+        taken = [m for m in _moves(c) if m[0] == "shard taken"]
+        assert [m[1] for m in taken] == [moved]
+        # Taken at once after the handover, not after b's lease ran out.
+        handover_seconds = taken[0][2] - released[0][2]
+        assert 0 <= handover_seconds < 1.0, handover_seconds
+        assert [m for m in _moves(a) if m[2] >= joined] == []  # a moved nothing
+
+        # SIGKILL c: its shard is b's again, once c's lease on it has run out.
+        assert c.daemon is not None
+        killed = time.time()
+        c.daemon.kill()
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 20, "b to take c's shard")
+        until(lambda: [m for m in _moves(b) if m[2] >= killed], 20, "b to start c's shard")
+        again = [m for m in _moves(b) if m[0] == "shard taken" and m[2] >= killed]
+        assert [m[1] for m in again] == [moved], _moves(b)
+        after_kill = again[0][2] - killed
+        assert LEASE.seconds - LEASE.renew - 0.3 <= after_kill < LEASE.seconds + 2.0, after_kill
+
+        # Every operation was polled to its end across the moves.
+        def ended() -> bool:
+            return all(_phase(a, op) == "succeeded" for op in ops)
+
+        until(ended, 60, "every operation to succeed")
+
+        for node in (a, b):
+            assert node.daemon is not None
+            node.daemon.proc.send_signal(signal.SIGTERM)
+        for node in (a, b):
+            assert node.daemon is not None
+            assert node.daemon.proc.wait(30) == 0, node.daemon.output()
+            assert "shard fenced" not in node.daemon.output()
+        assert _holders(dsn) == {}  # every lease handed over on the way out
+        with psycopg.connect(dsn) as conn:
+            left = conn.execute("SELECT node FROM bide_nodes WHERE node IN ('a', 'b')")
+            assert left.fetchall() == []
+        _verify_every_shard(ws, dsn)
