@@ -195,3 +195,68 @@ def test_nodes_split_hand_over_and_take_a_dead_nodes_shards(
             left = conn.execute("SELECT node FROM bide_nodes WHERE node IN ('a', 'b')")
             assert left.fetchall() == []
         _verify_every_shard(ws, dsn)
+
+
+def _output(node: Node) -> str:
+    assert node.daemon is not None
+    return node.daemon.output()
+
+
+def _metrics_url(node: Node) -> str:
+    assert node.daemon is not None
+    found = re.search(r'msg="metrics listening" address=(\S+)', node.daemon.output())
+    assert found is not None, node.daemon.output()
+    return found.group(1)
+
+
+def test_a_paused_node_is_fenced_per_shard_carries_on_and_gets_its_share_back(
+    tmp_path: Path, sharded_dsn: str
+) -> None:
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a, b = (node_config(ws, name, dsn, lease=LEASE) for name in ("a", "b"))
+        with a.config.open("a") as f:
+            f.write('\n[metrics]\nlisten = "127.0.0.1:0"\n')
+        start(ws, a)
+        start(ws, b)
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "a and b to hold two shards each")
+        ops = {f"op-{i}": f"job-{i}" for i in range(8)}
+        for op, job in ops.items():
+            _register([a, b], op, job)
+
+        # The node's page: each active shard's series labelled with its shard, the node's own.
+        until(lambda: len([m for m in _moves(a) if m[0] == "shard taken"]) >= 2, 20, "a's shards")
+        page = httpx.get(_metrics_url(a), timeout=10).text
+        assert "bide_node_active 1" in page
+        assert "bide_node_shards_held 2" in page
+        mine = sorted(k for k, who in _holders(dsn).items() if who == "a")
+        assert mine
+        for k in mine:
+            assert re.search(rf'^bide_lease_epoch{{shard="{k}"}} [1-9]', page, re.M), page
+            assert re.search(rf'^bide_status_responses_total{{shard="{k}",', page, re.M), page
+        assert page.count("# TYPE bide_node_active ") == 1
+        families = [line.split()[2] for line in page.splitlines() if line.startswith("# TYPE")]
+        assert len(families) == len(set(families))  # each family once, samples together
+
+        # b paused past its leases: a takes every shard once they have run out.
+        assert b.daemon is not None
+        b.daemon.proc.send_signal(signal.SIGSTOP)
+        until(lambda: _loads(dsn) == {"a": 4}, 20, "a to take b's shards")
+        b.daemon.proc.send_signal(signal.SIGCONT)
+        # b's terms are refused per shard (fenced), b stays up, and gets its share back by
+        # a's handover.
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "b to get its share back")
+        until(lambda: "shard fenced" in _output(b), 10, "b's terms to end fenced")
+        assert b.daemon.proc.poll() is None
+        released = [m for m in _moves(a) if m[0] == "shard released"]
+        assert {m[3] for m in released} == {"handover"}
+
+        def ended() -> bool:
+            return all(_phase(b, op) == "succeeded" for op in ops)
+
+        until(ended, 60, "every operation to succeed")
+        for node in (a, b):
+            assert node.daemon is not None
+            assert node.daemon.stop(30) == 0, node.daemon.output()
+        assert _holders(dsn) == {}
+        _verify_every_shard(ws, dsn)
