@@ -64,6 +64,9 @@ from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DamagedLogError, DivergedError, FencedError, LogIOError, StoreError
 from eventlog.store import LineStore
+from replay.events import LogEvent, StatusRequestIntended
+from replay.ledger import Ledger
+from replay.state import Operation
 
 if TYPE_CHECKING:
     from eventlog.pgstore import PgSettings
@@ -148,6 +151,33 @@ class ShardLease(Lease):
             return term.epoch if took else None
         finally:
             self.settle(took)
+
+
+class _FirstPoll:
+    """Logs a shard's first poll after it was taken (its first status request's intent): the
+    end of a shard move as the provider sees it."""
+
+    def __init__(self, shard: int, taken: float) -> None:
+        self.shard = shard
+        self.taken = taken
+        self.armed = False  # set once the term is up: replayed events are not new polls
+
+    def replayed(self, ledger: Ledger, head_seq: int) -> None:
+        pass
+
+    def event(
+        self, ev: LogEvent, payload: bytes, before: Operation | None, after: Operation | None
+    ) -> None:
+        if self.armed and isinstance(ev, StatusRequestIntended):
+            self.armed = False
+            logfmt.info(
+                "shard first poll",
+                shard=self.shard,
+                after_take_seconds=f"{time.monotonic() - self.taken:.3f}",
+            )
+
+    def batch_done(self) -> None:
+        pass
 
 
 async def _yes() -> bool:
@@ -429,6 +459,8 @@ class ShardNode:
             edges=False,
             **self.supervisor_kwargs,
         )
+        first_poll = _FirstPoll(shard, taken)
+        supervisor.chain.follow(first_poll)
         release = self._release[shard] = anyio.Event()
         fenced: list[BaseException] = []
         failed: list[BaseException] = []
@@ -457,6 +489,7 @@ class ShardNode:
                 handle, _count = supervisor.api_handler()
                 self._active[shard] = supervisor
                 self._handlers[shard] = handle
+                first_poll.armed = True
                 logfmt.info(
                     "shard taken",
                     shard=shard,
