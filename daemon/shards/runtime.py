@@ -58,11 +58,13 @@ from daemon.errors import ConfigError
 from daemon.lease import FOLLOW_SPACING, Lease, now
 from daemon.metrics import BUILD_INFO, node_active, read_process, render_process, serve_metrics
 from daemon.shards import assign, metricspage
+from daemon.shards.links import NodeLinks
 from daemon.shards.membership import Membership, View
 from daemon.standby import StandbyReads
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DamagedLogError, DivergedError, FencedError, LogIOError, StoreError
+from eventlog.logstore import Term
 from eventlog.store import LineStore
 from replay.events import LogEvent, StatusRequestIntended
 from replay.ledger import Ledger
@@ -138,16 +140,26 @@ class ShardLease(Lease):
                 await anyio.sleep(FOLLOW_SPACING)
 
     async def _try_take(self) -> int | None:
+        """One try at the lease. The take is shielded and a term taken then cancelled (the
+        node stopping meanwhile) is handed back at once: a cancelled try never leaves a
+        lease held for nobody until it runs out."""
         took = False
         try:
             sent = now()
-            term = await self._timed(self.link.take_lease(self.holder, self.lease_seconds))
+            term: Term | None = None
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.lease_seconds):
+                term = await self._timed(self.link.take_lease(self.holder, self.lease_seconds))
             if term is None:
                 return None
             self.epoch, self._term = term.epoch, term
             self._extended(sent + self.lease_seconds)
             self.stats.takeovers += 1
-            took = await self._caught_up()
+            try:
+                took = await self._caught_up()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.release()
+                raise
             return term.epoch if took else None
         finally:
             self.settle(took)
@@ -286,6 +298,7 @@ class ShardNode:
             lease_seconds=pg.lease_seconds,
             renew_seconds=pg.renew_seconds,
         )
+        self.links = NodeLinks(settings, layout, poll=pg.standby_poll_seconds)
         self.view: View | None = None
         self._view_at = float("-inf")
         self._plan_lock = anyio.Lock()
@@ -397,6 +410,7 @@ class ShardNode:
             margin=pg.request_margin_seconds,
             node=self.name,
             poll=pg.standby_poll_seconds,
+            following=self.links.link(shard),
             claim=partial(self._claim, shard),
             settle=partial(self._settle, shard),
         )
@@ -610,6 +624,7 @@ class ShardNode:
         cfg = self.config
         await self.membership.beat(0)  # counted by the others before taking anything
         logfmt.info("node joined", node=self.name, shards=self.layout.count)
+        await self.links.open()
         try:
             async with anyio.create_task_group() as edges:
                 await edges.start(self._signals)
@@ -623,6 +638,7 @@ class ShardNode:
                     logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
                 if cfg.profiles_dir is not None:
                     edges.start_soon(self._watch_profiles)
+                edges.start_soon(self.links.news)
                 edges.start_soon(self.membership.keep, lambda: len(self._active))
                 edges.start_soon(self._planner)
                 edges.start_soon(self._status_and_watchdog)
@@ -642,6 +658,8 @@ class ShardNode:
                 logfmt.info("node left", node=self.name)
                 edges.cancel_scope.cancel()
         finally:
+            with anyio.CancelScope(shield=True):
+                await self.links.aclose()
             self.membership.close()
 
 
