@@ -132,7 +132,7 @@ def _verify_every_shard(ws: Workspace, dsn: str) -> None:
         assert out.returncode == 0, f"shard {k}: {out.stdout}{out.stderr}"
 
 
-def test_nodes_split_hand_over_and_take_a_dead_nodes_shards(
+def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
     tmp_path: Path, sharded_dsn: str
 ) -> None:
     dsn = sharded_dsn
@@ -177,24 +177,44 @@ def test_nodes_split_hand_over_and_take_a_dead_nodes_shards(
         after_kill = again[0][2] - killed
         assert LEASE.seconds - LEASE.renew - 0.3 <= after_kill < LEASE.seconds + 2.0, after_kill
 
+        # a leaves gracefully: b takes its shards as a hands each over, not after a lease.
+        assert a.daemon is not None
+        leaving = time.time()
+        assert a.daemon.stop(30) == 0, a.daemon.output()
+        until(lambda: _loads(dsn) == {"b": 4}, 20, "b to take a's shards")
+        until(lambda: len(_taken_since(b, leaving)) == 2, 20, "b to start a's shards")
+        handed = {m[1]: m[2] for m in _moves(a) if m[0] == "shard released" and m[2] >= leaving}
+        assert {m[3] for m in _moves(a) if m[2] >= leaving} == {"stopping"}
+        leave_seconds = [m[2] - handed[m[1]] for m in _taken_since(b, leaving)]
+        assert sorted(handed) == sorted(m[1] for m in _taken_since(b, leaving))
+        assert all(0 <= s < 1.0 for s in leave_seconds), leave_seconds
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT node FROM bide_nodes WHERE node = 'a'").fetchall() == []
+        # The moves' figures, for the closing note (shown with pytest -s or -rP).
+        print(
+            f"shard moves: join handover {handover_seconds:.3f} s, SIGKILL {after_kill:.3f} s, "
+            f"graceful leave {', '.join(f'{s:.3f}' for s in leave_seconds)} s "
+            f"(release or kill to the taker's ready)"
+        )
+
         # Every operation was polled to its end across the moves.
         def ended() -> bool:
-            return all(_phase(a, op) == "succeeded" for op in ops)
+            return all(_phase(b, op) == "succeeded" for op in ops)
 
         until(ended, 60, "every operation to succeed")
-
+        assert b.daemon is not None
+        assert b.daemon.stop(30) == 0, b.daemon.output()
         for node in (a, b):
-            assert node.daemon is not None
-            node.daemon.proc.send_signal(signal.SIGTERM)
-        for node in (a, b):
-            assert node.daemon is not None
-            assert node.daemon.proc.wait(30) == 0, node.daemon.output()
-            assert "shard fenced" not in node.daemon.output()
+            assert "shard fenced" not in _output(node)
         assert _holders(dsn) == {}  # every lease handed over on the way out
         with psycopg.connect(dsn) as conn:
             left = conn.execute("SELECT node FROM bide_nodes WHERE node IN ('a', 'b')")
             assert left.fetchall() == []
         _verify_every_shard(ws, dsn)
+
+
+def _taken_since(node: Node, since: float) -> list[tuple[str, int, float, str]]:
+    return [m for m in _moves(node) if m[0] == "shard taken" and m[2] >= since]
 
 
 def _output(node: Node) -> str:
