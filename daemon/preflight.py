@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -35,6 +35,10 @@ from eventlog.keys import (
     load_signer,
     load_verify_key,
 )
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
+    from eventlog.shards import Layout
 
 #: How long the database and each witness may take to answer.
 REACH_SECONDS = 3.0
@@ -300,6 +304,12 @@ def _store(cfg: Config, report: Report, timeout: float) -> None:
         return
     try:
         found["reachable"] = True
+        from eventlog.shards import read_layout
+
+        layout = read_layout(conn)
+        if layout.sharded:
+            _shards(cfg, report, settings, layout, found, key)
+            return
         pgstore.require_schema(conn)
         lease = pgstore.lease_row(conn)
         found["lease"] = {"holder": lease.holder, "epoch": lease.epoch}
@@ -307,6 +317,44 @@ def _store(cfg: Config, report: Report, timeout: float) -> None:
         report.problems.append(_at(cfg, key, str(exc)))
     finally:
         conn.close()
+
+
+def _shards(
+    cfg: Config,
+    report: Report,
+    settings: PgSettings,
+    layout: Layout,
+    found: dict[str, Any],
+    key: tuple[str, str],
+) -> None:
+    """A sharded log: every shard's schema this version knows, and how many leases are held
+    now (``bide run`` divides the shards among the live nodes)."""
+    from eventlog import pgstore
+
+    found["shards"] = layout.count
+    held = 0
+    for k in range(layout.count):
+        try:
+            conn = pgstore.connect(layout.settings(settings, k), read_only=True)
+        except EventLogError as exc:
+            report.problems.append(_at(cfg, key, f"shard {k} ({layout.schema(k)}): {exc}"))
+            continue
+        try:
+            pgstore.require_schema(conn)
+            lease = pgstore.lease_row(conn)
+            held += lease.remaining > 0
+        except EventLogError as exc:
+            report.problems.append(
+                _at(
+                    cfg,
+                    key,
+                    f"shard {k} ({layout.schema(k)}): {exc}",
+                    "rerun `bide log init --dsn DSN --shards N` as the log's owner",
+                )
+            )
+        finally:
+            conn.close()
+    found["shards_held"] = held
 
 
 def _database(dsn: str) -> str:
@@ -410,6 +458,8 @@ def render(report: Report) -> str:
             reach = "reachable" if s["reachable"] else "NOT reachable"
             lease = s.get("lease")
             held = f", lease epoch {lease['epoch']} ({lease['holder'] or 'free'})" if lease else ""
+            if "shards" in s:
+                held = f", {s['shards']} shards ({s.get('shards_held', 0)} held now)"
             out.append(f"store      postgresql {s['database']}: {reach}{held}")
     if "api" in f:
         out.append(f"api        {f['api']['socket']}")

@@ -688,6 +688,9 @@ def run_shard_node(
         )
     pg = cfg.postgres
     _check_profiles_fit(cfg, pg.lease_seconds - pg.renew_seconds - pg.request_margin_seconds)
+    for k in range(layout.count):  # every shard's schema one this version knows
+        with pgstore.PgLogStore(layout.settings(settings, k)) as log_store:
+            log_store.require()
     cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     node_lock = WriterLock(cfg.state_dir)
     node_lock.acquire()

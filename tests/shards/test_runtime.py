@@ -163,7 +163,7 @@ def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
         assert [m[1] for m in taken] == [moved]
         # Taken at once after the handover, not after b's lease ran out.
         handover_seconds = taken[0][2] - released[0][2]
-        assert 0 <= handover_seconds < 1.0, handover_seconds
+        assert 0 <= handover_seconds < 1.5, handover_seconds
         assert [m for m in _moves(a) if m[2] >= joined] == []  # a moved nothing
 
         # SIGKILL c: its shard is b's again, once c's lease on it has run out.
@@ -187,7 +187,7 @@ def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
         assert {m[3] for m in _moves(a) if m[2] >= leaving} == {"stopping"}
         leave_seconds = [m[2] - handed[m[1]] for m in _taken_since(b, leaving)]
         assert sorted(handed) == sorted(m[1] for m in _taken_since(b, leaving))
-        assert all(0 <= s < 1.0 for s in leave_seconds), leave_seconds
+        assert all(0 <= s < 1.5 for s in leave_seconds), leave_seconds
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT node FROM bide_nodes WHERE node = 'a'").fetchall() == []
         # The moves' figures, for the closing note (shown with pytest -s or -rP).
@@ -280,3 +280,31 @@ def test_a_paused_node_is_fenced_per_shard_carries_on_and_gets_its_share_back(
             assert node.daemon.stop(30) == 0, node.daemon.output()
         assert _holders(dsn) == {}
         _verify_every_shard(ws, dsn)
+
+
+def test_run_check_reads_every_shard(tmp_path: Path, sharded_dsn: str) -> None:
+    with workspace(tmp_path, {}) as ws:
+        node = node_config(ws, "a", sharded_dsn, lease=LEASE)
+        ok = subprocess.run(
+            [*BIDE, "run", "--check", "--config", str(node.config)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert f"{SHARDS} shards (0 held now)" in ok.stdout
+        # A shard's schema gone: named, with the fix.
+        layout = _layout(sharded_dsn)
+        with psycopg.connect(sharded_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{layout.schema(2)}" CASCADE')
+        bad = subprocess.run(
+            [*BIDE, "run", "--check", "--config", str(node.config)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert bad.returncode == 78, bad.stdout + bad.stderr
+        assert f"shard 2 ({layout.schema(2)})" in bad.stdout + bad.stderr
+        assert "bide log init" in bad.stdout + bad.stderr
