@@ -62,13 +62,15 @@ class NodeLinks:
         self.generation = [0] * layout.count
         self._seen: list[tuple[Any, ...] | None] = [None] * layout.count
         self._scan = self._scan_statement()
+        #: shard -> the holder of its unexpired lease, as of the last scan (None before the
+        #: first): the node's plan reads it, fresh after every notification.
+        self.holders: dict[int, str] | None = None
 
     def _scan_statement(self) -> bytes:
         parts = [
             sql.SQL(
                 "SELECT {k}::int, (SELECT seq FROM {s}.bide_records ORDER BY seq DESC LIMIT 1), "
-                "(SELECT epoch::text || ' ' || holder || ' ' || expires_at::text "
-                "FROM {s}.bide_lease WHERE id = 1)"
+                "l.epoch, l.holder, l.expires_at > now() FROM {s}.bide_lease l WHERE l.id = 1"
             ).format(k=sql.Literal(k), s=sql.Identifier(self.layout.schema(k)))
             for k in range(self.layout.count)
         ]
@@ -155,15 +157,23 @@ class NodeLinks:
         event.set()
 
     async def scan(self) -> None:
-        """Read every shard's head and lease row; wake the shards where either moved."""
+        """Read every shard's head and lease row (who holds it, whether it has run out, by
+        the database's clock); wake the shards where either moved."""
         async with self.connection(self._follow) as conn:
             cur = await conn.execute(self._scan)
             rows = await cur.fetchall()
-        for k, seq, lease in rows:
-            now = (seq, lease)
+        holders: dict[int, str] = {}
+        moved: list[int] = []
+        for k, seq, epoch, holder, held in rows:
+            if held and holder:
+                holders[int(k)] = str(holder)
+            now = (seq, epoch, holder, held)
             if self._seen[k] != now:
                 self._seen[k] = now
-                self._wake(int(k))
+                moved.append(int(k))
+        self.holders = holders  # before the wakes: a woken standby plans on these
+        for k in moved:
+            self._wake(k)
 
     async def news(self) -> None:
         """The node's ``LISTEN``, until cancelled: a scan after each notification (at most

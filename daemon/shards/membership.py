@@ -139,6 +139,11 @@ class Membership:
 
     # -- what the database says ---------------------------------------------------------------
 
+    async def nodes(self) -> dict[str, bool]:
+        """The live nodes (heartbeat not expired, by the database's clock) -> leaving."""
+        rows = await self._run("SELECT node, leaving FROM bide_nodes WHERE expires_at > now()")
+        return {str(n): bool(leaving) for n, leaving in rows}
+
     async def view(self) -> View:
         nodes = await self._run("SELECT node, leaving FROM bide_nodes WHERE expires_at > now()")
         leases = await self._run(self._view_sql)

@@ -92,10 +92,9 @@ class ShardBuild(Protocol):
 
 
 Router = Callable[["ShardNode"], Handler]
+#: How old the live nodes may be when a standby finds its shard free and not in its plan.
+NODES_FRESH = 0.05
 TermTask = Callable[[int, Handler], Coroutine[Any, Any, None]]
-
-#: How fresh the planner's facts must be when a standby asks whether to take its shard.
-FRESH_SECONDS = 0.05
 
 
 def node_name(cfg: Config) -> str:
@@ -301,12 +300,15 @@ class ShardNode:
         self.links = NodeLinks(settings, layout, poll=pg.standby_poll_seconds)
         self.view: View | None = None
         self._view_at = float("-inf")
+        #: How often a claim reads the live nodes again (the holders are the links' scan).
+        self._nodes_every = pg.renew_seconds
         self._plan_lock = anyio.Lock()
         self._claimed: set[int] = set()  # takes in flight (a claim granted, not yet settled)
         self._handlers: dict[int, Handler] = {}
         self._active: dict[int, Supervisor] = {}
         self._release: dict[int, anyio.Event] = {}
-        self._stopping = anyio.Event()
+        self._stopping = anyio.Event()  # take nothing more
+        self._leave = anyio.Event()  # hand everything over (once marked leaving)
 
     # -- what the others plug into ---------------------------------------------------------
 
@@ -333,9 +335,14 @@ class ShardNode:
         name = holder.split("/", 1)[0]
         return holder if name == self.name else name
 
-    async def _refresh(self) -> View:
-        self.view = await self.membership.view()
+    async def _refresh(self) -> View | None:
+        """The facts to plan on: the live nodes (read now) and the lease holders as of the
+        links' last scan (fresh after every notification: a shard handed over is seen free
+        as soon as its standby is woken). None before the first scan."""
+        nodes = await self.membership.nodes()
         self._view_at = time.monotonic()
+        holders = self.links.holders
+        self.view = None if holders is None else View(nodes=nodes, holders=dict(holders))
         return self.view
 
     def _plan(self, view: View) -> assign.Plan:
@@ -351,21 +358,39 @@ class ShardNode:
 
     async def _claim(self, shard: int) -> bool:
         """May this node try to take ``shard`` now? Asked by the shard's standby before each
-        try, on facts at most :data:`FRESH_SECONDS` old; a yes is counted as held until
-        settled, so two shards' standbys never both take the last place in the share."""
+        try, on the holders of the links' last scan and the live nodes read at most
+        ``renew_seconds`` ago; a yes is counted as held until settled, so two shards'
+        standbys never both take the last place in the share."""
         if self._stopping.is_set():
             return False
         async with self._plan_lock:
             try:
                 view = self.view
-                if view is None or time.monotonic() - self._view_at > FRESH_SECONDS:
+                if view is None or time.monotonic() - self._view_at > self._nodes_every:
                     view = await self._refresh()
+                elif self.links.holders is not None:
+                    view = View(nodes=view.nodes, holders=dict(self.links.holders))
             except StoreError as exc:
                 logfmt.warn("cannot read the node catalog; taking nothing", error=exc)
                 return False
-            if self.name not in view.nodes:
-                return False  # not (yet) counted by the others: take nothing
-            if shard in self._plan(view).take:
+            if view is None or self.name not in view.nodes:
+                return False  # no scan yet, or not (yet) counted by the others
+            take = self._plan(view).take
+            if (
+                shard not in take
+                and shard not in view.holders
+                and time.monotonic() - self._view_at > NODES_FRESH
+            ):
+                # Free but not ours by the nodes last read: a node leaving (its row marked
+                # a moment ago) hands shards over; read the nodes again before waiting on.
+                try:
+                    view = await self._refresh()
+                except StoreError:
+                    return False
+                if view is None or self.name not in view.nodes:
+                    return False
+                take = self._plan(view).take
+            if shard in take:
                 self._claimed.add(shard)
                 return True
             return False
@@ -384,7 +409,11 @@ class ShardNode:
             try:
                 async with self._plan_lock:
                     view = await self._refresh()
-                    release = self._plan(view).release if self.name in view.nodes else set()
+                    # Stopping: the node hands everything over itself, once marked leaving.
+                    counted = (
+                        view is not None and self.name in view.nodes and not self._stopping.is_set()
+                    )
+                    release = self._plan(view).release if view is not None and counted else set()
                 for k in sorted(release):
                     event = self._release.get(k)
                     if event is not None and not event.is_set():
@@ -495,7 +524,7 @@ class ShardNode:
                             either.cancel_scope.cancel()
 
                         either.start_soon(on, release)
-                        either.start_soon(on, self._stopping)
+                        either.start_soon(on, self._leave)
                     supervisor.request_stop()
 
                 tg.start_soon(lease.keep)
@@ -622,6 +651,8 @@ class ShardNode:
     async def run(self) -> None:
         """The node, until SIGTERM/SIGINT and every shard handed over."""
         cfg = self.config
+        pg = cfg.postgres
+        assert pg is not None
         await self.membership.beat(0)  # counted by the others before taking anything
         logfmt.info("node joined", node=self.name, shards=self.layout.count)
         await self.links.open()
@@ -648,11 +679,14 @@ class ShardNode:
                     systemd.notify("READY=1", f"STATUS={self.status_line()}")
                     await self._stopping.wait()
                     systemd.notify("STOPPING=1", f"STATUS=stopping: {self.status_line()}")
-                    with anyio.CancelScope(shield=True):
+                    # Marked leaving before the first handover, so the others count the
+                    # shards as theirs to take the moment each is released.
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(pg.lease_seconds):
                         try:
                             await self.membership.beat(len(self._active))
                         except StoreError as exc:
                             logfmt.warn("could not mark this node leaving", error=exc)
+                    self._leave.set()
                 # Every shard drained and handed over: leave.
                 await self.membership.leave()
                 logfmt.info("node left", node=self.name)
