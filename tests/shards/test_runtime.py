@@ -255,6 +255,10 @@ def test_a_paused_node_is_fenced_per_shard_carries_on_and_gets_its_share_back(
             assert re.search(rf'^bide_lease_epoch{{shard="{k}"}} [1-9]', page, re.M), page
             assert re.search(rf'^bide_status_responses_total{{shard="{k}",', page, re.M), page
         assert page.count("# TYPE bide_node_active ") == 1
+        # The shards' engines run without edges: one listener, one socket, for the node.
+        assert _output(a).count('msg="metrics listening"') == 1
+        assert _output(a).count('msg="api listening"') == 1
+        assert list((a.state / "shards").glob("*/api.sock")) == []
         families = [line.split()[2] for line in page.splitlines() if line.startswith("# TYPE")]
         assert len(families) == len(set(families))  # each family once, samples together
 
