@@ -19,8 +19,16 @@ import pytest
 
 from eventlog.pgstore import PgSettings
 from eventlog.shards import Layout, layout_of
-from tests.e2e.harness import BIDE, LeaseTimes, Workspace, until, workspace
-from tests.e2e.pgnodes import Node, node_config, start
+from replay.events import StatusRequestIntended
+from tests.e2e.harness import (
+    BIDE,
+    LeaseTimes,
+    Workspace,
+    assert_provider_invariants,
+    until,
+    workspace,
+)
+from tests.e2e.pgnodes import Node, epoch_starts, epochs_of, loaded, node_config, start
 
 SHARDS = 4
 #: A SIGKILLed node's shards move after at most 3 s.
@@ -109,6 +117,30 @@ def _phase(node: Node, op: str) -> str:
     with _api(node) as api:
         answer = api.get(f"/v1/operations/{op}")
     return str(answer.json().get("phase", "")) if answer.status_code == 200 else ""
+
+
+def _check_provider_side(ws: Workspace, dsn: str, ops: dict[str, str]) -> None:
+    """From the simulator's request log, per shard: every request has an earlier durable
+    intent in its shard's chain, within budget; no request made under a shard's epoch
+    arrived after that shard's next epoch began (no operation polled by two nodes at once,
+    a paused node sent nothing after resuming)."""
+    layout = _layout(dsn)
+    for op, job in ops.items():
+        shard_dsn = layout.settings(PgSettings(dsn), layout.shard_of(op)).dsn
+        _, log = loaded(shard_dsn, ws, f"{op}-{time.monotonic_ns()}")
+        received = ws.sim.requests(kind="status", job_id=job)
+        assert received
+        assert_provider_invariants(log, received, op, strict=False)
+        epochs, starts = epochs_of(shard_dsn), epoch_starts(shard_dsn)
+        intents = [
+            (seq, ev)
+            for seq, ev in log.events
+            if isinstance(ev, StatusRequestIntended) and ev.operation_id == op
+        ]
+        for record in received:
+            seq = [s for s, i in intents if i.at <= record.wall][-1]
+            later = starts.get(epochs[seq] + 1)
+            assert later is None or record.wall < later, (op, record.wall, later)
 
 
 def _verify_every_shard(ws: Workspace, dsn: str) -> None:
@@ -211,6 +243,7 @@ def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
             left = conn.execute("SELECT node FROM bide_nodes WHERE node IN ('a', 'b')")
             assert left.fetchall() == []
         _verify_every_shard(ws, dsn)
+        _check_provider_side(ws, dsn, ops)
 
 
 def _taken_since(node: Node, since: float) -> list[tuple[str, int, float, str]]:
@@ -284,6 +317,7 @@ def test_a_paused_node_is_fenced_per_shard_carries_on_and_gets_its_share_back(
             assert node.daemon.stop(30) == 0, node.daemon.output()
         assert _holders(dsn) == {}
         _verify_every_shard(ws, dsn)
+        _check_provider_side(ws, dsn, ops)
 
 
 def test_run_check_reads_every_shard(tmp_path: Path, sharded_dsn: str) -> None:
