@@ -18,11 +18,18 @@ inside it:
                             handover's NOTIFY
                 fenced      an append or renewal refused: that shard's term ends, its lease
                             is left to run out, the node carries on with its other shards
-    planner     every ``renew_seconds`` reads the live nodes and every shard's lease holder
-                and runs :func:`daemon.shards.assign.plan`; a standby's take asks it again
-                on fresh facts (so a shard handed over is taken within a NOTIFY, not a tick)
-    SIGTERM     the node's row is marked leaving (the others take its shards as it hands
-                them over), every active shard drains and releases its lease, the row goes
+    planner     every ``renew_seconds`` reads the live nodes and runs
+                :func:`daemon.shards.assign.plan` on them and the lease holders of the last
+                scan (:mod:`daemon.shards.links`, read after every notification); a
+                standby's take asks it again (so a shard handed over is taken within a
+                notification, not a tick)
+    SIGTERM     no more takes; the node's row is marked leaving (the others count the
+                shards as theirs to take), then every active shard drains and releases its
+                lease, and the row goes
+
+Connections per node: two pools of at most 3 and one ``LISTEN`` for every shard's lease
+and following (:mod:`daemon.shards.links`), one for the catalog, and one writer per shard
+held (the log writer's thread owns its connection, as on an unsharded node).
 
 Plug points for the rest of issue 39: ``router(node) -> Handler`` makes the door's handler
 (the default, :func:`shard_router`, sends ``/v1/health`` a node summary and every other
