@@ -655,11 +655,56 @@ class ShardNode:
                 systemd.notify(*messages)
             await anyio.sleep(period)
 
+    async def _named(self) -> bool:
+        """:meth:`_wait_for_name`, or False on SIGTERM/SIGINT first (nothing held yet)."""
+        named: list[bool] = []
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tg:
+
+                async def stop() -> None:
+                    async for signum in signals:
+                        logfmt.info("stopping before joining", signal=signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+                tg.start_soon(stop)
+                await self._wait_for_name()
+                named.append(True)
+                tg.cancel_scope.cancel()
+        return bool(named)
+
+    async def _wait_for_name(self) -> None:
+        """Join only under a name no live row holds: a node restarted after a crash waits out
+        its previous process's heartbeat (its leases run out meanwhile anyway), and a second
+        process given the same name waits instead of taking a second share."""
+        warned = False
+        while True:
+            try:
+                live = await self.membership.nodes()
+            except StoreError as exc:
+                logfmt.warn("cannot read the node catalog; retrying", error=exc)
+                await anyio.sleep(self.membership.renew_seconds)
+                continue
+            if self.name not in live:
+                return
+            if not warned:
+                logfmt.warn(
+                    "a node of this name is live (this node's previous process, killed, or "
+                    "another process given the same [postgres] node); waiting for its "
+                    "heartbeat to run out",
+                    node=self.name,
+                )
+                warned = True
+            await anyio.sleep(self.membership.renew_seconds)
+
     async def run(self) -> None:
         """The node, until SIGTERM/SIGINT and every shard handed over."""
         cfg = self.config
         pg = cfg.postgres
         assert pg is not None
+        if not await self._named():
+            self.membership.close()
+            return
         await self.membership.beat(0)  # counted by the others before taking anything
         logfmt.info("node joined", node=self.name, shards=self.layout.count)
         await self.links.open()

@@ -346,3 +346,31 @@ def test_run_check_reads_every_shard(tmp_path: Path, sharded_dsn: str) -> None:
         assert bad.returncode == 78, bad.stdout + bad.stderr
         assert f"shard 2 ({layout.schema(2)})" in bad.stdout + bad.stderr
         assert "bide log init" in bad.stdout + bad.stderr
+
+
+def test_one_live_process_per_node_name(tmp_path: Path, sharded_dsn: str) -> None:
+    dsn = sharded_dsn
+    with workspace(tmp_path, {}) as ws:
+        a = node_config(ws, "a", dsn, lease=LEASE)
+        start(ws, a)
+        until(lambda: _loads(dsn) == {"a": SHARDS}, 30, "a to hold every shard")
+        # Another process under the same name (its own state directory) takes nothing.
+        twin = node_config(ws, "twin", dsn, lease=LEASE)
+        twin.config.write_text(twin.config.read_text().replace('node = "twin"', 'node = "a"'))
+        start(ws, twin)
+        until(lambda: "a node of this name is live" in _output(twin), 20, "the twin to wait")
+        assert "node joined" not in _output(twin)
+        assert twin.daemon is not None
+        assert twin.daemon.stop(20) == 0
+        # a killed and started again at once: it joins once its old heartbeat ran out, and
+        # takes every shard back once the old process's leases have.
+        assert a.daemon is not None
+        killed = time.time()
+        a.daemon.kill()
+        start(ws, a)
+        until(lambda: "node joined" in _output(a), 20, "a to join again")
+        assert "a node of this name is live" in _output(a)
+        until(lambda: len(_taken_since(a, killed)) == SHARDS, 30, "a to take every shard")
+        assert min(m[2] for m in _taken_since(a, killed)) - killed >= LEASE.seconds - 1.0
+        assert a.daemon.stop(30) == 0
+        assert _holders(dsn) == {}
