@@ -104,6 +104,11 @@ class SpoolDoor:
             self.metrics.spool_pruned += removed
             logfmt.info("spool pruned", files=removed)
 
+    def decisions_safe(self) -> bool:
+        """Whether decisions may be read now (a sharded node's spool asks before handing a
+        decision file to this door: :mod:`daemon.shards.spool`)."""
+        return self._decisions_safe()
+
     def _decisions_safe(self) -> bool:
         """Re-check the decisions directory before each scan; log once per change."""
         try:

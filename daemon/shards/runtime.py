@@ -40,7 +40,6 @@ shard (a shared ``pacing``, say).
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import secrets
@@ -50,6 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -67,6 +67,8 @@ from daemon.metrics import BUILD_INFO, node_active, read_process, render_process
 from daemon.shards import assign, metricspage
 from daemon.shards.links import NodeLinks
 from daemon.shards.membership import Membership, View
+from daemon.shards.spool import NodeSpool
+from daemon.spool import Spool, SpoolPermissionError
 from daemon.standby import StandbyReads
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
@@ -111,12 +113,24 @@ def node_name(cfg: Config) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", cfg.postgres.node or socket.gethostname())[:64]
 
 
+class ShardConfig(Config):
+    """One shard's config: the node's, its state (local copy of the log, snapshot, outbox)
+    in ``STATE/shards/NNN``, its spool the node's (one spool per node, each file handed to
+    its shard: :mod:`daemon.shards.spool`)."""
+
+    def __init__(self, node: Config, shard: int) -> None:
+        self.__dict__.update(node.__dict__)
+        self.state_dir = node.state_dir / "shards" / f"{shard:03d}"
+        self._node_spool = node.spool_dir
+
+    @property
+    def spool_dir(self) -> Path:
+        return self._node_spool
+
+
 def shard_config(cfg: Config, shard: int) -> Config:
-    """The config one shard's engine runs with: the node's, its state (local copy of the
-    log, snapshot, outbox) in ``STATE/shards/NNN``."""
-    scfg = copy.copy(cfg)
-    scfg.state_dir = cfg.state_dir / "shards" / f"{shard:03d}"
-    return scfg
+    """The config one shard's engine runs with (:class:`ShardConfig`)."""
+    return ShardConfig(cfg, shard)
 
 
 @dataclass
@@ -305,6 +319,7 @@ class ShardNode:
             renew_seconds=pg.renew_seconds,
         )
         self.links = NodeLinks(settings, layout, poll=pg.standby_poll_seconds)
+        self.spool = NodeSpool(Spool(cfg.spool_dir), layout.shard_of, self.supervisors)
         self.view: View | None = None
         self._view_at = float("-inf")
         #: How often a claim reads the live nodes again (the holders are the links' scan).
@@ -707,6 +722,11 @@ class ShardNode:
             return
         await self.membership.beat(0)  # counted by the others before taking anything
         logfmt.info("node joined", node=self.name, shards=self.layout.count)
+        try:
+            self.spool.spool.create(cfg.spool.agents_group, cfg.spool.approvers_group)
+        except SpoolPermissionError as exc:
+            self.membership.close()
+            raise ConfigError(str(exc)) from None
         await self.links.open()
         try:
             async with anyio.create_task_group() as edges:
@@ -721,6 +741,7 @@ class ShardNode:
                     logfmt.info("metrics listening", address=f"http://{host}:{bound}/metrics")
                 if cfg.profiles_dir is not None:
                     edges.start_soon(self._watch_profiles)
+                edges.start_soon(self.spool.watch, self._stopping)
                 edges.start_soon(self.links.news)
                 edges.start_soon(self.membership.keep, lambda: len(self._active))
                 edges.start_soon(self._planner)

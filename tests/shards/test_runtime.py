@@ -17,6 +17,7 @@ import httpx
 import psycopg
 import pytest
 
+from daemon.spool import Spool
 from eventlog.pgstore import PgSettings
 from eventlog.shards import Layout, layout_of
 from replay.events import StatusRequestIntended
@@ -25,6 +26,7 @@ from tests.e2e.harness import (
     LeaseTimes,
     Workspace,
     assert_provider_invariants,
+    drop_registration,
     until,
     workspace,
 )
@@ -176,8 +178,27 @@ def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
         until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "a and b to hold two shards each")
 
         ops = {f"op-{i}": f"job-{i}" for i in range(8)}
-        for op, job in ops.items():
-            _register([a, b], op, job)
+        layout = _layout(dsn)
+        by_name = {n.name: n for n in (a, b, c)}
+        receipts: list[tuple[Spool, str, str]] = []
+        for i, (op, job) in enumerate(ops.items()):
+            if i % 2:
+                _register([a, b], op, job)
+                continue
+            # Through the spool of the node holding the operation's shard (bide watch).
+            holder = by_name[_holders(dsn)[layout.shard_of(op)]]
+            spool = Spool(holder.state / "spool")
+            rid = drop_registration(ws, op, job, spool=spool, max_status_requests=60)
+            receipts.append((spool, rid, op))
+
+        def registered() -> bool:
+            return all(_phase(a, op) or _phase(b, op) for op in ops)
+
+        until(registered, 20, "every operation registered")
+        for spool, rid, op in receipts:  # the receipt in the node's spool, as bide watch reads
+            receipt = spool.read_receipt(rid)
+            assert receipt is not None
+            assert (receipt.status, receipt.operation_id) == ("registered", op)
 
         # A third node joins: its fair share (a=2, b=1, c=1) comes by handover from b.
         joined = time.time()
