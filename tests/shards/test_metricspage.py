@@ -95,3 +95,4 @@ def test_a_shard_keeps_its_state_under_the_nodes(tmp_path: Path) -> None:
     assert scfg.snapshot_path.parent == scfg.state_dir
     assert cfg.state_dir == (tmp_path / "state").resolve()  # the node's own is untouched
     assert scfg.profiles_dir == cfg.profiles_dir
+    assert scfg.spool_dir == cfg.spool_dir  # one spool per node, each file to its shard
