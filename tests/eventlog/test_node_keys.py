@@ -1,0 +1,320 @@
+"""Forward-secure signing under HA: nodes enrolled once from the root key, each with a key chain
+of its own; a node that takes a log over signs its takeover with its current node key, carrying
+its certificate and chain, and ``verify`` with ``verify.pub`` alone follows the log across
+takeovers. A takeover by an unenrolled key, a forged certificate, another root's node, a node
+key used twice (a kept copy of a destroyed key) or a truncated chain is damage, named.
+
+Each case runs on a file log and on a log in PostgreSQL (the node's local copy, every write
+committed to the database under the node's lease epoch, then exported and verified)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from eventlog import keys, pgstore
+from eventlog.envelope import Checkpoint, Genesis, NodeCert, Takeover, encode_record
+from eventlog.epochs import (
+    EPOCHS_DIR,
+    EpochPolicy,
+    EpochSigning,
+    epoch_key_files,
+    forget_epoch_keys,
+)
+from eventlog.errors import KeyFileError
+from eventlog.nodekeys import (
+    CERT_FILE,
+    LINKS_FILE,
+    NodeChain,
+    check_chain,
+    enroll,
+    node_key_name,
+    not_enrolled,
+)
+from eventlog.store import write_segments
+from eventlog.verify import Report, verify_log
+from eventlog.writer import LogWriter
+from tests.eventlog._logtools import (
+    KeySet,
+    StoredLine,
+    make_keys,
+    payload_for,
+    read_lines,
+    rechain,
+    write_lines,
+)
+
+EVERY_2 = EpochPolicy(every_checkpoints=2, every_seconds=0)
+
+
+def _node(ks: KeySet, state: Path, name: str) -> NodeChain:
+    """Node ``name`` enrolled with ``ks``'s root, its files copied into ``state/node``."""
+    out = state.parent / f"{name}.enrolled"
+    enroll(ks.signer(), name, out)
+    node_dir = state / "node"
+    node_dir.mkdir(mode=0o700, parents=True)
+    for path in out.iterdir():
+        (node_dir / path.name).write_bytes(path.read_bytes())
+        (node_dir / path.name).chmod(path.stat().st_mode & 0o777)
+    return NodeChain(node_dir, ks.verify_key(), name)
+
+
+def _signing(ks: KeySet, state: Path, chain: NodeChain) -> EpochSigning:
+    return EpochSigning(ks.verify_key(), state / EPOCHS_DIR, policy=EVERY_2, node=chain)
+
+
+class Log:
+    """One log written term by term by nodes, on files or in PostgreSQL."""
+
+    def __init__(self, root: Path, dsn: str | None) -> None:
+        self.root, self.dsn = root, dsn
+        self.epoch = 0
+        self.exports = 0
+
+    def term(self, ks: KeySet, state: Path, chain: NodeChain, events: int = 5) -> None:
+        """A node's term: open its copy, write its takeover, some events."""
+        self.epoch += 1
+        holder = f"{chain.node}/{100 + self.epoch}/ab"
+        log_dir = state / "log"
+
+        async def run() -> None:
+            store: pgstore.PgStore | None = None
+            if self.dsn is not None:
+                store = _pg_term(self.dsn, holder, log_dir)
+            signing = _signing(ks, state, chain)
+            try:
+                async with LogWriter(
+                    log_dir if store is not None else self.root / "log",
+                    ks.keyring(),
+                    signing,
+                    checkpoint_every=3,
+                    checkpoint_interval=3600,
+                    store=store,
+                ) as w:
+                    await w.checkpoint(Takeover(lease_epoch=self.epoch, holder=holder))
+                    for n in range(events):
+                        await w.append(payload_for(10 * self.epoch + n))
+            finally:
+                if store is not None:
+                    store.close()
+                    _release(self.dsn, holder, store)
+                # The term ends (daemon.node does the same): the node keeps no key of the log.
+                forget_epoch_keys(state / EPOCHS_DIR)
+
+        anyio.run(run)
+
+    def log_dir(self) -> Path:
+        """The log as an auditor gets it (for PostgreSQL: exported)."""
+        if self.dsn is None:
+            return self.root / "log"
+        self.exports += 1
+        out = self.root / f"export-{self.exports}"
+        with pgstore.connect(pgstore.PgSettings(self.dsn), read_only=True) as conn:
+            write_segments(pgstore.iter_all(conn), out)
+        return out
+
+
+def _release(dsn: str | None, holder: str, store: pgstore.PgStore) -> None:
+    assert dsn is not None
+    with pgstore.connect(pgstore.PgSettings(dsn)) as conn:
+        assert pgstore.release_lease(conn, holder, store._term)
+
+
+def _pg_term(dsn: str, holder: str, log_dir: Path) -> pgstore.PgStore:
+    """Take the lease as ``holder`` and give the writer the database store under that epoch,
+    after copying the log into ``log_dir`` (as a standby does)."""
+    settings = pgstore.PgSettings(dsn)
+    with pgstore.connect(settings) as conn:
+        term = pgstore.take_lease(conn, holder, 30.0)
+    assert term is not None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for seg in log_dir.glob("seg-*"):
+        seg.unlink()
+    with pgstore.connect(settings, read_only=True) as conn:
+        write_segments(pgstore.iter_all(conn), log_dir)
+    return pgstore.PgStore(settings, term)
+
+
+@pytest.fixture(params=["file", "postgres"])
+def log(request: pytest.FixtureRequest, tmp_path: Path) -> Log:
+    if request.param == "file":
+        return Log(tmp_path, None)
+    dsn = request.getfixturevalue("pg_dsn")
+    with pgstore.PgLogStore(pgstore.PgSettings(dsn)) as store:
+        store.init()
+    return Log(tmp_path, dsn)
+
+
+def _verify(log: Log, ks: KeySet) -> Report:
+    return verify_log(log.log_dir(), ks.verify_key())
+
+
+def test_two_enrolled_nodes_take_turns_and_verify_follows_both_chains(
+    log: Log, ks: KeySet, tmp_path: Path
+) -> None:
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    for state, chain in [(tmp_path / "a", a), (tmp_path / "b", b), (tmp_path / "a", a)]:
+        log.term(ks, state, chain)
+    report = _verify(log, ks)
+    assert report.damage is None, report.damage
+    assert [holder.split("/")[0] for _, _, holder in report.takeovers] == [
+        "node-a",
+        "node-b",
+        "node-a",
+    ]
+    # The genesis by node-a's key 1 (its first takeover, in the same term, by the epoch key
+    # the genesis certified); node-b's takeover by its key 1, node-a's next by its key 2.
+    assert [(node, index) for _, node, index in report.node_signed] == [
+        ("node-a", 1),
+        ("node-b", 1),
+        ("node-a", 2),
+    ]
+    # Every node key used is gone: one key file per node, the next one.
+    assert sorted(p.name for p in (tmp_path / "a" / "node").glob("*.key")) == [node_key_name(3)]
+    assert sorted(p.name for p in (tmp_path / "b" / "node").glob("*.key")) == [node_key_name(2)]
+    # Neither node keeps an epoch key of the log after its term.
+    assert epoch_key_files(tmp_path / "b" / EPOCHS_DIR, report.log_id) == []
+    assert epoch_key_files(tmp_path / "a" / EPOCHS_DIR, report.log_id) == []
+
+
+def _edit_takeover(log: Log, edit: Callable[[Checkpoint], Checkpoint], nth: int = 1) -> Path:
+    """The auditor's copy of the log with the ``nth`` takeover checkpoint replaced by
+    ``edit``'s (the records after it relinked, as an attacker would)."""
+    log_dir = log.log_dir()
+    lines = read_lines(log_dir)
+    i = [k for k, ln in enumerate(lines) if isinstance(ln.record, Checkpoint) and ln.record.holder][
+        nth
+    ]
+    rec = lines[i].record
+    assert isinstance(rec, Checkpoint)
+    lines[i] = StoredLine(lines[i].segment, encode_record(edit(rec)))
+    write_lines(log_dir, rechain(lines, i + 1))
+    return log_dir
+
+
+def _damage(log_dir: Path, ks: KeySet) -> str:
+    report = verify_log(log_dir, ks.verify_key())
+    assert report.damage is not None
+    assert report.damage.kind == "bad_signature"
+    return report.damage.detail
+
+
+@pytest.fixture
+def two_terms(log: Log, ks: KeySet, tmp_path: Path) -> tuple[NodeChain, NodeChain]:
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    log.term(ks, tmp_path / "a", a)
+    log.term(ks, tmp_path / "b", b)
+    assert _verify(log, ks).damage is None
+    return a, b
+
+
+def test_a_takeover_by_an_unenrolled_key_is_damage_naming_it(
+    log: Log, ks: KeySet, two_terms: tuple[NodeChain, NodeChain]
+) -> None:
+    detail = _damage(_edit_takeover(log, lambda cp: msgspec.structs.replace(cp, cert=None)), ks)
+    assert "never enrolled" in detail
+
+
+def test_a_forged_certificate_is_damage_naming_the_node(
+    log: Log, ks: KeySet, two_terms: tuple[NodeChain, NodeChain], tmp_path: Path
+) -> None:
+    # A certificate for a key of the forger's choosing, "signed" by reusing another one's
+    # signature: the root key is not theirs.
+    forger = keys.Signer(keys.Ed25519PrivateKey.generate())
+
+    def forge(cp: Checkpoint) -> Checkpoint:
+        assert cp.cert is not None
+        key = base64.b64encode(forger.public_bytes).decode()
+        return msgspec.structs.replace(cp, cert=msgspec.structs.replace(cp.cert, key=key))
+
+    detail = _damage(_edit_takeover(log, forge), ks)
+    assert "node 'node-b'" in detail and "forged" in detail
+
+
+def test_a_node_enrolled_by_another_root_is_damage(
+    log: Log, ks: KeySet, two_terms: tuple[NodeChain, NodeChain], tmp_path: Path
+) -> None:
+    other = make_keys(tmp_path / "other-keys")
+    enroll(other.signer(), "node-b", tmp_path / "other-b")
+    foreign = msgspec.json.decode((tmp_path / "other-b" / CERT_FILE).read_bytes(), type=NodeCert)
+    detail = _damage(
+        _edit_takeover(log, lambda cp: msgspec.structs.replace(cp, cert=foreign, links=())), ks
+    )
+    assert "another root key" in detail
+
+
+def test_a_truncated_chain_is_damage(log: Log, ks: KeySet, tmp_path: Path) -> None:
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    for state, chain in [("a", a), ("b", b), ("a", a), ("b", b), ("a", a)]:
+        log.term(ks, tmp_path / state, chain)
+    # node-a's last takeover carries the links to its keys 2 and 3: drop the first.
+    edited = _edit_takeover(log, lambda cp: msgspec.structs.replace(cp, links=cp.links[1:]), 4)
+    detail = _damage(edited, ks)
+    assert "truncated" in detail and "node-a" in detail
+
+
+def test_a_kept_copy_of_a_destroyed_node_key_is_damage(
+    log: Log, ks: KeySet, tmp_path: Path
+) -> None:
+    """A thief who copied node-a's key 2 before it signed (and was destroyed) signs a
+    takeover with it after node-a used it: the log already shows key 2's one use."""
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    log.term(ks, tmp_path / "a", a)  # the genesis: key 1
+    stolen = tmp_path / "stolen"
+    stolen.mkdir(mode=0o700)
+    for path in (tmp_path / "a" / "node").iterdir():  # key 2, the link to it
+        (stolen / path.name).write_bytes(path.read_bytes())
+        (stolen / path.name).chmod(path.stat().st_mode & 0o777)
+    log.term(ks, tmp_path / "b", b)
+    log.term(ks, tmp_path / "a", a)  # node-a signs with key 2, which is destroyed
+    thief = NodeChain(stolen, ks.verify_key(), "node-a")  # the copy of key 2
+    log.term(ks, tmp_path / "thief", thief)
+    detail = _damage(log.log_dir(), ks)
+    assert "node 'node-a''s key 2" in detail and "already signed" in detail
+
+
+def test_enrol_refuses_to_overwrite_and_the_node_refuses_another_name(
+    ks: KeySet, tmp_path: Path
+) -> None:
+    cert, key = enroll(ks.signer(), "n1", tmp_path / "out")
+    assert key.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(KeyFileError, match="refusing to overwrite"):
+        enroll(ks.signer(), "n1", tmp_path / "out")
+    assert not_enrolled(tmp_path / "out", ks.verify_key(), "n2") is not None
+    assert not_enrolled(tmp_path / "nothing", ks.verify_key(), "n1") is not None
+    assert not_enrolled(tmp_path / "out", ks.verify_key(), "n1") is None
+    c = msgspec.json.decode(cert.read_bytes(), type=NodeCert)
+    assert check_chain(ks.verify_key().raw, c, ()) != check_chain(
+        make_keys(tmp_path / "k2").verify_key().raw, c, ()
+    )
+    assert not (tmp_path / "out" / LINKS_FILE).exists()
+
+
+def test_a_node_that_crashed_mid_evolution_keeps_a_usable_chain(
+    ks: KeySet, tmp_path: Path
+) -> None:
+    """A key made but never linked (a crash before the link was written) is destroyed on
+    load; the node goes on from its last certified key."""
+    chain = _node(ks, tmp_path / "a", "node-a")
+    chain.sign(b"x")
+    node_dir = tmp_path / "a" / "node"
+    (node_dir / node_key_name(3)).write_bytes((node_dir / node_key_name(2)).read_bytes())
+    (node_dir / node_key_name(3)).chmod(0o600)
+    again = NodeChain(node_dir, ks.verify_key(), "node-a")
+    assert again.index == 2
+    assert not (node_dir / node_key_name(3)).exists()
+
+
+def test_a_genesis_made_by_a_node_needs_no_root_key(log: Log, ks: KeySet, tmp_path: Path) -> None:
+    a = _node(ks, tmp_path / "a", "node-a")
+    (ks.directory / keys.SIGNING_KEY).unlink()  # offline
+    log.term(ks, tmp_path / "a", a)
+    report = _verify(log, ks)
+    assert report.damage is None
+    genesis = read_lines(log.log_dir())[0].record
+    assert isinstance(genesis, Genesis) and genesis.cert is not None
