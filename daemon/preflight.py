@@ -24,8 +24,17 @@ import msgspec
 from daemon.config import Config, Problem, config_path, problem_of, read_config
 from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.profile import load_profiles, too_long_for_lease
-from daemon.signing import log_format, log_identity
+from daemon.signing import (
+    database_log_format,
+    enrolled_node,
+    log_format,
+    log_identity,
+    node_dir,
+    node_name,
+)
 from daemon.tomllines import dotted, line_of
+from eventlog.nodekeys import not_enrolled
+from eventlog.envelope import FORMAT_SINGLE_KEY
 from eventlog.errors import EventLogError
 from eventlog.keys import (
     SIGNING_KEY,
@@ -147,16 +156,32 @@ def _settings(cfg: Config, report: Report) -> None:
                 f"{cfg.api.socket_group!r} does not exist: only the daemon's user and root will "
                 f"be able to connect"
             )
-    if cfg.postgres is not None and cfg.log.forward_secure:
-        report.problems.append(
-            _at(
-                cfg,
-                ("log", "forward_secure"),
-                "the log is in PostgreSQL, and forward-secure epoch keys live on one host (a "
-                "standby could not continue the chain)",
-                "set [log] forward_secure = false and give every node the same keys directory",
+    if enrolled_node(cfg):
+        problem = _not_enrolled(cfg)
+        if problem is not None:
+            report.problems.append(
+                _at(
+                    cfg,
+                    ("log", "forward_secure"),
+                    f"the log is in PostgreSQL and forward-secure (the default), so this node "
+                    f"signs its takeovers with its own enrolled key: {problem}",
+                    "or set [log] forward_secure = false to sign with one signing.key on "
+                    "every node",
+                )
             )
-        )
+
+
+def _not_enrolled(cfg: Config) -> str | None:
+    """Why this node cannot sign as an enrolled node (None: it can, or the log in the
+    database is format 2 and goes on with its one key)."""
+    assert cfg.postgres is not None
+    if database_log_format(cfg) == FORMAT_SINGLE_KEY:
+        return None
+    try:
+        verify_key = load_verify_key(keys_directory(cfg.keys_dir) / VERIFY_KEY)
+    except EventLogError:
+        return None  # the keys check names it
+    return not_enrolled(node_dir(cfg), verify_key, node_name(cfg.postgres.node))
 
 
 def _group_exists(name: str) -> bool:
