@@ -33,7 +33,6 @@ from daemon.signing import (
     node_name,
 )
 from daemon.tomllines import dotted, line_of
-from eventlog.nodekeys import not_enrolled
 from eventlog.envelope import FORMAT_SINGLE_KEY
 from eventlog.errors import EventLogError
 from eventlog.keys import (
@@ -44,6 +43,7 @@ from eventlog.keys import (
     load_signer,
     load_verify_key,
 )
+from eventlog.nodekeys import not_enrolled
 
 #: How long the database and each witness may take to answer.
 REACH_SECONDS = 3.0

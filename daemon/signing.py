@@ -134,7 +134,7 @@ def database_log_format(config: Config) -> int | None:
     try:
         with PgLogStore(settings, read_only=True) as store:
             first = store.lines_after(-1, 1)
-    except Exception:  # noqa: BLE001 - any failure: the start names it where it matters
+    except Exception:
         return None
     if not first:
         return None

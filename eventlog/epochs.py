@@ -471,7 +471,8 @@ class EpochSigning(CheckpointSigning):
     ) -> Checkpoint:
         """The first checkpoint of a node's term: signed by its node key, it certifies the
         next epoch's key (made on open) and carries the node's certificate and key chain."""
-        assert self.node is not None and self._next is not None
+        assert self.node is not None
+        assert self._next is not None
         if self._before is None:
             self._before = _State(**vars(self._s))
         epoch = self._s.epoch

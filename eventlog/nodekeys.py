@@ -261,9 +261,13 @@ class NodeChain:
         try:
             cert = msgspec.json.decode((directory / CERT_FILE).read_bytes(), type=NodeCert)
         except OSError:
-            raise KeyFileError(f"node {node!r} is not enrolled: {directory / CERT_FILE} is missing; {fix}") from None
+            raise KeyFileError(
+                f"node {node!r} is not enrolled: {directory / CERT_FILE} is missing; {fix}"
+            ) from None
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise KeyFileError(f"{directory / CERT_FILE} is not a bide node certificate; {fix}") from None
+            raise KeyFileError(
+                f"{directory / CERT_FILE} is not a bide node certificate; {fix}"
+            ) from None
         if cert.node != node:
             raise KeyFileError(
                 f"{directory / CERT_FILE} enrols node {cert.node!r}, but this node is named "
@@ -281,12 +285,18 @@ class NodeChain:
             if not m:
                 continue
             name, index, signer = _read_key(path)
-            if found is None and (name, index) == (node, end.index) == (node, int(m.group(1))) and signer.public_bytes == end.key:
+            if (
+                found is None
+                and (name, index) == (node, end.index) == (node, int(m.group(1)))
+                and signer.public_bytes == end.key
+            ):
                 found = signer
             else:
                 from eventlog.epochs import destroy_key_file
 
-                destroy_key_file(path)  # an earlier key (a crash before it was destroyed), or uncertified
+                destroy_key_file(
+                    path
+                )  # an earlier key (a crash before it was destroyed), or uncertified
         if found is None:
             raise KeyFileError(
                 f"node {node!r} is at key {end.index}, but {directory / node_key_name(end.index)} "

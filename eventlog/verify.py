@@ -86,8 +86,8 @@ from eventlog.envelope import (
     record_hashes,
 )
 from eventlog.keys import VerifyKey, fingerprint
-from eventlog.nodekeys import ChainEnd, check_chain
 from eventlog.lock import holder_pid, writer_alive
+from eventlog.nodekeys import ChainEnd, check_chain
 from eventlog.position import LogPosition, mismatch
 from eventlog.segments import Line, list_segments, segment_name, split_lines
 

@@ -137,9 +137,7 @@ def test_two_enrolled_nodes_take_over_from_each_other_and_the_chain_verifies(
         assert verified.returncode == 0, verified.stdout + verified.stderr
         report = json.loads(verified.stdout)
         assert report["verdict"] == "intact"
-        assert [t["holder"].split("/")[0] for t in report["takeovers"]] == [
-            n.name for n in holders
-        ]
+        assert [t["holder"].split("/")[0] for t in report["takeovers"]] == [n.name for n in holders]
 
         # Every takeover is signed by its holder's own enrolled key (and the genesis by
         # node a's, the root key being offline): the certificate names the holder.

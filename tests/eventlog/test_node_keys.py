@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from eventlog import keys, pgstore
 from eventlog.envelope import Checkpoint, Genesis, NodeCert, Takeover, encode_record
@@ -27,6 +28,7 @@ from eventlog.epochs import (
     forget_epoch_keys,
 )
 from eventlog.errors import KeyFileError
+from eventlog.logstore import Term
 from eventlog.nodekeys import (
     CERT_FILE,
     LINKS_FILE,
@@ -83,9 +85,8 @@ class Log:
         log_dir = state / "log"
 
         async def run() -> None:
-            store: pgstore.PgStore | None = None
-            if self.dsn is not None:
-                store = _pg_term(self.dsn, holder, log_dir)
+            taken = None if self.dsn is None else _pg_term(self.dsn, holder, log_dir)
+            store = None if taken is None else taken[0]
             signing = _signing(ks, state, chain)
             try:
                 async with LogWriter(
@@ -100,9 +101,9 @@ class Log:
                     for n in range(events):
                         await w.append(payload_for(10 * self.epoch + n))
             finally:
-                if store is not None:
-                    store.close()
-                    _release(self.dsn, holder, store)
+                if taken is not None:
+                    taken[0].close()
+                    _release(self.dsn, holder, taken[1])
                 # The term ends (daemon.node does the same): the node keeps no key of the log.
                 forget_epoch_keys(state / EPOCHS_DIR)
 
@@ -119,13 +120,13 @@ class Log:
         return out
 
 
-def _release(dsn: str | None, holder: str, store: pgstore.PgStore) -> None:
+def _release(dsn: str | None, holder: str, term: Term) -> None:
     assert dsn is not None
     with pgstore.connect(pgstore.PgSettings(dsn)) as conn:
-        assert pgstore.release_lease(conn, holder, store._term)
+        assert pgstore.release_lease(conn, holder, term)
 
 
-def _pg_term(dsn: str, holder: str, log_dir: Path) -> pgstore.PgStore:
+def _pg_term(dsn: str, holder: str, log_dir: Path) -> tuple[pgstore.PgStore, Term]:
     """Take the lease as ``holder`` and give the writer the database store under that epoch,
     after copying the log into ``log_dir`` (as a standby does)."""
     settings = pgstore.PgSettings(dsn)
@@ -137,7 +138,7 @@ def _pg_term(dsn: str, holder: str, log_dir: Path) -> pgstore.PgStore:
         seg.unlink()
     with pgstore.connect(settings, read_only=True) as conn:
         write_segments(pgstore.iter_all(conn), log_dir)
-    return pgstore.PgStore(settings, term)
+    return pgstore.PgStore(settings, term), term
 
 
 @pytest.fixture(params=["file", "postgres"])
@@ -225,7 +226,7 @@ def test_a_forged_certificate_is_damage_naming_the_node(
 ) -> None:
     # A certificate for a key of the forger's choosing, "signed" by reusing another one's
     # signature: the root key is not theirs.
-    forger = keys.Signer(keys.Ed25519PrivateKey.generate())
+    forger = keys.Signer(Ed25519PrivateKey.generate())
 
     def forge(cp: Checkpoint) -> Checkpoint:
         assert cp.cert is not None
@@ -233,7 +234,8 @@ def test_a_forged_certificate_is_damage_naming_the_node(
         return msgspec.structs.replace(cp, cert=msgspec.structs.replace(cp.cert, key=key))
 
     detail = _damage(_edit_takeover(log, forge), ks)
-    assert "node 'node-b'" in detail and "forged" in detail
+    assert "node 'node-b'" in detail
+    assert "forged" in detail
 
 
 def test_a_node_enrolled_by_another_root_is_damage(
@@ -255,7 +257,8 @@ def test_a_truncated_chain_is_damage(log: Log, ks: KeySet, tmp_path: Path) -> No
     # node-a's last takeover carries the links to its keys 2 and 3: drop the first.
     edited = _edit_takeover(log, lambda cp: msgspec.structs.replace(cp, links=cp.links[1:]), 4)
     detail = _damage(edited, ks)
-    assert "truncated" in detail and "node-a" in detail
+    assert "truncated" in detail
+    assert "node-a" in detail
 
 
 def test_a_kept_copy_of_a_destroyed_node_key_is_damage(
@@ -275,7 +278,8 @@ def test_a_kept_copy_of_a_destroyed_node_key_is_damage(
     thief = NodeChain(stolen, ks.verify_key(), "node-a")  # the copy of key 2
     log.term(ks, tmp_path / "thief", thief)
     detail = _damage(log.log_dir(), ks)
-    assert "node 'node-a''s key 2" in detail and "already signed" in detail
+    assert "node 'node-a''s key 2" in detail
+    assert "already signed" in detail
 
 
 def test_enrol_refuses_to_overwrite_and_the_node_refuses_another_name(
@@ -295,9 +299,7 @@ def test_enrol_refuses_to_overwrite_and_the_node_refuses_another_name(
     assert not (tmp_path / "out" / LINKS_FILE).exists()
 
 
-def test_a_node_that_crashed_mid_evolution_keeps_a_usable_chain(
-    ks: KeySet, tmp_path: Path
-) -> None:
+def test_a_node_that_crashed_mid_evolution_keeps_a_usable_chain(ks: KeySet, tmp_path: Path) -> None:
     """A key made but never linked (a crash before the link was written) is destroyed on
     load; the node goes on from its last certified key."""
     chain = _node(ks, tmp_path / "a", "node-a")
@@ -317,4 +319,5 @@ def test_a_genesis_made_by_a_node_needs_no_root_key(log: Log, ks: KeySet, tmp_pa
     report = _verify(log, ks)
     assert report.damage is None
     genesis = read_lines(log.log_dir())[0].record
-    assert isinstance(genesis, Genesis) and genesis.cert is not None
+    assert isinstance(genesis, Genesis)
+    assert genesis.cert is not None
