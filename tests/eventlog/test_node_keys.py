@@ -321,3 +321,42 @@ def test_a_genesis_made_by_a_node_needs_no_root_key(log: Log, ks: KeySet, tmp_pa
     genesis = read_lines(log.log_dir())[0].record
     assert isinstance(genesis, Genesis)
     assert genesis.cert is not None
+
+
+def test_one_node_chain_signs_many_logs_at_once(ks: KeySet, tmp_path: Path) -> None:
+    """A node holding many shards (one log each) shares its one chain: takeovers of six logs
+    at once, their writers signing from worker threads, each use a key of their own, and every
+    log verifies."""
+    maker, taker = _node(ks, tmp_path / "m", "maker"), _node(ks, tmp_path / "t", "taker")
+    logs = [tmp_path / f"shard-{k:03d}" for k in range(6)]
+
+    async def term(chain: NodeChain, state: Path, log_dir: Path, epoch: int) -> None:
+        async with LogWriter(
+            log_dir,
+            ks.keyring(),
+            _signing(ks, state / log_dir.name, chain),
+            checkpoint_every=3,
+            checkpoint_interval=3600,
+        ) as w:
+            await w.checkpoint(Takeover(lease_epoch=epoch, holder=f"{chain.node}/1/ab"))
+            for n in range(4):
+                await w.append(payload_for(n))
+
+    async def all_at_once(chain: NodeChain, state: Path, epoch: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for log_dir in logs:
+                tg.start_soon(term, chain, state, log_dir, epoch)
+
+    anyio.run(all_at_once, maker, tmp_path / "m", 1)
+    anyio.run(all_at_once, taker, tmp_path / "t", 2)
+    used: list[int] = []
+    for log_dir in logs:
+        report = verify_log(log_dir, ks.verify_key())
+        assert report.damage is None, report.damage
+        (_, node, index), *rest = [s for s in report.node_signed if s[1] == "taker"]
+        assert (node, rest) == ("taker", [])
+        used.append(index)
+    assert sorted(used) == list(range(1, 7))
+    node_dir = tmp_path / "t" / "node"
+    assert [p.name for p in node_dir.glob("*.key")] == [node_key_name(7)]
+    assert len((node_dir / LINKS_FILE).read_text().splitlines()) == 6
