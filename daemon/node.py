@@ -81,8 +81,10 @@ def run_node(cfg: Config, build: Build) -> int:
     cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     node_lock = WriterLock(cfg.state_dir)
     node_lock.acquire()
-    if enrolled_node(cfg):
-        term_ended(cfg.state_dir)  # a term a crash ended: its epoch keys go
+    if enrolled_node(cfg) and database_log_format(cfg) != FORMAT_SINGLE_KEY:
+        # What a crash left: the epoch keys of the term it ended, a node key never certified.
+        node_chain(cfg, keys_directory(cfg.keys_dir)).reconcile()
+        term_ended(cfg.state_dir)
     try:
         anyio.run(_node, cfg, lease, build)
     finally:

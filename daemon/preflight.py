@@ -43,7 +43,7 @@ from eventlog.keys import (
     load_signer,
     load_verify_key,
 )
-from eventlog.nodekeys import not_enrolled
+from eventlog.nodekeys import MAX_LINKS, NodeChain
 
 #: How long the database and each witness may take to answer.
 REACH_SECONDS = 3.0
@@ -157,7 +157,7 @@ def _settings(cfg: Config, report: Report) -> None:
                 f"be able to connect"
             )
     if enrolled_node(cfg):
-        problem = _not_enrolled(cfg)
+        problem = _not_enrolled(cfg, report)
         if problem is not None:
             report.problems.append(
                 _at(
@@ -171,9 +171,9 @@ def _settings(cfg: Config, report: Report) -> None:
             )
 
 
-def _not_enrolled(cfg: Config) -> str | None:
+def _not_enrolled(cfg: Config, report: Report) -> str | None:
     """Why this node cannot sign as an enrolled node (None: it can, or the log in the
-    database is format 2 and goes on with its one key)."""
+    database is format 2 and goes on with its one key). What it found goes into the report."""
     assert cfg.postgres is not None
     if database_log_format(cfg) == FORMAT_SINGLE_KEY:
         return None
@@ -181,7 +181,18 @@ def _not_enrolled(cfg: Config) -> str | None:
         verify_key = load_verify_key(keys_directory(cfg.keys_dir) / VERIFY_KEY)
     except EventLogError:
         return None  # the keys check names it
-    return not_enrolled(node_dir(cfg), verify_key, node_name(cfg.postgres.node))
+    name = node_name(cfg.postgres.node)
+    try:
+        chain = NodeChain(node_dir(cfg), verify_key, name)
+    except EventLogError as exc:
+        return str(exc)
+    report.found["node"] = {"name": name, "key": chain.index, "links": len(chain.links)}
+    if len(chain.links) >= MAX_LINKS * 3 // 4:
+        report.warnings.append(
+            f"node {name} has used {len(chain.links)} of its {MAX_LINKS} node keys since it "
+            f"was enrolled; enrol it again (bide node enroll) before it runs out"
+        )
+    return None
 
 
 def _group_exists(name: str) -> bool:
@@ -262,9 +273,16 @@ def _keys(cfg: Config, report: Report) -> None:
         ("data key", lambda: load_keyring(keys_dir)),
         ("verify key", lambda: load_verify_key(keys_dir / VERIFY_KEY)),
     ]
-    if (keys_dir / SIGNING_KEY).exists() or fmt is None or not cfg.log.forward_secure:
+    enrolled = enrolled_node(cfg)
+    if (
+        (keys_dir / SIGNING_KEY).exists()
+        or (fmt is None and not enrolled)
+        or not cfg.log.forward_secure
+    ):
         # a new log is certified by the root key once; a single-key log signs with it
         checks.append(("signing key", lambda: load_signer(keys_dir)))
+    elif enrolled:
+        found["signing_key"] = "offline (an enrolled node signs with its own node key)"
     else:
         found["signing_key"] = "offline (the log exists and signs with its epoch keys)"
     key = ("paths", "keys_dir") if cfg.keys_dir is not None else ("paths",)
@@ -278,7 +296,13 @@ def _keys(cfg: Config, report: Report) -> None:
             found["data_keys"] = len(loaded.keys)
         elif what == "signing key":
             found["signing_key"] = "ok"
-            if fmt is not None and cfg.log.forward_secure:
+            if enrolled:
+                report.warnings.append(
+                    f"the root signing key {keys_dir / SIGNING_KEY} is readable on this node: "
+                    f"an enrolled node never needs it (only `bide node enroll` does): move it "
+                    f"offline (keep verify.pub)"
+                )
+            elif fmt is not None and cfg.log.forward_secure:
                 report.warnings.append(
                     f"the root signing key {keys_dir / SIGNING_KEY} is readable on this host, "
                     f"and the log exists: move it offline (keep verify.pub)"
@@ -426,6 +450,12 @@ def render(report: Report) -> str:
             out.append("keys       from $CREDENTIALS_DIRECTORY at start (not checked here)")
         else:
             out.append(f"keys       {k['dir']}: {', '.join(parts) or 'none loaded'}")
+    if "node" in f:
+        n = f["node"]
+        out.append(
+            f"node       {n['name']}: enrolled, at node key {n['key']} ({n['links']} used "
+            f"since enrolment)"
+        )
     if "store" in f:
         s = f["store"]
         if s["kind"] == "files":

@@ -155,7 +155,13 @@ def term_ended(state_dir: Path) -> int:
 
 def open_signing(config: Config, keys_dir: Path) -> LogSigning:
     """The signing of the daemon's one log (see :func:`open_log_signing`)."""
-    node = node_chain(config, keys_dir) if enrolled_node(config) else None
+    node = None
+    if enrolled_node(config):
+        fmt = log_format(config.log_dir)
+        if fmt is None:
+            fmt = database_log_format(config)
+        if fmt != FORMAT_SINGLE_KEY:  # a format-2 log goes on with its one key
+            node = node_chain(config, keys_dir)
     return open_log_signing(
         config, keys_dir, state_dir=config.state_dir, log_dir=config.log_dir, node=node
     )

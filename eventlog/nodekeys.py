@@ -253,6 +253,7 @@ class NodeChain:
     writes: :meth:`sign` is thread-safe (shard writers sign from worker threads)."""
 
     def __init__(self, directory: Path, verify_key: VerifyKey, node: str) -> None:
+        """Load and check the chain (read only: see :meth:`reconcile`)."""
         self.directory = directory
         fix = (
             f"enrol it where signing.key is: bide node enroll --name {node} --out DIR, then "
@@ -280,23 +281,11 @@ class NodeChain:
         self.cert, self.node, self.index = cert, node, end.index
         self._t_us = end.t_us
         found: Signer | None = None
-        for path in sorted(directory.iterdir()):
-            m = _KEY_RE.match(path.name)
-            if not m:
-                continue
-            name, index, signer = _read_key(path)
-            if (
-                found is None
-                and (name, index) == (node, end.index) == (node, int(m.group(1)))
-                and signer.public_bytes == end.key
-            ):
+        current = directory / node_key_name(end.index)
+        if current.exists():
+            name, index, signer = _read_key(current)
+            if (name, index) == (node, end.index) and signer.public_bytes == end.key:
                 found = signer
-            else:
-                from eventlog.epochs import destroy_key_file
-
-                destroy_key_file(
-                    path
-                )  # an earlier key (a crash before it was destroyed), or uncertified
         if found is None:
             raise KeyFileError(
                 f"node {node!r} is at key {end.index}, but {directory / node_key_name(end.index)} "
@@ -307,6 +296,22 @@ class NodeChain:
         self._lock = threading.Lock()
         #: Node keys used (for tests and the log): how many records this process signed.
         self.signed = 0
+
+    def reconcile(self) -> int:
+        """Destroy every node key file but the current one: an earlier key a crash left before
+        it was destroyed, or a next key made and never certified. Only the node that signs
+        calls it (``bide run``, holding the state directory's lock): a reader running beside
+        it could see the next key before its link is written. Returns how many went."""
+        from eventlog.epochs import destroy_key_file
+
+        with self._lock:
+            n = 0
+            for path in sorted(self.directory.iterdir()):
+                m = _KEY_RE.match(path.name)
+                if m and int(m.group(1)) != self.index:
+                    destroy_key_file(path)
+                    n += 1
+            return n
 
     def _read_links(self) -> list[NodeLink]:
         path = self.directory / LINKS_FILE

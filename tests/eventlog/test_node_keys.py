@@ -300,8 +300,9 @@ def test_enrol_refuses_to_overwrite_and_the_node_refuses_another_name(
 
 
 def test_a_node_that_crashed_mid_evolution_keeps_a_usable_chain(ks: KeySet, tmp_path: Path) -> None:
-    """A key made but never linked (a crash before the link was written) is destroyed on
-    load; the node goes on from its last certified key."""
+    """A key made but never linked (a crash before the link was written) is left alone by a
+    reader and destroyed when the node itself reconciles at start; the node goes on from its
+    last certified key."""
     chain = _node(ks, tmp_path / "a", "node-a")
     chain.sign(b"x")
     node_dir = tmp_path / "a" / "node"
@@ -309,7 +310,12 @@ def test_a_node_that_crashed_mid_evolution_keeps_a_usable_chain(ks: KeySet, tmp_
     (node_dir / node_key_name(3)).chmod(0o600)
     again = NodeChain(node_dir, ks.verify_key(), "node-a")
     assert again.index == 2
+    assert (node_dir / node_key_name(3)).exists()
+    assert again.reconcile() == 1
     assert not (node_dir / node_key_name(3)).exists()
+    _, _, links = again.sign(b"y")
+    assert len(links) == 1
+    assert NodeChain(node_dir, ks.verify_key(), "node-a").index == 3
 
 
 def test_a_genesis_made_by_a_node_needs_no_root_key(log: Log, ks: KeySet, tmp_path: Path) -> None:
