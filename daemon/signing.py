@@ -30,8 +30,10 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -43,6 +45,9 @@ from eventlog.errors import KeyFileError
 from eventlog.heads import HEADS_FILE, HeadStore
 from eventlog.keys import SIGNING_KEY, VERIFY_KEY, Signer, load_signer, load_verify_key
 from eventlog.nodekeys import NODE_DIR, NodeChain
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
 from eventlog.segments import genesis_bytes
 
 
@@ -122,13 +127,14 @@ def node_chain(config: Config, keys_dir: Path) -> NodeChain:
         return chain
 
 
-def database_log_format(config: Config) -> int | None:
-    """The format of the log in the database (its genesis record); None when it has none
-    yet, or the database does not answer (``bide run`` then names the failure itself)."""
+def database_log_format(config: Config, settings: PgSettings | None = None) -> int | None:
+    """The format of the log in the database (its genesis record; ``settings``, default the
+    config's); None when it has none yet, or the database does not answer (``bide run`` then
+    names the failure itself)."""
     from daemon.pgconfig import config_settings
     from eventlog.pgstore import PgLogStore
 
-    settings = config_settings(config)
+    settings = settings or config_settings(config)
     if settings is None:
         return None
     try:
@@ -145,6 +151,29 @@ def database_log_format(config: Config) -> int | None:
     return rec.format if isinstance(rec, Genesis) else None
 
 
+def _settings(config: Config) -> PgSettings:
+    from daemon.pgconfig import config_settings
+
+    settings = config_settings(config)
+    assert settings is not None
+    return settings
+
+
+def database_tail_epochs(settings: PgSettings) -> Callable[[int], list[tuple[int, int]]]:
+    """(seq, lease epoch) of the records after a given one, read from the log in the
+    database (``settings``' search path: a shard's schema for a shard)."""
+    from eventlog.pgstore import connect
+
+    def read(after: int) -> list[tuple[int, int]]:
+        with connect(settings, read_only=True) as conn:
+            rows = conn.execute(
+                "SELECT seq, epoch FROM bide_records WHERE seq > %s ORDER BY seq", (after,)
+            ).fetchall()
+        return [(int(seq), int(epoch)) for seq, epoch in rows]
+
+    return read
+
+
 def term_ended(state_dir: Path) -> int:
     """An enrolled node's term on the log kept in ``state_dir`` ended (handed over, fenced,
     or the process starting after a crash): destroy its epoch keys of that log. Its next term
@@ -155,16 +184,24 @@ def term_ended(state_dir: Path) -> int:
 
 def open_signing(config: Config, keys_dir: Path) -> LogSigning:
     """The signing of the daemon's one log (see :func:`open_log_signing`)."""
-    node = None
-    if enrolled_node(config):
-        fmt = log_format(config.log_dir)
-        if fmt is None:
-            fmt = database_log_format(config)
-        if fmt != FORMAT_SINGLE_KEY:  # a format-2 log goes on with its one key
-            node = node_chain(config, keys_dir)
+    node = log_node(config, keys_dir, config.log_dir)
     return open_log_signing(
         config, keys_dir, state_dir=config.state_dir, log_dir=config.log_dir, node=node
     )
+
+
+def log_node(
+    config: Config, keys_dir: Path, log_dir: Path, settings: PgSettings | None = None
+) -> NodeChain | None:
+    """The node chain that signs the term starts of the log whose copy is ``log_dir`` (in the
+    database ``settings``, default the config's): the process's one chain for an enrolled
+    node, None with ``forward_secure = false`` or for a log made in format 2 (its one key)."""
+    if not enrolled_node(config):
+        return None
+    fmt = log_format(log_dir)
+    if fmt is None:
+        fmt = database_log_format(config, settings)
+    return None if fmt == FORMAT_SINGLE_KEY else node_chain(config, keys_dir)
 
 
 def open_log_signing(
@@ -174,10 +211,13 @@ def open_log_signing(
     state_dir: Path,
     log_dir: Path,
     node: NodeChain | None,
+    settings: PgSettings | None = None,
 ) -> LogSigning:
     """The signing of the log whose local copy is ``log_dir``, its heads and epoch keys in
     ``state_dir`` (a shard's own directory, for a node holding many): forward-secure, signed
-    at each term's start by ``node`` when given, or with the one key of a format-2 log."""
+    at each term's start by ``node`` when given, or with the one key of a format-2 log.
+    ``settings``: the log's database (a shard's, from ``Layout.settings``); default the
+    config's."""
     heads = HeadStore(state_dir / HEADS_FILE)
     root = load_signer(keys_dir) if (keys_dir / SIGNING_KEY).exists() else None
     fmt = log_format(log_dir)
@@ -199,6 +239,9 @@ def open_log_signing(
         policy=policy,
         root=root,
         node=node,
+        tail_epochs=database_tail_epochs(settings or _settings(config))
+        if node is not None
+        else None,
     )
     out = LogSigning(signing, heads)
     if root is not None and node is not None:

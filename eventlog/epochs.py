@@ -43,6 +43,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,7 +67,7 @@ from eventlog.envelope import (
     genesis_message_v3,
     takeover_fields,
 )
-from eventlog.errors import KeyFileError
+from eventlog.errors import DamagedLogError, KeyFileError
 from eventlog.fsync import fsync_dir
 from eventlog.keys import KEY_BYTES, Signer, VerifyKey
 from eventlog.position import LogPosition
@@ -229,6 +230,7 @@ class EpochSigning(CheckpointSigning):
         policy: EpochPolicy | None = None,
         root: Signer | None = None,
         node: NodeChain | None = None,
+        tail_epochs: Callable[[int], list[tuple[int, int]]] | None = None,
     ) -> None:
         self.verify_key = verify_key
         self.key_dir = key_dir
@@ -241,6 +243,9 @@ class EpochSigning(CheckpointSigning):
         #: node key certifies it (its takeover); None otherwise.
         self._next: tuple[Signer, Path] | None = None
         self._pending_key = ""  # the log's current epoch key (public) while _next waits
+        #: (seq, lease epoch it was committed under) of the records after a given one, from
+        #: the database: a node checks the tail it is about to sign over (see opened()).
+        self.tail_epochs = tail_epochs
         self._next_taken: tuple[Signer, Path] | None = None  # _next, until its write is durable
         self._legacy: SingleKey | None = None
         self._log_id = ""
@@ -434,6 +439,7 @@ class EpochSigning(CheckpointSigning):
         """A node opens the log to take it over: the next epoch's key is made now, certified by
         the first checkpoint (signed with the node key). The current epoch's key, if this host
         still has it, only checks the seals of the tail and is destroyed with the takeover."""
+        self._check_tail(report)
         held = None
         for epoch, path in epoch_key_files(self.key_dir, report.log_id):
             log, file_epoch, signer = read_epoch_key(path)
@@ -458,6 +464,26 @@ class EpochSigning(CheckpointSigning):
             report.epoch_checkpoints,
             report.epoch_cert_seq,
         )
+
+    def _check_tail(self, report: Report) -> None:
+        """Refuse to sign over records after the last checkpoint that were not committed under
+        the lease epoch of the last signed takeover. This node cannot check their seals (the
+        MAC key is the previous holder's epoch key, on its host), but only the node holding
+        that epoch could write in it; records under an epoch no signed takeover names were
+        written by something else holding the nodes' database role."""
+        if self.tail_epochs is None:
+            return
+        after = report.last_checkpoint_seq or 0
+        foreign = [(seq, e) for seq, e in self.tail_epochs(after) if e != report.lease_epoch]
+        if foreign:
+            first, epoch = foreign[0]
+            raise DamagedLogError(
+                f"log {report.log_id}: record {first} (after the last checkpoint, {after}) was "
+                f"committed under lease epoch {epoch}, which no signed takeover record names "
+                f"(the last names epoch {report.lease_epoch}): it was written by something "
+                f"other than the bide node holding the log, with the nodes' database role. "
+                f"Refusing to sign over it; inspect the log with `bide verify --dsn`"
+            )
 
     def _node_checkpoint(
         self,

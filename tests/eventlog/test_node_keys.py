@@ -18,8 +18,19 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from daemon.signing import database_tail_epochs
 from eventlog import keys, pgstore
-from eventlog.envelope import Checkpoint, Genesis, NodeCert, Takeover, encode_record
+from eventlog.envelope import (
+    Checkpoint,
+    EventRecord,
+    Genesis,
+    NodeCert,
+    Seal,
+    Takeover,
+    associated_data,
+    encode_record,
+    record_hash,
+)
 from eventlog.epochs import (
     EPOCHS_DIR,
     EpochPolicy,
@@ -27,7 +38,7 @@ from eventlog.epochs import (
     epoch_key_files,
     forget_epoch_keys,
 )
-from eventlog.errors import KeyFileError
+from eventlog.errors import DamagedLogError, KeyFileError
 from eventlog.logstore import Term
 from eventlog.nodekeys import (
     CERT_FILE,
@@ -38,6 +49,8 @@ from eventlog.nodekeys import (
     node_key_name,
     not_enrolled,
 )
+from eventlog.seal import Sealer
+from eventlog.store import StoredLine as DbLine
 from eventlog.store import write_segments
 from eventlog.verify import Report, verify_log
 from eventlog.writer import LogWriter
@@ -88,6 +101,8 @@ class Log:
             taken = None if self.dsn is None else _pg_term(self.dsn, holder, log_dir)
             store = None if taken is None else taken[0]
             signing = _signing(ks, state, chain)
+            if self.dsn is not None:  # as daemon.signing gives it to a node
+                signing.tail_epochs = database_tail_epochs(pgstore.PgSettings(self.dsn))
             try:
                 async with LogWriter(
                     log_dir if store is not None else self.root / "log",
@@ -366,3 +381,47 @@ def test_one_node_chain_signs_many_logs_at_once(ks: KeySet, tmp_path: Path) -> N
     node_dir = tmp_path / "t" / "node"
     assert [p.name for p in node_dir.glob("*.key")] == [node_key_name(7)]
     assert len((node_dir / LINKS_FILE).read_text().splitlines()) == 6
+
+
+def test_a_node_refuses_to_sign_over_records_written_in_an_epoch_no_takeover_names(
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
+    """Whoever holds the nodes' database role and the data key takes a lease of its own and
+    appends an event with a seal it cannot make. A node taking over cannot check that seal
+    (its MAC key is the previous holder's epoch key), but the record's epoch is named by no
+    signed takeover: the node refuses to sign over it, naming the record and the epoch."""
+    with pgstore.PgLogStore(pgstore.PgSettings(pg_dsn)) as store:
+        store.init()
+    log = Log(tmp_path, pg_dsn)
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    log.term(ks, tmp_path / "a", a)
+    settings = pgstore.PgSettings(pg_dsn)
+    with pgstore.connect(settings) as conn:
+        term = pgstore.take_lease(conn, "mallory/1/ab", 30.0)
+        last = list(pgstore.iter_all(conn))[-1]
+    assert term is not None
+    log_id = read_lines(log.log_dir())[0].record.log
+    keyring = ks.keyring()
+    seq, prev, kid = last.seq + 1, last.hash, keyring.active
+    nonce, ct = Sealer(keyring.get(kid)).seal(
+        payload_for(99), associated_data(log_id, seq, prev, kid)
+    )
+    event = encode_record(EventRecord(seq, prev, log_id, kid, nonce, ct))
+    seal = encode_record(Seal(seq + 1, record_hash(event), log_id, "A" * 43 + "="))
+    offset = last.offset + len(last.data) + 1
+    writer = pgstore.PgStore(settings, term)
+    writer.commit(
+        [
+            DbLine(seq, last.segment, offset, event),
+            DbLine(seq + 1, last.segment, offset + len(event) + 1, seal),
+        ],
+        prev,
+    )
+    writer.close()
+    with pgstore.connect(settings) as conn:
+        assert pgstore.release_lease(conn, "mallory/1/ab", term)
+    log.epoch += 1  # mallory's
+    with pytest.raises(
+        DamagedLogError, match=f"record {seq} .* lease epoch {term.epoch}, which no"
+    ):
+        log.term(ks, tmp_path / "b", b)
