@@ -115,6 +115,12 @@ class ChainEnd:
     t_us: int  # when that key was certified (the certificate's not-before for key 1)
 
 
+#: Links already verified in this process, by (certifying key, signature): every record a node
+#: signs repeats its chain, and a log verified from its start would check each link again.
+_verified_links: dict[tuple[bytes, str], tuple[int, str, int]] = {}
+_VERIFIED_LINKS_MAX = 200_000
+
+
 def check_chain(
     root_key: bytes, cert: NodeCert | None, links: tuple[NodeLink, ...]
 ) -> ChainEnd | str:
@@ -143,6 +149,14 @@ def check_chain(
     if len(links) > MAX_LINKS:
         return f"node {cert.node!r}'s key chain is longer than {MAX_LINKS} links"
     for link in links:
+        known = _verified_links.get((key, link.sig))
+        if (
+            known is not None
+            and known == (link.index, link.key, link.t_us)
+            and link.index == index + 1
+        ):
+            index, key, t_us = link.index, _raw_key(link.key) or b"", link.t_us
+            continue
         nxt = _raw_key(link.key)
         if link.index != index + 1:
             return (
@@ -158,6 +172,9 @@ def check_chain(
                 f"node {cert.node!r}'s key {link.index} is not certified by its key {index}: "
                 f"the link was forged or altered"
             )
+        if len(_verified_links) >= _VERIFIED_LINKS_MAX:
+            _verified_links.clear()
+        _verified_links[(key, link.sig)] = (link.index, link.key, link.t_us)
         index, key, t_us = link.index, nxt, link.t_us
     return ChainEnd(cert.node, index, key, t_us)
 
