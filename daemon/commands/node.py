@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> None:
         help="enrol a node (forward-secure signing with the log in PostgreSQL)",
         description="Nodes sharing a log in PostgreSQL each sign with a key chain of their own, "
         "certified once from the root key.",
+        epilog="example:\n  bide node enroll --name db-node-2 --keys-dir /root/bide-keys "
+        "--out ./db-node-2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub2 = node.add_subparsers(dest="node_command", metavar="SUBCOMMAND", required=True)
     p = sub2.add_parser(
