@@ -384,7 +384,7 @@ class EpochSigning(CheckpointSigning):
         )
 
     def opened(self, log_dir: Path, report: Report) -> None:
-        self._before, self._destroy, self._next = None, [], None
+        self._before, self._destroy, self._next, self._next_taken = None, [], None, None
         self._log_id = report.log_id
         if report.format == FORMAT_SINGLE_KEY:
             if self._root is None:

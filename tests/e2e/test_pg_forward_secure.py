@@ -140,6 +140,9 @@ def test_two_enrolled_nodes_take_over_from_each_other_and_the_chain_verifies(
         assert report["verdict"] == "intact"
         assert [t["holder"].split("/")[0] for t in report["takeovers"]] == [n.name for n in holders]
 
+        replayed = _bide(ws, "replay", "--check", "--config", a.config)
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
         # Every takeover is signed by its holder's own enrolled key (and the genesis by
         # node a's, the root key being offline): the certificate names the holder.
         lines = read_lines(exported(pg_dsn, ws, "fs"))
