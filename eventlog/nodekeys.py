@@ -62,7 +62,7 @@ from eventlog.keys import KEY_BYTES, Signer, VerifyKey, fingerprint
 NODE_DIR = "node"
 CERT_FILE = "node.cert"
 LINKS_FILE = "links.jsonl"
-MAX_LINKS = 20_000
+MAX_LINKS = 4096
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _KEY_RE = re.compile(r"^node-key-(\d{8,})\.key$")
 

@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from daemon.signing import database_tail_epochs
-from eventlog import keys, pgstore
+from eventlog import headchain, keys, pgstore
 from eventlog.envelope import (
     Checkpoint,
     EventRecord,
@@ -425,3 +425,20 @@ def test_a_node_refuses_to_sign_over_records_written_in_an_epoch_no_takeover_nam
         DamagedLogError, match=f"record {seq} .* lease epoch {term.epoch}, which no"
     ):
         log.term(ks, tmp_path / "b", b)
+
+
+def test_a_witness_follows_the_node_signed_chain_to_the_head(
+    log: Log, ks: KeySet, tmp_path: Path
+) -> None:
+    """A head checked on its own (eventlog.headchain, as a witness does): the genesis and the
+    key-certifying checkpoints, node-signed ones included, lead from verify.pub to it."""
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    for state, chain in [("a", a), ("b", b), ("a", a)]:
+        log.term(ks, tmp_path / state, chain)
+    log_dir = log.log_dir()
+    report = verify_log(log_dir, ks.verify_key())
+    state = headchain.through(
+        ks.verify_key().raw, headchain.log_proof(log_dir, report.head_seq + 1), report.head_seq + 1
+    )
+    assert (state.epoch, state.epoch_key) == (report.epoch, report.epoch_key)
+    assert state.lease_epoch == 3
