@@ -64,6 +64,8 @@ class Report:
     found: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: This node signs as an enrolled node (PostgreSQL, forward-secure, not a format-2 log).
+    enrolled_node: bool = field(default=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -175,8 +177,12 @@ def _not_enrolled(cfg: Config, report: Report) -> str | None:
     """Why this node cannot sign as an enrolled node (None: it can, or the log in the
     database is format 2 and goes on with its one key). What it found goes into the report."""
     assert cfg.postgres is not None
-    if database_log_format(cfg) == FORMAT_SINGLE_KEY:
+    if (
+        database_log_format(cfg) == FORMAT_SINGLE_KEY
+        or log_format(cfg.log_dir) == FORMAT_SINGLE_KEY
+    ):
         return None
+    report.enrolled_node = True
     try:
         verify_key = load_verify_key(keys_directory(cfg.keys_dir) / VERIFY_KEY)
     except EventLogError:
@@ -273,7 +279,7 @@ def _keys(cfg: Config, report: Report) -> None:
         ("data key", lambda: load_keyring(keys_dir)),
         ("verify key", lambda: load_verify_key(keys_dir / VERIFY_KEY)),
     ]
-    enrolled = enrolled_node(cfg)
+    enrolled = report.enrolled_node
     if (
         (keys_dir / SIGNING_KEY).exists()
         or (fmt is None and not enrolled)

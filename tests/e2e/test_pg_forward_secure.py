@@ -167,3 +167,35 @@ def test_two_enrolled_nodes_take_over_from_each_other_and_the_chain_verifies(
             epochs_dir = n.state / EPOCHS_DIR
             assert not epochs_dir.exists() or list(epochs_dir.iterdir()) == []
         offline.rename(root)
+
+
+def test_a_format_2_log_goes_on_with_its_one_key_under_the_new_default(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A log made in PostgreSQL before enrolment existed (format 2, ``forward_secure =
+    false``) keeps working when the config drops that line: no enrolment asked, the one
+    signing key signs the next node's takeover, and the chain verifies."""
+    with workspace(tmp_path, jobs=JOBS) as ws:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        init_log(pg_dsn)
+        old = node_config(ws, "old", pg_dsn)  # the harness's format-2 node
+        start(ws, old)
+        wait_active([old])
+        assert old.daemon is not None
+        assert old.daemon.stop() == 0
+        new = _forward_secure_node(ws, "new", pg_dsn)
+        check = _bide(ws, "run", "--check", "--config", new.config)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "enroll" not in check.stdout + check.stderr
+        start(ws, new)
+        wait_active([new])
+        assert new.daemon is not None
+        assert new.daemon.stop() == 0
+        verified = _bide(
+            ws, "verify", "--dsn", pg_dsn, "--json", "--verify-key", ws.root / "keys" / "verify.pub"
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        report = json.loads(verified.stdout)
+        assert report["format"] == 2
+        assert [t["holder"].split("/")[0] for t in report["takeovers"]] == ["old", "new"]
+        assert not (new.state / NODE_DIR).exists()
