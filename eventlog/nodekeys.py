@@ -13,8 +13,8 @@ another host, perhaps a dead one. So each node has a key chain of its own:
                 already decides which logs exist; the certificate only says which nodes may
                 continue them.
     use         a node signs with its current node key two kinds of record only: the genesis
-                of a log it creates, and the checkpoint that starts its term on a log (the
-                takeover). Both carry the certificate and the links from key 1 to the signing
+                of a log it creates, and the first checkpoint of its term on a log it opens
+                (the takeover). Both carry the certificate and the links from key 1 to the signing
                 key, and certify the log's next *epoch* key, made on this node; the log's chain
                 then goes on exactly as on one host (epoch keys evolve and are destroyed).
     evolution   each node key signs one such record: right after, the node makes key ``k+1``,
@@ -24,7 +24,8 @@ another host, perhaps a dead one. So each node has a key chain of its own:
 ``bide verify`` with ``verify.pub`` alone checks a node-signed record: the certificate under
 the root key, every link under the key before it, the record under the last key; and that a
 node never signs with a key index at or below one the log already saw it use (a destroyed key
-used again). See eventlog/AUDIT.md for what a thief of a node's current key can do.
+used again; a node enrolled again starts a new chain, told apart by its certificate's key).
+See eventlog/AUDIT.md for what a thief of a node's current key can do.
 
 Bound: a record carries one link per record the node signed with a node key since enrolment
 (about 200 bytes each); :data:`MAX_LINKS` caps it, after which the node refuses to take a log
@@ -34,7 +35,7 @@ Files, in ``<state_dir>/node/`` (0700), copied there from ``bide node enroll --o
     node.cert                 the certificate (JSON; not secret)
     links.jsonl               the links made since enrolment, one JSON line each (not secret)
     node-key-<k>.key          the current node key {"node", "index", "seed"}, 0600; one file
-                              in the steady state (the load reconciles after a crash)
+                              in the steady state (the running node reconciles after a crash)
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class ChainEnd:
     index: int
     key: bytes
     t_us: int  # when that key was certified (the certificate's not-before for key 1)
+    enrolled: str  # the certificate's key (base64): one enrolment of the node
 
 
 #: Links already verified in this process, by (certifying key, signature): every record a node
@@ -176,7 +178,7 @@ def check_chain(
             _verified_links.clear()
         _verified_links[(key, link.sig)] = (link.index, link.key, link.t_us)
         index, key, t_us = link.index, nxt, link.t_us
-    return ChainEnd(cert.node, index, key, t_us)
+    return ChainEnd(cert.node, index, key, t_us, cert.key)
 
 
 # -- enrolment (where the root key is) --------------------------------------------------------

@@ -190,9 +190,10 @@ class Report:
     #: PostgreSQL), in order; each takes a higher lease epoch than the one before.
     takeovers: list[tuple[int, int, str]] = field(default_factory=list)
     lease_epoch: int = 0  # the last takeover's (kept across a resume, unlike ``takeovers``)
-    #: (seq, node, node key index) of every record signed by an enrolled node's key (the
-    #: genesis of a log a node made, its takeover checkpoints: ``eventlog.nodekeys``).
-    node_signed: list[tuple[int, str, int]] = field(default_factory=list)
+    #: (seq, node, node key index, enrolled key) of every record signed by an enrolled node's
+    #: key (the genesis of a log a node made, its takeover checkpoints: ``eventlog.nodekeys``);
+    #: the enrolled key tells a node enrolled again (a new chain, from key 1) from the old one.
+    node_signed: list[tuple[int, str, int, str]] = field(default_factory=list)
     #: Where the chain began when the log's first segments are archived (None: record 0).
     started_at: ChainStart | None = None
     segment_base: int = 0  # segments archived before the directory's first kept one
@@ -720,7 +721,8 @@ def _adopt_genesis(report: Report, genesis: Genesis) -> None:
         report.epoch, report.epoch_key = 1, genesis.epoch_key
         report.epoch_t_us = genesis.t_us
         if genesis.cert is not None:
-            report.node_signed.append((0, genesis.cert.node, 1 + len(genesis.links)))
+            cert = genesis.cert
+            report.node_signed.append((0, cert.node, 1 + len(genesis.links), cert.key))
 
 
 def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
@@ -758,7 +760,7 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
         report.takeovers.append((cp.seq, cp.lease_epoch, cp.holder))
         report.lease_epoch = cp.lease_epoch
     if cp.cert is not None:
-        report.node_signed.append((cp.seq, cp.cert.node, 1 + len(cp.links)))
+        report.node_signed.append((cp.seq, cp.cert.node, 1 + len(cp.links), cp.cert.key))
     if report.format == FORMAT_SINGLE_KEY:
         return
     if cp.next_key:
@@ -822,8 +824,8 @@ def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
 
 def _node_use_problem(report: Report, end: ChainEnd, what: str) -> str | None:
     """A node key used again: each signs one record, then is destroyed (eventlog.nodekeys)."""
-    for seq, node, index in reversed(report.node_signed):
-        if node == end.node and index >= end.index:
+    for seq, node, index, enrolled in reversed(report.node_signed):
+        if (node, enrolled) == (end.node, end.enrolled) and index >= end.index:
             return (
                 f"{what} is signed by node {end.node!r}'s key {end.index}, but record {seq} "
                 f"was already signed by its key {index}: a node key signs once and is then "

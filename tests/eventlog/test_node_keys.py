@@ -185,7 +185,7 @@ def test_two_enrolled_nodes_take_turns_and_verify_follows_both_chains(
     ]
     # The genesis by node-a's key 1 (its first takeover, in the same term, by the epoch key
     # the genesis certified); node-b's takeover by its key 1, node-a's next by its key 2.
-    assert [(node, index) for _, node, index in report.node_signed] == [
+    assert [(node, index) for _, node, index, _ in report.node_signed] == [
         ("node-a", 1),
         ("node-b", 1),
         ("node-a", 2),
@@ -374,7 +374,7 @@ def test_one_node_chain_signs_many_logs_at_once(ks: KeySet, tmp_path: Path) -> N
     for log_dir in logs:
         report = verify_log(log_dir, ks.verify_key())
         assert report.damage is None, report.damage
-        (_, node, index), *rest = [s for s in report.node_signed if s[1] == "taker"]
+        (_, node, index, _), *rest = [s for s in report.node_signed if s[1] == "taker"]
         assert (node, rest) == ("taker", [])
         used.append(index)
     assert sorted(used) == list(range(1, 7))
@@ -442,3 +442,16 @@ def test_a_witness_follows_the_node_signed_chain_to_the_head(
     )
     assert (state.epoch, state.epoch_key) == (report.epoch, report.epoch_key)
     assert state.lease_epoch == 3
+
+
+def test_a_node_enrolled_again_starts_a_new_chain_that_verifies(ks: KeySet, tmp_path: Path) -> None:
+    """Re-enrolment (a fresh key 1, say after the chain's cap) is not a reused key."""
+    log = Log(tmp_path, None)
+    a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
+    for state, chain in [("a", a), ("b", b), ("a", a), ("b", b)]:
+        log.term(ks, tmp_path / state, chain)
+    again = _node(ks, tmp_path / "a2", "node-a")  # key 1 of a new enrolment
+    log.term(ks, tmp_path / "a2", again)
+    report = _verify(log, ks)
+    assert report.damage is None, report.damage
+    assert [(n, i) for _, n, i, _ in report.node_signed][-1] == ("node-a", 1)
