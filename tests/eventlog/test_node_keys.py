@@ -69,7 +69,7 @@ EVERY_2 = EpochPolicy(every_checkpoints=2, every_seconds=0)
 
 def _node(ks: KeySet, state: Path, name: str) -> NodeChain:
     """Node ``name`` enrolled with ``ks``'s root, its files copied into ``state/node``."""
-    out = state.parent / f"{name}.enrolled"
+    out = state.parent / f"{state.name}-{name}.enrolled"
     enroll(ks.signer(), name, out)
     node_dir = state / "node"
     node_dir.mkdir(mode=0o700, parents=True)
