@@ -433,15 +433,14 @@ def test_a_witness_follows_the_node_signed_chain_to_the_head(
     """A head checked on its own (eventlog.headchain, as a witness does): the genesis and the
     key-certifying checkpoints, node-signed ones included, lead from verify.pub to it."""
     a, b = _node(ks, tmp_path / "a", "node-a"), _node(ks, tmp_path / "b", "node-b")
-    for state, chain in [("a", a), ("b", b), ("a", a)]:
-        log.term(ks, tmp_path / state, chain)
+    for name, chain in [("a", a), ("b", b), ("a", a)]:
+        log.term(ks, tmp_path / name, chain)
     log_dir = log.log_dir()
     report = verify_log(log_dir, ks.verify_key())
-    state = headchain.through(
-        ks.verify_key().raw, headchain.log_proof(log_dir, report.head_seq + 1), report.head_seq + 1
-    )
-    assert (state.epoch, state.epoch_key) == (report.epoch, report.epoch_key)
-    assert state.lease_epoch == 3
+    head = report.head_seq + 1
+    keys_now = headchain.through(ks.verify_key().raw, headchain.log_proof(log_dir, head), head)
+    assert (keys_now.epoch, keys_now.epoch_key) == (report.epoch, report.epoch_key)
+    assert keys_now.lease_epoch == 3
 
 
 def test_a_node_enrolled_again_starts_a_new_chain_that_verifies(ks: KeySet, tmp_path: Path) -> None:
