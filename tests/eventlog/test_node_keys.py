@@ -18,7 +18,14 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from daemon.signing import database_tail_epochs
+from daemon.config import load_config
+from daemon.signing import (
+    database_tail_epochs,
+    log_node,
+    node_chain,
+    open_log_signing,
+    term_ended,
+)
 from eventlog import headchain, keys, pgstore
 from eventlog.envelope import (
     Checkpoint,
@@ -454,3 +461,54 @@ def test_a_node_enrolled_again_starts_a_new_chain_that_verifies(ks: KeySet, tmp_
     report = _verify(log, ks)
     assert report.damage is None, report.damage
     assert [(n, i) for _, n, i, _ in report.node_signed][-1] == ("node-a", 1)
+
+
+def test_a_sharded_node_signs_every_shard_with_its_one_chain(
+    pg_dsn: str, ks: KeySet, tmp_path: Path
+) -> None:
+    """What a node holding many shards calls (daemon.signing), per shard: the process's one
+    node chain, each shard's epoch keys and heads in the shard's own state directory, the
+    shard's database for the tail check; and at each term's end the shard's epoch keys go."""
+    config = tmp_path / "bide.toml"
+    config.write_text(
+        f'[paths]\nstate_dir = "state"\nkeys_dir = "{ks.directory}"\n\n'
+        f'[postgres]\ndsn = "{pg_dsn}"\nnode = "node-s"\n'
+    )
+    cfg = load_config(str(config))
+    with pytest.raises(KeyFileError, match="bide node enroll --name node-s"):
+        node_chain(cfg, ks.directory)
+    _node(ks, cfg.state_dir, "node-s")
+    with pgstore.PgLogStore(pgstore.PgSettings(pg_dsn)) as store:
+        store.init()
+    shards = [cfg.state_dir / "shards" / f"{k:03d}" for k in range(3)]
+    chains = {id(log_node(cfg, ks.directory, s / "log")) for s in shards}
+    assert len(chains) == 1
+    for shard in shards:
+        chosen = open_log_signing(
+            cfg,
+            ks.directory,
+            state_dir=shard,
+            log_dir=shard / "log",
+            node=log_node(cfg, ks.directory, shard / "log"),
+        )
+        signing = chosen.signing
+        assert isinstance(signing, EpochSigning)
+        assert signing.node is node_chain(cfg, ks.directory)
+        assert signing.key_dir == shard / EPOCHS_DIR
+        assert signing.tail_epochs is not None
+        assert signing.tail_epochs(0) == []  # the shard's (here: the one) log is empty
+
+        async def write(log_dir: Path, signing: EpochSigning = signing) -> None:
+            async with LogWriter(log_dir, ks.keyring(), signing, checkpoint_every=3) as w:
+                await w.append(payload_for(1))
+
+        anyio.run(write, shard / "log")
+        assert epoch_key_files(
+            shard / EPOCHS_DIR, verify_log(shard / "log", ks.verify_key()).log_id
+        )
+        assert term_ended(shard) == 1
+        assert (
+            epoch_key_files(shard / EPOCHS_DIR, verify_log(shard / "log", ks.verify_key()).log_id)
+            == []
+        )
+    assert node_chain(cfg, ks.directory).index == 4  # three geneses, one key each
