@@ -16,6 +16,7 @@ from daemon.errors import UsageError
 
 if TYPE_CHECKING:
     from eventlog.pgstore import PgLogStore, PgSettings
+    from eventlog.shards import Layout
 
 
 def add_dsn_flags(parser: argparse.ArgumentParser, *, what: str = "the log's database") -> None:
@@ -71,4 +72,33 @@ def config_settings(cfg: Config) -> PgSettings | None:
         password_file=cfg.password_file,
         allow_async_commit=cfg.postgres.allow_async_commit,
         link_timeout=cfg.postgres.lease_seconds,
+    )
+
+
+def add_shard_flag(parser: argparse.ArgumentParser, *, what: str = "the shards to read") -> None:
+    """``--shard K|all`` (default all): which shards of a sharded log a command reads."""
+    parser.add_argument(
+        "--shard",
+        metavar="K|all",
+        help=f"{what}: one shard's number, or all (default); an unsharded log is shard 0",
+    )
+
+
+def chosen_shards(layout: Layout, text: str | None) -> list[int]:
+    """The shards ``--shard`` names on ``layout``, or a usage error naming the range: every
+    shard for ``all`` or no flag; an unsharded log accepts 0 only."""
+    if text is None or text.strip().lower() == "all":
+        return list(range(layout.count))
+    word = text.strip()
+    shard = int(word) if word.isdigit() else None
+    if shard is not None and shard < layout.count:
+        return [shard]
+    if not layout.sharded:
+        raise UsageError(
+            f"--shard {word}: the log in schema {layout.base} is not sharded (one shard): "
+            f"only --shard 0 or all"
+        )
+    raise UsageError(
+        f"--shard {word}: the log in schema {layout.base} has {layout.count} shards, "
+        f"0..{layout.count - 1} (or all)"
     )

@@ -1,6 +1,7 @@
 """``bide log head``: print the current head, for operators who anchor it elsewhere;
 ``bide log archive``: move old segments to an archive (:mod:`daemon.commands.archive`);
-``bide log init|export|import``: the log in PostgreSQL."""
+``bide log init|export|import``: the log in PostgreSQL; ``bide log shards``: who holds each
+shard (:mod:`daemon.commands.log_shards`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daemon.commands import archive
+from daemon.commands import archive, log_shards
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
-from daemon.pgconfig import add_dsn_flags, settings_for, store_for
+from daemon.pgconfig import (
+    add_dsn_flags,
+    add_shard_flag,
+    chosen_shards,
+    settings_for,
+    store_for,
+)
 from eventlog.keys import load_verify_key
 from eventlog.reader import LogReader
 from eventlog.store import file_lines
@@ -23,7 +30,8 @@ from eventlog.verify import verify_log
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "log",
-        help="log maintenance: `bide log head`, `archive`, and init/export/import for PostgreSQL",
+        help="log maintenance: `bide log head`, `archive`, and init/export/import/shards for "
+        "PostgreSQL",
         description="Inspect the event log without keys.",
         epilog="examples:\n  bide log head --config /etc/bide/bide.toml\n"
         "  bide log head /var/lib/bide/log >> /mnt/worm/bide-anchors   # then verify --anchor\n"
@@ -31,6 +39,7 @@ def add_parser(sub: Any) -> None:
         "  bide log init --dsn postgresql://admin@db/bide --writer-role bide --reader-role audit\n"
         "  bide log export --dsn postgresql://audit@db/bide ./export && bide verify ./export "
         "--verify-key verify.pub\n"
+        "  bide log shards --dsn postgresql://audit@db/bide   # who holds each shard\n"
         "  bide log import /var/lib/bide/log --verify-key verify.pub --dsn postgresql://bide@db/bide",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -96,10 +105,14 @@ def add_database_parsers(sub2: Any) -> None:
         help="write the database's log as segment files (byte-identical)",
         description="Write every record in the database to segment files in DIR, byte for byte "
         "as the file store writes them: `bide verify DIR --verify-key verify.pub` then checks "
-        "them with no database. Needs only SELECT (an auditor's read-only role).",
+        "them with no database. Needs only SELECT (an auditor's read-only role). A sharded "
+        "log is written one directory per shard, DIR/shard-007/ (each a log of its own), "
+        "with DIR/shards.json naming them: `bide verify DIR` then checks every shard; "
+        "--shard K writes shard K alone into DIR itself.",
     )
     export.add_argument("out_dir", metavar="DIR", help="an empty or new directory")
     add_dsn_flags(export)
+    add_shard_flag(export, what="a sharded log: the shard to export into DIR itself")
     add_config_flag(export)
     export.set_defaults(func=run_export)
 
@@ -119,6 +132,7 @@ def add_database_parsers(sub2: Any) -> None:
     add_dsn_flags(imp)
     add_config_flag(imp)
     imp.set_defaults(func=run_import)
+    log_shards.add_parser(sub2)
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -171,11 +185,30 @@ def _init_sharded(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from eventlog.shards import layout_of
+
     out = Path(args.out_dir)
-    with store_for(args, read_only=True) as store:
+    settings = settings_for(args)
+    layout = layout_of(settings)
+    shards = chosen_shards(layout, args.shard)
+    if layout.sharded and args.shard is None:
+        from daemon.shardexport import export_shards, shard_dir_name
+
+        counts = export_shards(settings, layout, shards, out)
+        for shard, n in counts.items():
+            print(f"shard {shard:03d}: wrote {n} records to {out / shard_dir_name(shard)}")
+        print(
+            f"wrote {sum(counts.values())} records of {layout.count} shards to {out} "
+            f"(index: {out / 'shards.json'})"
+        )
+        return 0
+    from eventlog.pgstore import PgLogStore
+
+    with PgLogStore(layout.settings(settings, shards[0]), read_only=True) as store:
         store.require()
         n = store.export(out)
-    print(f"wrote {n} records to {out}")
+    which = f" of shard {shards[0]}" if layout.sharded else ""
+    print(f"wrote {n} records{which} to {out}")
     return 0
 
 
