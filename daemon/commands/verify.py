@@ -328,10 +328,11 @@ def judge(
     also: Callable[[Report], None] | None = None,
     *,
     anchor: tuple[int, str] | None = None,
+    label: str = "",
 ) -> Judged:
     """Verify the log at ``log_dir`` (the existing directory of one log) with every check
-    the flags ask for; prints nothing but the progress line."""
-    line = progress_line(sys.stderr)
+    the flags ask for; prints nothing but the progress line (``label``: what it names)."""
+    line = progress_line(sys.stderr, label)
     try:
         report = verified(args, log_dir, verify_key, anchor, progress=line)
     finally:

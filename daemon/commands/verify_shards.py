@@ -101,7 +101,8 @@ def verify_database(args: argparse.Namespace, settings: PgSettings, layout: Layo
             def also(report: Report, changes: list[tuple[int, int]] = changes) -> None:
                 check_epochs(report, changes)
 
-            judged = judge(args, log_dir, verify_key, also, anchor=anchor)
+            label = f"shard {shard}/{layout.count}"
+            judged = judge(args, log_dir, verify_key, also, anchor=anchor, label=label)
             results.append(ShardVerdict(shard, layout.schema(shard), judged))
     return show(args, verify_key, results, layout.count, source={"schema": layout.base})
 
@@ -114,7 +115,8 @@ def verify_export(args: argparse.Namespace, export: ShardExport, key_path: Path)
     results: list[ShardVerdict] = []
     for shard, log_dir in dirs.items():
         empty = not any(p.name.startswith("seg-") for p in log_dir.iterdir())
-        judged = None if empty else judge(args, log_dir, verify_key, anchor=anchor)
+        label = f"shard {shard}/{export.count}"
+        judged = None if empty else judge(args, log_dir, verify_key, anchor=anchor, label=label)
         results.append(ShardVerdict(shard, str(log_dir), judged))
     return show(args, verify_key, results, export.count, source={"export": str(export.root)})
 

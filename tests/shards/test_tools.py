@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -28,6 +29,7 @@ from eventlog.writer import LogWriter
 from replay import PollScheduled, encode_event
 from tests.e2e.harness import config_text, postgres_table
 from tests.eventlog._logtools import KeySet, make_keys
+from tests.pgsupport import schema_dsn
 from tests.replay.helpers import Daemon
 
 BIDE = [sys.executable, "-m", "daemon.cli"]
@@ -187,7 +189,9 @@ def test_verify_every_shard_then_one_and_a_tampered_shard_alone_is_damaged(
 
     text = bide("verify", "--dsn", sharded.dsn, "--verify-key", sharded.verify_pub)
     assert text.returncode == 1
-    assert any(ln.startswith("shard 002: DAMAGE modified at record 3") for ln in text.stdout.splitlines())
+    assert any(
+        ln.startswith("shard 002: DAMAGE modified at record 3") for ln in text.stdout.splitlines()
+    )
     assert "DAMAGE" not in "".join(ln for ln in text.stdout.splitlines() if "shard 001" in ln)
     assert "verdict=damaged" in text.stdout.splitlines()[-1]
     # The untouched shard alone still verifies.
@@ -208,14 +212,10 @@ def test_shard_out_of_range_names_the_range_and_an_unsharded_log_takes_zero_only
     assert "0..3" in out.stderr
 
     plain = sharded.settings(1)  # one shard's schema is an unsharded log of its own
-    out = bide(
-        "verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "1"
-    )
+    out = bide("verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "1")
     assert out.returncode == 2
     assert "is not sharded (one shard): only --shard 0 or all" in out.stderr
-    out = bide(
-        "verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "0"
-    )
+    out = bide("verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "0")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "shard 00" not in out.stdout  # an unsharded log's report is the one it always had
     assert out.stdout.splitlines()[-1].endswith("verdict=intact")
@@ -264,9 +264,7 @@ def test_export_writes_a_directory_per_shard_that_verifies_alone_and_together(
     assert all(ln.startswith("shard 001: ") for ln in damaged)
 
 
-def test_replay_check_from_the_database_one_verdict_per_shard(
-    pg_dsn: str, tmp_path: Path
-) -> None:
+def test_replay_check_from_the_database_one_verdict_per_shard(pg_dsn: str, tmp_path: Path) -> None:
     log = Sharded(pg_dsn, tmp_path, skew_shard=2)
     config = log.config()
     out = bide("replay", "--check", "--dsn", log.dsn, "--config", str(config))
@@ -378,3 +376,79 @@ def test_log_shards_and_status_node_show_holders_leases_and_nodes(sharded: Shard
     assert out_lines[1] == (
         "shard 000: following; no node holds it (epoch 0; the lease is free), head -1"
     )
+
+
+@pytest.fixture
+def other_dsn() -> Iterator[str]:
+    """A second fresh schema of this test's own (dropped with its shards afterwards)."""
+    yield from schema_dsn()
+
+
+def test_an_export_imports_back_shard_by_shard_and_heads_anchor_one_shard(
+    sharded: Sharded, other_dsn: str, tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "export"
+    assert bide("log", "export", str(out_dir), "--dsn", sharded.dsn).returncode == 0
+
+    two, _ = init_sharded(pgstore.PgSettings(other_dsn), 2)
+    refused = bide(
+        "log", "import", str(out_dir), "--verify-key", sharded.verify_pub, "--dsn", other_dsn
+    )
+    assert refused.returncode == 2
+    assert "export of 4 shard(s) but the log in schema" in refused.stderr
+    assert "nothing copied" in refused.stderr
+    with pgstore.PgLogStore(two.settings(pgstore.PgSettings(other_dsn), 0)) as store:
+        assert store.head() is None
+
+    with psycopg.connect(other_dsn, autocommit=True) as conn:  # start again with 4 shards
+        for schema in [*two.schemas(), two.base]:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(two.base)))
+    init_sharded(pgstore.PgSettings(other_dsn), COUNT)
+    whole = bide(
+        "log",
+        "import",
+        str(tmp_path / "copy-1"),
+        "--verify-key",
+        sharded.verify_pub,
+        "--dsn",
+        other_dsn,
+    )
+    assert whole.returncode == 2
+    assert "is sharded (4 shards)" in whole.stderr
+    back = bide(
+        "log", "import", str(out_dir), "--verify-key", sharded.verify_pub, "--dsn", other_dsn
+    )
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert back.stdout.splitlines()[-1] == "imported 2 shard(s) of 4"
+    again = bide("log", "export", str(tmp_path / "again"), "--dsn", other_dsn)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for k in WRITTEN:
+        name = f"shard-{k:03d}"
+        assert _files(tmp_path / "again" / name) == _files(out_dir / name)
+
+    heads = bide("log", "head", "--dsn", sharded.dsn)
+    assert heads.returncode == 0, heads.stderr
+    lines = heads.stdout.splitlines()
+    assert lines[0] == "shard 000 -"
+    assert lines[1].startswith(f"shard 001 {sharded.head(1)}:")
+    one = bide("log", "head", "--dsn", sharded.dsn, "--shard", "1")
+    anchor = one.stdout.strip()
+    assert anchor == lines[1].split()[2]
+    good = bide(
+        "verify",
+        "--dsn",
+        sharded.dsn,
+        "--verify-key",
+        sharded.verify_pub,
+        "--shard",
+        "1",
+        "--anchor",
+        anchor,
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    several = bide(
+        "verify", "--dsn", sharded.dsn, "--verify-key", sharded.verify_pub, "--anchor", anchor
+    )
+    assert several.returncode == 2
+    assert "--anchor names one shard's head: add --shard K" in several.stderr
