@@ -87,7 +87,8 @@ sharded logs (bide log init --shards N): --dsn verifies each shard's chain on it
 (--shard K: only that one) and prints one line per shard, each shard's damage, notes and
 takeovers after its number, then a total; --json gives "shards": [...] (each shard's report)
 and the overall "verdict"; the exit status is the worst shard's. A shard no node has taken
-yet is "empty" (exit 0). A directory `bide log export` wrote from a sharded log (it holds
+yet is "empty" (exit 0). --shard with --config whose log is in PostgreSQL reads that
+database (the key from the config, unless --verify-key). A directory `bide log export` wrote from a sharded log (it holds
 shards.json) is verified the same way, with no database.
 
 examples:
@@ -191,6 +192,10 @@ def parse_anchor(text: str) -> tuple[int, str]:
 def run(args: argparse.Namespace) -> int:
     if args.dsn:
         return run_database(args)
+    if args.shard is not None and not args.log_dir and _config_in_database(args):
+        if not args.verify_key:
+            args.verify_key = str(load_config(args.config).verify_key_path)
+        return run_database(args)
     log_dir, key_path = resolve_log_and_key(args)
     export = read_export(log_dir) if log_dir.is_dir() else None
     if export is not None:
@@ -203,6 +208,15 @@ def run(args: argparse.Namespace) -> int:
             f"reads a sharded log with --dsn, or the directory `bide log export` wrote"
         )
     return verify_dir(args, log_dir, key_path)
+
+
+def _config_in_database(args: argparse.Namespace) -> bool:
+    """Whether the config (--config or $BIDE_CONFIG) keeps the log in PostgreSQL."""
+    from daemon.pgconfig import config_settings
+
+    if not args.config and not os.environ.get("BIDE_CONFIG"):
+        return False
+    return config_settings(load_config(args.config)) is not None
 
 
 def run_database(args: argparse.Namespace) -> int:

@@ -211,6 +211,19 @@ def test_shard_out_of_range_names_the_range_and_an_unsharded_log_takes_zero_only
     assert out.returncode == 2
     assert "0..3" in out.stderr
 
+    # --shard with the config of a node whose log is in PostgreSQL: that database (and the
+    # config's verify.pub, in the keys directory the log was written with).
+    config = sharded.config()
+    by_config = bide("verify", "--config", str(config), "--shard", "2")
+    assert by_config.returncode == 0, by_config.stdout + by_config.stderr
+    assert "total: 1 shard(s) (of 4): 1 intact" in by_config.stdout
+    # A log directory is one log: --shard names a shard of a sharded log only.
+    lone = bide(
+        "verify", str(tmp_path / "copy-1"), "--verify-key", sharded.verify_pub, "--shard", "0"
+    )
+    assert lone.returncode == 2
+    assert "is one log, not a sharded export (shards.json)" in lone.stderr
+
     plain = sharded.settings(1)  # one shard's schema is an unsharded log of its own
     out = bide("verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "1")
     assert out.returncode == 2
