@@ -88,8 +88,8 @@ sharded logs (bide log init --shards N): --dsn verifies each shard's chain on it
 takeovers after its number, then a total; --json gives "shards": [...] (each shard's report)
 and the overall "verdict"; the exit status is the worst shard's. A shard no node has taken
 yet is "empty" (exit 0). --shard with --config whose log is in PostgreSQL reads that
-database (the key from the config, unless --verify-key). A directory `bide log export` wrote from a sharded log (it holds
-shards.json) is verified the same way, with no database.
+database (the key from the config, unless --verify-key). A directory `bide log export` wrote
+from a sharded log (it holds shards.json) is verified the same way, with no database.
 
 examples:
   bide verify /var/lib/bide/log --verify-key verify.pub

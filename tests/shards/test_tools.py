@@ -232,6 +232,12 @@ def test_shard_out_of_range_names_the_range_and_an_unsharded_log_takes_zero_only
     assert out.returncode == 0, out.stdout + out.stderr
     assert "shard 00" not in out.stdout  # an unsharded log's report is the one it always had
     assert out.stdout.splitlines()[-1].endswith("verdict=intact")
+    listed = bide("log", "shards", "--dsn", plain.dsn, "--json")
+    assert listed.returncode == 0, listed.stderr
+    view = json.loads(listed.stdout)
+    assert (view["count"], view["sharded"], view["nodes"]) == (1, False, [])
+    assert view["shards"][0]["schema"] == sharded.layout.schema(1)
+    assert view["shards"][0]["node"] == "node-a"
 
 
 def _files(log_dir: Path) -> dict[str, bytes]:
