@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,10 +71,19 @@ def export_shards(
 
 def read_export(root: Path) -> ShardExport | None:
     """The sharded export at ``root``, or None when ``root`` holds no ``shards.json`` (a log
-    directory of its own). A malformed index, or one naming a directory that is missing or
-    outside ``root``, is a usage error."""
+    directory of its own). A malformed index, one naming a directory that is missing or
+    outside ``root``, or shard directories without an index (an interrupted export) is a
+    usage error."""
     index = root / SHARDS_FILE
     if not index.is_file():
+        children = [p.name for p in root.iterdir()] if root.is_dir() else []
+        if any(re.fullmatch(r"shard-\d{3,4}", n) for n in children) and not any(
+            n.startswith("seg-") for n in children
+        ):
+            raise UsageError(
+                f"{root} holds shard directories but no {SHARDS_FILE}: an export that did not "
+                f"finish (it is written last); export again into an empty directory"
+            )
         return None
     try:
         data = json.loads(index.read_text())

@@ -271,6 +271,13 @@ def test_export_writes_a_directory_per_shard_that_verifies_alone_and_together(
     assert _files(tmp_path / "one") == _files(tmp_path / "copy-1")
     assert not (tmp_path / "one" / "shards.json").exists()
 
+    # An export cut short (shards.json is written last) is named as such.
+    (out_dir / "shards.json").rename(tmp_path / "index")
+    cut = bide("verify", str(out_dir), "--verify-key", sharded.verify_pub)
+    assert cut.returncode == 2
+    assert "an export that did not finish" in cut.stderr
+    (tmp_path / "index").rename(out_dir / "shards.json")
+
     # A damaged segment in one exported shard: only that shard is damaged.
     seg = list_segments(out_dir / "shard-001")[0][1]
     data = bytearray(seg.read_bytes())
