@@ -102,3 +102,10 @@ def chosen_shards(layout: Layout, text: str | None) -> list[int]:
         f"--shard {word}: the log in schema {layout.base} has {layout.count} shards, "
         f"0..{layout.count - 1} (or all)"
     )
+
+
+def sharded_node(cfg: Config) -> bool:
+    """Whether ``cfg`` is a node of a sharded log: its log in PostgreSQL and its local
+    copies in ``STATE/shards/NNN/`` (where a sharded node keeps them; ``STATE/log`` is not
+    used), so the readers that default to the local copy read the database instead."""
+    return cfg.postgres is not None and (cfg.state_dir / "shards").is_dir()

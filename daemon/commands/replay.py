@@ -1,7 +1,8 @@
 """``bide replay``: the derived state at a point in time, and ``--check`` of every decision.
 
 The log is the config's (its directory, the node's local copy when the log is in
-PostgreSQL); with ``--dsn`` or ``--shard`` it is read from the database instead, each shard
+PostgreSQL); with ``--dsn`` or ``--shard``, or on a sharded node (its copies in
+``STATE/shards/``), it is read from the database instead, each shard
 exported read-only to a temporary directory and replayed there on its own, with one verdict
 per shard (:mod:`daemon.commands.replay_shards`).
 """
@@ -18,7 +19,7 @@ import msgspec
 from daemon.commands.status import op_line, op_summary
 from daemon.config import add_config_flag, load_config
 from daemon.inputs import parse_time
-from daemon.pgconfig import add_dsn_flags, add_shard_flag
+from daemon.pgconfig import add_dsn_flags, add_shard_flag, sharded_node
 from daemon.readers import load_log, open_keyring
 from replay.check import check
 
@@ -34,7 +35,8 @@ examples:
 sharded logs: each shard is replayed and checked on its own (its events, its operations),
 one verdict line per shard and a total; a shard that holds an operation whose id belongs to
 another shard is a mismatch too (wrong_shard). --until SEQ is a record number within each
-shard. The data keys come from the config (--config) in every case.
+shard. The data keys come from the config (--config) in every case. On a node of a sharded
+log (its local copies in STATE/shards/) the config's database is read without --dsn.
 """
 
 
@@ -69,7 +71,7 @@ def until_of(args: argparse.Namespace) -> tuple[int | None, float | None]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    if args.dsn or args.shard is not None:
+    if args.dsn or args.shard is not None or sharded_node(cfg):
         from daemon.commands.replay_shards import run_database
 
         return run_database(args, cfg)

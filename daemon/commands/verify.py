@@ -88,7 +88,8 @@ sharded logs (bide log init --shards N): --dsn verifies each shard's chain on it
 takeovers after its number, then a total; --json gives "shards": [...] (each shard's report)
 and the overall "verdict"; the exit status is the worst shard's. A shard no node has taken
 yet is "empty" (exit 0). --shard with --config whose log is in PostgreSQL reads that
-database (the key from the config, unless --verify-key). A directory `bide log export` wrote
+database (the key from the config, unless --verify-key), and so does --config of a node of
+a sharded log (its local copies in STATE/shards/). A directory `bide log export` wrote
 from a sharded log (it holds shards.json) is verified the same way, with no database.
 
 examples:
@@ -192,7 +193,7 @@ def parse_anchor(text: str) -> tuple[int, str]:
 def run(args: argparse.Namespace) -> int:
     if args.dsn:
         return run_database(args)
-    if args.shard is not None and not args.log_dir and _config_in_database(args):
+    if not args.log_dir and _config_in_database(args, args.shard is not None):
         if not args.verify_key:
             args.verify_key = str(load_config(args.config).verify_key_path)
         return run_database(args)
@@ -210,13 +211,16 @@ def run(args: argparse.Namespace) -> int:
     return verify_dir(args, log_dir, key_path)
 
 
-def _config_in_database(args: argparse.Namespace) -> bool:
-    """Whether the config (--config or $BIDE_CONFIG) keeps the log in PostgreSQL."""
-    from daemon.pgconfig import config_settings
+def _config_in_database(args: argparse.Namespace, shard: bool) -> bool:
+    """Whether to verify the config's database (--config or $BIDE_CONFIG) rather than its
+    local copy: with ``--shard`` when the log is in PostgreSQL, and always on a node of a
+    sharded log (:func:`daemon.pgconfig.sharded_node`)."""
+    from daemon.pgconfig import config_settings, sharded_node
 
     if not args.config and not os.environ.get("BIDE_CONFIG"):
         return False
-    return config_settings(load_config(args.config)) is not None
+    cfg = load_config(args.config)
+    return sharded_node(cfg) or (shard and config_settings(cfg) is not None)
 
 
 def run_database(args: argparse.Namespace) -> int:

@@ -304,6 +304,14 @@ def test_replay_check_from_the_database_one_verdict_per_shard(pg_dsn: str, tmp_p
     assert lines[-1] == (
         "total: 4 shard(s) (all), 1 with mismatches: 26 events, 2 operations, 2 mismatch(es)"
     )
+    # A sharded node's config (its copies in STATE/shards/): the database, with no flag.
+    (tmp_path / "state" / "shards").mkdir(parents=True)
+    node = bide("replay", "--check", "--config", str(config))
+    assert node.returncode == 1
+    assert node.stdout.splitlines()[-1] == lines[-1]
+    audit = bide("verify", "--config", str(config), "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert json.loads(audit.stdout)["count"] == COUNT
     one = bide("replay", "--check", "--shard", "1", "--config", str(config), "--json")
     assert one.returncode == 0, one.stdout + one.stderr
     report = json.loads(one.stdout)
