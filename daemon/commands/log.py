@@ -19,6 +19,7 @@ from daemon.pgconfig import (
     add_shard_flag,
     chosen_shards,
     settings_for,
+    sharded_node,
     store_for,
 )
 from eventlog.keys import VerifyKey, load_verify_key
@@ -70,7 +71,10 @@ def add_parser(sub: Any) -> None:
 def run_head(args: argparse.Namespace) -> int:
     if args.dsn or args.shard is not None:
         return run_database_head(args)
-    log_dir = Path(args.log_dir) if args.log_dir else load_config(args.config).log_dir
+    cfg = None if args.log_dir else load_config(args.config)
+    if cfg is not None and sharded_node(cfg):
+        return run_database_head(args)
+    log_dir = Path(args.log_dir) if cfg is None else cfg.log_dir
     if not log_dir.is_dir():
         raise UsageError(f"log directory {log_dir} does not exist")
     reader = LogReader(log_dir, from_boundary=True)
