@@ -84,10 +84,15 @@ def add_shard_flag(parser: argparse.ArgumentParser, *, what: str = "the shards t
     )
 
 
+def one_shard(text: str | None) -> bool:
+    """Whether ``--shard`` names one shard (not absent, not ``all``)."""
+    return text is not None and text.strip().lower() != "all"
+
+
 def chosen_shards(layout: Layout, text: str | None) -> list[int]:
     """The shards ``--shard`` names on ``layout``, or a usage error naming the range: every
     shard for ``all`` or no flag; an unsharded log accepts 0 only."""
-    if text is None or text.strip().lower() == "all":
+    if text is None or not one_shard(text):
         return list(range(layout.count))
     word = text.strip()
     shard = int(word) if word.isdigit() else None

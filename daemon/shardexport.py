@@ -106,12 +106,12 @@ def read_export(root: Path) -> ShardExport | None:
 
 def chosen_exported(export: ShardExport, text: str | None) -> dict[int, Path]:
     """The exported shards ``--shard`` names (all by default), or a usage error."""
-    from daemon.pgconfig import chosen_shards
+    from daemon.pgconfig import chosen_shards, one_shard
     from eventlog.shards import Layout
 
     wanted = chosen_shards(Layout(export.base, export.count), text)
     missing = [k for k in wanted if k not in export.dirs]
-    if text is not None and missing:
+    if one_shard(text) and missing:
         raise UsageError(
             f"--shard {text}: this export holds shard(s) "
             f"{', '.join(str(k) for k in sorted(export.dirs))} only"

@@ -18,6 +18,7 @@ from daemon.pgconfig import (
     add_dsn_flags,
     add_shard_flag,
     chosen_shards,
+    one_shard,
     settings_for,
     sharded_node,
     store_for,
@@ -108,7 +109,7 @@ def run_database_head(args: argparse.Namespace) -> int:
         with PgLogStore(layout.settings(settings, shard), read_only=True) as store:
             store.require()
             heads.append((shard, store.head()))
-    if len(heads) == 1 and (args.shard is not None or not layout.sharded):
+    if len(heads) == 1 and (one_shard(args.shard) or not layout.sharded):
         got = heads[0][1]
         if got is None:
             raise UsageError("the log in the database has no records")
@@ -254,7 +255,7 @@ def run_export(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     layout = layout_of(settings)
     shards = chosen_shards(layout, args.shard)
-    if layout.sharded and args.shard is None:
+    if layout.sharded and not one_shard(args.shard):
         from daemon.shardexport import export_shards, shard_dir_name
 
         counts = export_shards(settings, layout, shards, out)
@@ -300,7 +301,7 @@ def run_import(args: argparse.Namespace) -> int:
     if export is not None:
         return _import_shards(args, export, layout, settings, verify_key)
     shards = chosen_shards(layout, args.shard)
-    if layout.sharded and args.shard is None:
+    if layout.sharded and not one_shard(args.shard):
         raise UsageError(
             f"the log in schema {layout.base} is sharded ({layout.count} shards): import a "
             f"sharded export (a directory with shards.json), or one shard's directory with "
@@ -327,7 +328,7 @@ def _import_shards(
     into its own shard."""
     from eventlog.pgstore import PgLogStore
 
-    if args.shard is not None:
+    if one_shard(args.shard):
         raise UsageError(
             f"{export.root} is a sharded export: import it whole, or give --shard K one "
             f"shard's directory ({export.root}/shard-007)"

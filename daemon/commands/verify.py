@@ -18,7 +18,13 @@ from daemon.commands.verify_archive import add_archive_flag, verified
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
-from daemon.pgconfig import add_dsn_flags, add_shard_flag, chosen_shards, settings_for
+from daemon.pgconfig import (
+    add_dsn_flags,
+    add_shard_flag,
+    chosen_shards,
+    one_shard,
+    settings_for,
+)
 from daemon.shardexport import read_export
 from daemon.verify_progress import progress_line
 from daemon.verify_witness import WitnessCheck, check_witnesses
@@ -203,10 +209,11 @@ def run(args: argparse.Namespace) -> int:
         from daemon.commands.verify_shards import verify_export
 
         return verify_export(args, export, key_path)
-    if args.shard is not None:
+    if one_shard(args.shard) and args.shard.strip() != "0":
         raise UsageError(
-            f"--shard: {log_dir} is one log, not a sharded export (shards.json); --shard "
-            f"reads a sharded log with --dsn, or the directory `bide log export` wrote"
+            f"--shard {args.shard}: {log_dir} is one log (shard 0), not a sharded export "
+            f"(shards.json); --shard reads a sharded log with --dsn, or the directory "
+            f"`bide log export` wrote"
         )
     return verify_dir(args, log_dir, key_path)
 

@@ -219,10 +219,10 @@ def test_shard_out_of_range_names_the_range_and_an_unsharded_log_takes_zero_only
     assert "total: 1 shard(s) (of 4): 1 intact" in by_config.stdout
     # A log directory is one log: --shard names a shard of a sharded log only.
     lone = bide(
-        "verify", str(tmp_path / "copy-1"), "--verify-key", sharded.verify_pub, "--shard", "0"
+        "verify", str(tmp_path / "copy-1"), "--verify-key", sharded.verify_pub, "--shard", "1"
     )
     assert lone.returncode == 2
-    assert "is one log, not a sharded export (shards.json)" in lone.stderr
+    assert "is one log (shard 0), not a sharded export (shards.json)" in lone.stderr
 
     plain = sharded.settings(1)  # one shard's schema is an unsharded log of its own
     out = bide("verify", "--dsn", plain.dsn, "--verify-key", sharded.verify_pub, "--shard", "1")
@@ -264,6 +264,10 @@ def test_export_writes_a_directory_per_shard_that_verifies_alone_and_together(
     report = json.loads(together.stdout)
     assert report["export"] == str(out_dir)
     assert [s["verdict"] for s in report["shards"]] == ["empty", "intact", "intact", "empty"]
+
+    every = bide("log", "export", str(tmp_path / "every"), "--dsn", sharded.dsn, "--shard", "all")
+    assert every.returncode == 0, every.stdout + every.stderr
+    assert json.loads((tmp_path / "every" / "shards.json").read_text()) == index
 
     # One shard exported into a directory of its own: an ordinary log.
     one = bide("log", "export", str(tmp_path / "one"), "--dsn", sharded.dsn, "--shard", "1")
