@@ -22,6 +22,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from daemon.errors import UsageError
+from daemon.pgconfig import chosen_shards
 from eventlog import pgstore
 from eventlog.segments import list_segments
 from eventlog.shards import Layout, init_sharded, shard_of
@@ -490,3 +492,18 @@ def test_an_export_imports_back_shard_by_shard_and_heads_anchor_one_shard(
     )
     assert several.returncode == 2
     assert "--anchor names one shard's head: add --shard K" in several.stderr
+
+
+def test_the_shard_flag_names_the_range_of_the_log_it_reads() -> None:
+    sixteen = Layout("bide", 16)
+    assert chosen_shards(sixteen, None) == list(range(16))
+    assert chosen_shards(sixteen, "all") == list(range(16))
+    assert chosen_shards(sixteen, " 7 ") == [7]
+    for wrong in ("99", "16", "-1", "seven", ""):
+        with pytest.raises(UsageError, match=r"has 16 shards, 0\.\.15 \(or all\)"):
+            chosen_shards(sixteen, wrong)
+    one = Layout("public", 1)
+    assert chosen_shards(one, "0") == [0]
+    assert chosen_shards(one, "ALL") == [0]
+    with pytest.raises(UsageError, match=r"--shard 1: the log in schema public is not sharded"):
+        chosen_shards(one, "1")
