@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,3 +116,17 @@ def sharded_node(cfg: Config) -> bool:
     copies in ``STATE/shards/NNN/`` (where a sharded node keeps them; ``STATE/log`` is not
     used), so the readers that default to the local copy read the database instead."""
     return cfg.postgres is not None and (cfg.state_dir / "shards").is_dir()
+
+
+@contextmanager
+def naming_shard(layout: Layout, shard: int) -> Iterator[None]:
+    """An error reading one shard of a sharded log names the shard and its schema (a shard
+    ``bide log init`` did not finish, a role without USAGE on it)."""
+    from eventlog.errors import EventLogError, StoreError
+
+    try:
+        yield
+    except EventLogError as exc:
+        if not layout.sharded:
+            raise
+        raise StoreError(f"shard {shard} ({layout.schema(shard)}): {exc}") from None

@@ -47,13 +47,17 @@ def export_shards(
     """Write each of ``shards`` to ``out/shard-NNN/`` and then ``out/shards.json`` (written
     last: an interrupted export has no index, and the tools refuse it). Returns each shard's
     record count."""
+    from daemon.pgconfig import naming_shard
     from eventlog.pgstore import PgLogStore
 
     if (out / SHARDS_FILE).exists():
         raise UsageError(f"{out} already holds an export ({SHARDS_FILE}); give an empty directory")
     counts: dict[int, int] = {}
     for shard in shards:
-        with PgLogStore(layout.settings(settings, shard), read_only=True) as store:
+        with (
+            naming_shard(layout, shard),
+            PgLogStore(layout.settings(settings, shard), read_only=True) as store,
+        ):
             store.require()
             counts[shard] = store.export(out / shard_dir_name(shard))
     index = {

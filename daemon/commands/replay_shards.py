@@ -30,6 +30,7 @@ from replay.state import Operation
 
 if TYPE_CHECKING:
     from eventlog.pgstore import PgSettings
+    from eventlog.shards import Layout
 
 
 @dataclasses.dataclass
@@ -72,18 +73,23 @@ def wrong_shard(log: LoadedLog, shard: int, count: int) -> list[Mismatch]:
 
 def replay_shard(
     settings: PgSettings,
+    layout: Layout,
     shard: int,
-    count: int,
     keyring: KeyRing,
     args: argparse.Namespace,
 ) -> ShardReplay:
     from daemon.commands.replay import until_of
+    from daemon.pgconfig import naming_shard
     from eventlog.pgstore import PgLogStore
 
     until_seq, until_time = until_of(args)
+    count = layout.count
     with tempfile.TemporaryDirectory(prefix="bide-replay-") as tmp:
         log_dir = Path(tmp) / "log"
-        with PgLogStore(settings, read_only=True) as store:
+        with (
+            naming_shard(layout, shard),
+            PgLogStore(layout.settings(settings, shard), read_only=True) as store,
+        ):
             store.require()
             n = store.export(log_dir)
         if n == 0:
@@ -103,9 +109,7 @@ def run_database(args: argparse.Namespace, cfg: Config) -> int:
     layout = layout_of(settings)
     shards = chosen_shards(layout, args.shard)
     keyring = open_keyring(cfg)
-    done = [
-        replay_shard(layout.settings(settings, k), k, layout.count, keyring, args) for k in shards
-    ]
+    done = [replay_shard(settings, layout, k, keyring, args) for k in shards]
     ops: list[Operation] = sorted(
         (op for r in done if r.log is not None for op in r.log.ops.values()),
         key=lambda o: o.registered_at,

@@ -79,7 +79,7 @@ def verify_database(args: argparse.Namespace, settings: PgSettings, layout: Layo
     """Each chosen shard of the sharded log in the database, exported to a temporary
     directory one at a time (the disk holds one shard's copy at most) and verified there,
     with its ``epoch`` column checked against its takeover records."""
-    from daemon.pgconfig import chosen_shards
+    from daemon.pgconfig import chosen_shards, naming_shard
     from eventlog.pgstore import PgLogStore
 
     shards = chosen_shards(layout, args.shard)
@@ -89,7 +89,10 @@ def verify_database(args: argparse.Namespace, settings: PgSettings, layout: Layo
     for shard in shards:
         with tempfile.TemporaryDirectory(prefix="bide-verify-") as tmp:
             log_dir = Path(tmp) / "log"
-            with PgLogStore(layout.settings(settings, shard), read_only=True) as store:
+            with (
+                naming_shard(layout, shard),
+                PgLogStore(layout.settings(settings, shard), read_only=True) as store,
+            ):
                 store.require()
                 lease = store.lease()
                 store.export(log_dir)

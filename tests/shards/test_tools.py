@@ -241,6 +241,15 @@ def test_shard_out_of_range_names_the_range_and_an_unsharded_log_takes_zero_only
     assert view["shards"][0]["schema"] == sharded.layout.schema(1)
     assert view["shards"][0]["node"] == "node-a"
 
+    # A shard whose schema is gone (an init that never finished): the error names it.
+    with psycopg.connect(sharded.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(sharded.layout.schema(3)))
+        )
+    gone = bide("verify", "--dsn", sharded.dsn, "--verify-key", sharded.verify_pub)
+    assert gone.returncode == 2
+    assert f"shard 3 ({sharded.layout.schema(3)}): " in gone.stderr
+
 
 def _files(log_dir: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for _, p in list_segments(log_dir)}
