@@ -63,9 +63,9 @@ def view_json(view: ShardView) -> dict[str, object]:
 
 
 def lease_text(row: ShardRow) -> str:
-    if row.held:
-        return f"{row.remaining:.1f}s left"
-    return "free" if row.epoch == 0 or not row.holder else "expired"
+    """Seconds left while held; else free (expired or handed over: the next taker raises
+    the epoch, which says whether it was ever taken)."""
+    return f"{row.remaining:.1f}s left" if row.held else "free"
 
 
 def node_text(row: NodeRow) -> str:
