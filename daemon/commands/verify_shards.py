@@ -6,6 +6,10 @@ private temporary directory and verified there, as an unsharded log is) and an e
 directory (``shards.json`` beside one ``shard-NNN/`` per shard, as ``bide log export`` writes
 it). An unsharded log never comes here: its report is the one it always had.
 
+Across shards: every shard's log has its own random log id, so two shards holding the same
+id is damage (``duplicated``, in each of them): one shard's records were copied over
+another's, which neither chain can show on its own.
+
 A shard no node has ever taken (no record, lease epoch 0) is ``empty``, which is not damage:
 a 16-shard log with few operations has such shards. A shard whose lease was taken but which
 holds no record is verified as any log with no record is (damage ``missing`` at record 0),
@@ -33,7 +37,7 @@ from daemon.commands.verify import (
 from daemon.errors import UsageError
 from daemon.shardexport import ShardExport, chosen_exported
 from eventlog.keys import VerifyKey, load_verify_key
-from eventlog.verify import Report
+from eventlog.verify import Damage, Report
 
 if TYPE_CHECKING:
     from eventlog.pgstore import PgSettings
@@ -107,6 +111,7 @@ def verify_database(args: argparse.Namespace, settings: PgSettings, layout: Layo
             label = f"shard {shard}/{layout.count}"
             judged = judge(args, log_dir, verify_key, also, anchor=anchor, label=label)
             results.append(ShardVerdict(shard, layout.schema(shard), judged))
+    same_log(results)
     return show(args, verify_key, results, layout.count, source={"schema": layout.base})
 
 
@@ -121,7 +126,35 @@ def verify_export(args: argparse.Namespace, export: ShardExport, key_path: Path)
         label = f"shard {shard}/{export.count}"
         judged = None if empty else judge(args, log_dir, verify_key, anchor=anchor, label=label)
         results.append(ShardVerdict(shard, str(log_dir), judged))
+    same_log(results)
     return show(args, verify_key, results, export.count, source={"export": str(export.root)})
+
+
+def same_log(results: list[ShardVerdict]) -> None:
+    """Shards that hold one log (the same log id in their genesis records) are damaged: each
+    shard is a log of its own, made with its own random id, so a shared id means one
+    shard's records were copied over another's (which the shards' own chains cannot show).
+    Each such shard is marked, since nothing says which one is the original."""
+    by_id: dict[str, list[ShardVerdict]] = {}
+    for r in results:
+        if r.judged is not None and r.judged.report.log_id:
+            by_id.setdefault(r.judged.report.log_id, []).append(r)
+    for log_id, shards in by_id.items():
+        if len(shards) < 2:
+            continue
+        names = ", ".join(str(r.shard) for r in shards)
+        for r in shards:
+            assert r.judged is not None
+            report = r.judged.report
+            if report.damage is None:
+                report.damage = Damage(
+                    "duplicated",
+                    0,
+                    "",
+                    0,
+                    f"shards {names} hold the same log (log id {log_id}): each shard's log is "
+                    f"made with its own id, so one shard's records were copied over another's",
+                )
 
 
 def show(

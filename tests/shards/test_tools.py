@@ -516,3 +516,24 @@ def test_the_shard_flag_names_the_range_of_the_log_it_reads() -> None:
     assert chosen_shards(one, "ALL") == [0]
     with pytest.raises(UsageError, match=r"--shard 1: the log in schema public is not sharded"):
         chosen_shards(one, "1")
+
+
+def test_a_shard_copied_over_another_is_damage_in_both(sharded: Sharded) -> None:
+    """Each shard's chain verifies alone, so a copy of shard 1's records put in place of
+    shard 0's would pass shard by shard: the shared log id gives it away."""
+    source, target = (sql.Identifier(sharded.layout.schema(k)) for k in (1, 0))
+    with psycopg.connect(sharded.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {}.bide_records SELECT * FROM {}.bide_records").format(
+                target, source
+            )
+        )
+    out = bide("verify", "--dsn", sharded.dsn, "--verify-key", sharded.verify_pub, "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    verdicts = {s["shard"]: s["verdict"] for s in report["shards"]}
+    assert verdicts == {0: "damaged", 1: "damaged", 2: "intact", 3: "empty"}
+    for k in (0, 1):
+        damage = report["shards"][k]["damage"]
+        assert damage["kind"] == "duplicated"
+        assert "shards 0, 1 hold the same log" in damage["detail"]
