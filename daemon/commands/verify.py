@@ -94,10 +94,11 @@ sharded logs (bide log init --shards N): --dsn verifies each shard's chain on it
 takeovers after its number, then a total; --json gives "shards": [...] (each shard's report)
 and the overall "verdict"; the exit status is the worst shard's. A shard no node has taken
 yet is "empty" (exit 0). Two shards holding the same log (one log id) are both damaged
-(duplicated): one shard's records were copied over another's. --shard with --config whose log is in PostgreSQL reads that
-database (the key from the config, unless --verify-key), and so does --config of a node of
-a sharded log (its local copies in STATE/shards/). A directory `bide log export` wrote
-from a sharded log (it holds shards.json) is verified the same way, with no database.
+(duplicated): one shard's records were copied over another's. --shard with --config whose
+log is in PostgreSQL reads that database (the key from the config, unless --verify-key),
+and so does --config of a node of a sharded log (its local copies in STATE/shards/). A
+directory `bide log export` wrote from a sharded log (it holds shards.json) is verified
+the same way, with no database.
 
 examples:
   bide verify /var/lib/bide/log --verify-key verify.pub
