@@ -11,6 +11,7 @@ to that shard. Every command runs as a real process, as an operator runs it.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from eventlog.writer import LogWriter
 from replay import PollScheduled, encode_event
 from tests.e2e.harness import config_text, postgres_table
 from tests.eventlog._logtools import KeySet, make_keys
-from tests.pgsupport import schema_dsn
+from tests.pgsupport import role, schema_dsn
 from tests.replay.helpers import Daemon
 
 BIDE = [sys.executable, "-m", "daemon.cli"]
@@ -95,11 +96,18 @@ def write_shard(
 class Sharded:
     """A 4-shard log with records in shards 1 and 2, and the keys that wrote them."""
 
-    def __init__(self, dsn: str, tmp: Path, *, skew_shard: int | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        tmp: Path,
+        *,
+        skew_shard: int | None = None,
+        reader: str | None = None,
+    ) -> None:
         self.dsn = dsn
         self.tmp = tmp
         self.ks = make_keys(tmp / "keys")
-        self.layout, _ = init_sharded(pgstore.PgSettings(dsn), COUNT)
+        self.layout, _ = init_sharded(pgstore.PgSettings(dsn), COUNT, reader=reader)
         self.ops = {k: op_in(k) for k in WRITTEN}
         for k in WRITTEN:
             write_shard(
@@ -537,3 +545,24 @@ def test_a_shard_copied_over_another_is_damage_in_both(sharded: Sharded) -> None
         damage = report["shards"][k]["damage"]
         assert damage["kind"] == "duplicated"
         assert "shards 0, 1 hold the same log" in damage["detail"]
+
+
+@pytest.fixture
+def auditor_dsn(pg_dsn: str) -> Iterator[str]:
+    """A role that may only read (dropped afterwards), and the DSN that logs in as it."""
+    yield from role(pg_dsn, f"bide_audit_{secrets.token_hex(4)}")
+
+
+def test_an_auditors_read_only_role_verifies_exports_and_lists_every_shard(
+    pg_dsn: str, auditor_dsn: str, tmp_path: Path
+) -> None:
+    auditor = str(psycopg.conninfo.conninfo_to_dict(auditor_dsn)["user"])
+    log = Sharded(pg_dsn, tmp_path, reader=auditor)
+    out = bide("verify", "--dsn", auditor_dsn, "--verify-key", log.verify_pub)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1].startswith("total: 4 shard(s) (all): 2 intact")
+    export = bide("log", "export", str(tmp_path / "export"), "--dsn", auditor_dsn)
+    assert export.returncode == 0, export.stdout + export.stderr
+    listed = bide("log", "shards", "--dsn", auditor_dsn, "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert json.loads(listed.stdout)["held"] == 2
