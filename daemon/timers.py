@@ -105,6 +105,17 @@ class RateQuota:
         self._monotonic = monotonic
         self._tat = monotonic()  # when the next request would conform with no burst used
 
+    def retune(self, rate: float, burst: int) -> None:
+        """Change the rate and burst while running, keeping the slots already handed out.
+
+        The promise holds for the new figures in every window whose requests all take their
+        slot after the change: the bound above only needs each slot spaced ``interval`` after
+        the last one taken (a debt left by the old rate only spaces them wider)."""
+        self.rate = rate
+        self.burst = max(1, burst)
+        self.interval = (1.0 + QUOTA_GUARD) / rate
+        self._tolerance = (self.burst - 1) * self.interval
+
     def reserve(self) -> float:
         now = self._monotonic()
         tat = max(self._tat, now)
