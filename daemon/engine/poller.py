@@ -116,9 +116,7 @@ class Poller:
                 continue
             self.profiles[name] = profile
             quota = profile.quota
-            self.pacing.configure(
-                name, quota.requests_per_second, quota.burst, quota.max_in_flight
-            )
+            self.pacing.configure(name, quota.requests_per_second, quota.burst, quota.max_in_flight)
             previous = self.clients.pop(name, None)
             self.clients[name] = StatusClient(profile, self._credentials_dir())
             if previous is not None and self.polls is not None:
