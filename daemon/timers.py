@@ -108,12 +108,15 @@ class RateQuota:
     def retune(self, rate: float, burst: int) -> None:
         """Change the rate and burst while running, keeping the slots already handed out.
 
-        The promise holds for the new figures in every window whose requests all take their
-        slot after the change: the bound above only needs each slot spaced ``interval`` after
-        the last one taken (a debt left by the old rate only spaces them wider)."""
+        The promise holds for the new figures from the last slot taken before the change:
+        a lowered rate spaces the next slot its new, wider interval after that one (the
+        bound above only needs each slot spaced ``interval`` after the one before)."""
+        interval = (1.0 + QUOTA_GUARD) / rate
+        if interval > self.interval:
+            self._tat += interval - self.interval
         self.rate = rate
         self.burst = max(1, burst)
-        self.interval = (1.0 + QUOTA_GUARD) / rate
+        self.interval = interval
         self._tolerance = (self.burst - 1) * self.interval
 
     def reserve(self) -> float:
