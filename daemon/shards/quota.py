@@ -20,7 +20,9 @@ Rules:
   periods (one to be seen, one before a raise is safe).
 * Lowering is at once, raising only after a full period: the slice applied is the smaller of
   this exchange's and the previous one's, so a node takes more only once every other node
-  has had a period to read the same rows and lower its own.
+  has had a period to read the same rows and lower its own. After its slices expired
+  (the database away) a node starts again from nothing: its rows may have expired too, and
+  the others taken its share.
 * The slice is in force until ``ttl`` after the exchange that set it began (on this node's
   monotonic clock, so no later than the database's ``expires_at`` of the row it wrote). If
   the database cannot be reached the node keeps it that long, then has nothing (it cannot
@@ -170,9 +172,16 @@ class QuotaExchange:
                 await self.exchange()
                 await anyio.sleep(self.period)
         finally:
+            self._drop()  # before the rows go: the others raise a period after they did
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 await self._leave()
-            await self._close()
+            await self.aclose()
+
+    def _drop(self) -> None:
+        """This node uses no slice any more."""
+        self.until = -math.inf
+        for provider in self.applied:
+            self.shared.set_slice(provider, Limits(0.0, 0, 0), -math.inf)
 
     async def exchange(self) -> bool:
         """One exchange: write the demand, read every node's, set this node's slices.
@@ -185,7 +194,7 @@ class QuotaExchange:
             with anyio.fail_after(max(1.0, self.ttl / 2)):
                 rows = await self._trade(demand)
         except Exception as exc:  # the database did not answer: keep the slice until ttl
-            await self._close()
+            await self.aclose()
             self._failed(exc)
             return False
         self.exchanges += 1
@@ -193,11 +202,14 @@ class QuotaExchange:
         demands: dict[str, dict[str, float]] = {}
         for provider, node, value in rows:
             demands.setdefault(provider, {})[node] = value
+        # A raise needs the same slice computed a period ago while this node's rows lived:
+        # after its slices expired (so might its rows: the others may have raised), none was.
+        kept = started < self.until
         for provider, limits in profiles.items():
             now = slices(
                 limits.rate, limits.burst, limits.in_flight, demands.get(provider, {}), self.node
             )
-            before = self.computed.get(provider, NOTHING)
+            before = self.computed.get(provider, NOTHING) if kept else NOTHING
             self.computed[provider] = now
             self.applied[provider] = _smaller(now, before)  # raised only after a period
         self.until = started + self.ttl
@@ -255,7 +267,8 @@ class QuotaExchange:
         except Exception as exc:  # the rows expire with the ttl anyway
             logfmt.warn("quota rows not deleted on leaving; they expire", error=type(exc).__name__)
 
-    async def _close(self) -> None:
+    async def aclose(self) -> None:
+        """Close the connection to the catalog (:meth:`run` does on its way out)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with anyio.CancelScope(shield=True):

@@ -111,8 +111,10 @@ def test_engines_sharing_a_pacing_keep_one_quota_between_them(
     allowed = burst - 1 + math.ceil(rate * 1.0)
     most = most_in_window(seen, 1.0)
     span = max(seen) - min(seen)
-    print(f"{len(seen)} requests in {span:.2f} s; most in 1 s {most} (allowed {allowed}); "
-          f"per engine {per_engine}")
+    print(
+        f"{len(seen)} requests in {span:.2f} s; most in 1 s {most} (allowed {allowed}); "
+        f"per engine {per_engine}"
+    )
     assert most <= allowed
     # The quota is used, not starved (the 5% guard and start-up aside) ...
     assert len(seen) >= 0.8 * rate * span
