@@ -5,6 +5,7 @@ simulator on 127.0.0.1) through one shared pacing; the provider's request log sh
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -148,7 +149,7 @@ def test_limits_lowered_and_raised_while_running_hold_from_then_on(tmp_path: Pat
         run_engines(tmp_path, sim, quota, shared, scenario)
         seen = sorted(arrivals(sim))
     bounds = [*changes, (math.inf, 0)]
-    for (start, rate), (end, _) in zip(bounds, bounds[1:], strict=False):
+    for (start, rate), (end, _) in itertools.pairwise(bounds):
         # Windows that start after this change and end before the next one.
         inside = [t for t in seen if start <= t < end]
         most = most_in_window(inside, 1.0)

@@ -86,10 +86,12 @@ def test_the_fraction_goes_to_the_first_node_and_whole_rates_to_the_rest() -> No
 def test_more_nodes_than_whole_requests_per_second_serves_the_busiest() -> None:
     demand = {"a": 5.0, "b": 50.0, "c": 1.0}
     got = {n: slices(2.0, 1, 8, demand, n) for n in demand}
-    assert got["b"] == Slice(1.0, 1, 6) and got["a"] == Slice(1.0, 1, 2)  # slots by demand
+    assert got["b"] == Slice(1.0, 1, 6)
+    assert got["a"] == Slice(1.0, 1, 2)
     assert got["c"] == NOTHING
     below_one = {n: slices(0.5, 1, 8, demand, n) for n in demand}
-    assert below_one["b"].rate == 0.5 and below_one["a"] == below_one["c"] == NOTHING
+    assert below_one["b"].rate == 0.5
+    assert below_one["a"] == below_one["c"] == NOTHING
 
 
 def test_one_node_alone_gets_the_whole_quota() -> None:
