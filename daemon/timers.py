@@ -109,11 +109,11 @@ class RateQuota:
         """Change the rate and burst while running, keeping the slots already handed out.
 
         The promise holds for the new figures from the last slot taken before the change:
-        a lowered rate spaces the next slot its new, wider interval after that one (the
-        bound above only needs each slot spaced ``interval`` after the one before)."""
+        the next slot is spaced the new interval after that one, wider for a lowered rate,
+        narrower for a raised one (the bound above only needs each slot spaced ``interval``
+        after the one before)."""
         interval = (1.0 + QUOTA_GUARD) / rate
-        if interval > self.interval:
-            self._tat += interval - self.interval
+        self._tat += interval - self.interval
         self.rate = rate
         self.burst = max(1, burst)
         self.interval = interval
