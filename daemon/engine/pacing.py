@@ -363,11 +363,22 @@ class SharedPacing(Pacing):
         return member
 
     def detach(self, member: Member) -> None:
-        """An engine stops: the future slots its operations hold go back to the quota."""
+        """An engine stops: the future slots its operations hold go back to the quota, and
+        its polls leave the queues (an operation of a shard that comes back to this process
+        queues afresh under its new engine)."""
         mine = [op_id for op_id in self.prepaid if member.is_live(op_id)]
         self.members.remove(member)
         for op_id in mine:
             self.give_back(op_id, self._prepaid_provider[op_id])
+        for queues in self._waiting.values():
+            for who, queue in list(queues.items()):
+                kept = [op_id for op_id in queue if self._member_is_live(op_id)]
+                self._queued.difference_update(op_id for op_id in queue if op_id not in kept)
+                if kept:
+                    queues[who] = collections.deque(kept)
+                else:
+                    del queues[who]
+        self._dispatched = {op_id for op_id in self._dispatched if self._member_is_live(op_id)}
 
     def live(self) -> dict[str, int]:
         """Live operations per provider over every attached engine."""

@@ -139,9 +139,17 @@ def test_a_shared_pacing_asks_and_wakes_the_engine_whose_operation_it_is() -> No
     mine["one"].add("a4")
     assert shared.admit("a2", "p", "alice") == Granted()  # a slot used: the next in line
     assert woken["one"] == ["a4"]
-    shared.detach(members["one"])  # engine one stops: a3's held slot goes back
+    defer(shared, "a4", "alice")  # woken, it takes a future slot: alice holds 2 again
+    assert shared.admit("a5", "p", "alice") == Queued()
+    shared.detach(members["one"])  # engine one stops: a3's and a4's held slots go back
     assert not shared.holds("a3")
+    assert not shared.holds("a4")
+    assert not shared.queued("a5")  # and its polls leave the queues
     assert shared.live() == {"p": 1}
+    # The shard comes back under a new engine: its poll asks afresh (not stuck as queued).
+    shared.attach(mine["one"].__contains__, woken["one"].append, lambda: {"p": 1})
+    mine["one"].add("a5")
+    assert isinstance(shared.admit("a5", "p", "alice"), Deferred)
 
 
 def test_a_sliced_pacing_is_closed_until_its_slice_and_after_it_expires() -> None:
