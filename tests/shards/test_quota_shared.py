@@ -58,12 +58,13 @@ def run_engines(
     tmp: Path,
     sim: SimulatorHandle,
     quota: str,
-    pacing: SharedPacing,
+    pacing: SharedPacing | list[SharedPacing],
     scenario: Callable[[list[Supervisor]], Awaitable[None]],
 ) -> None:
-    """Start the engines, register ``OPS`` operations in each (each engine's own agent), run
-    ``scenario``, and stop them."""
-    engines = [engine(tmp, k, sim, quota, pacing) for k in range(ENGINES)]
+    """Start the engines (over one pacing, or engine k over ``pacing[k]``), register ``OPS``
+    operations in each (each engine's own agent), run ``scenario``, and stop them."""
+    pacings = pacing if isinstance(pacing, list) else [pacing] * ENGINES
+    engines = [engine(tmp, k, sim, quota, pacings[k]) for k in range(ENGINES)]
     for k in range(ENGINES):
         for i in range(OPS):
             sim.add_job(["running"], job_id=f"e{k}j{i}")
@@ -85,7 +86,7 @@ def run_engines(
             await scenario(engines)
             for e in engines:
                 e.request_stop()
-        assert not pacing.members  # every engine gave its place back on stopping
+        assert not any(p.members for p in pacings)  # every engine gave its place back
 
     anyio.run(main)
 
