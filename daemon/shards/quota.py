@@ -18,11 +18,15 @@ Rules:
 * An idle node (no live operation on the provider) gets nothing: every unit of the quota
   goes to nodes that use it, and an idle node that gets work has its share within two
   periods (one to be seen, one before a raise is safe).
-* Lowering is at once, raising only after a full period: the slice applied is the smaller of
-  this exchange's and the previous one's, so a node takes more only once every other node
-  has had a period to read the same rows and lower its own. After its slices expired
-  (the database away) a node starts again from nothing: its rows may have expired too, and
-  the others taken its share.
+* Lowering is at once, raising only once the higher slice has been computed in every
+  exchange for ``raise_after`` seconds (the slice applied is the smallest computed over that
+  time): by then every other node has read the rows that allow it and lowered its own.
+  The default is ``ttl``, not one period: a node whose exchanges fail keeps its slice until
+  its ttl (it cannot know better), and one whose exchange was merely slow reads the rows a
+  period and its exchange's time later; waiting ``ttl`` covers both (measured: with a wait
+  of one period, three nodes a quarter second apart overshot the quota for a moment when
+  one node's exchange ran late). After its slices expired a node starts again from nothing:
+  its rows may have expired too, and the others taken its share.
 * The slice is in force until ``ttl`` after the exchange that set it began (on this node's
   monotonic clock, so no later than the database's ``expires_at`` of the row it wrote). If
   the database cannot be reached the node keeps it that long, then has nothing (it cannot
@@ -39,6 +43,7 @@ alone; and in flight at most ``max_in_flight``.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -146,17 +151,20 @@ class QuotaExchange:
         *,
         period: float,
         ttl: float,
+        raise_after: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < period < ttl:
             raise ValueError("the exchange's period must be shorter than its ttl")
+        self.raise_after = ttl if raise_after is None else raise_after
         self.settings = settings
         self.node = node
         self.shared = shared
         self.period = period
         self.ttl = ttl
         self.monotonic = monotonic
-        self.computed: dict[str, Slice] = {}  # provider -> the last exchange's slice
+        # provider -> the slices computed over the last ``raise_after`` (and the one before)
+        self.computed: dict[str, collections.deque[tuple[float, Slice]]] = {}
         self.applied: dict[str, Slice] = {}  # provider -> the slice in force
         self.until = -math.inf  # the applied slices end then (monotonic)
         self.exchanges = 0
@@ -202,16 +210,24 @@ class QuotaExchange:
         demands: dict[str, dict[str, float]] = {}
         for provider, node, value in rows:
             demands.setdefault(provider, {})[node] = value
-        # A raise needs the same slice computed a period ago while this node's rows lived:
+        # A raise needs the slice computed over ``raise_after`` while this node's rows lived:
         # after its slices expired (so might its rows: the others may have raised), none was.
         kept = started < self.until
+        since = started - self.raise_after
         for provider, limits in profiles.items():
             now = slices(
                 limits.rate, limits.burst, limits.in_flight, demands.get(provider, {}), self.node
             )
-            before = self.computed.get(provider, NOTHING) if kept else NOTHING
-            self.computed[provider] = now
-            self.applied[provider] = _smaller(now, before)  # raised only after a period
+            history = self.computed.setdefault(provider, collections.deque())
+            if not kept:
+                history.clear()
+            history.append((started, now))
+            while len(history) > 1 and history[1][0] <= since:
+                history.popleft()  # the oldest kept is the one in force ``raise_after`` ago
+            applied = now if history[0][0] <= since else NOTHING
+            for _, piece in history:
+                applied = _smaller(applied, piece)
+            self.applied[provider] = applied
         self.until = started + self.ttl
         for provider, piece in self.applied.items():
             self.shared.set_slice(

@@ -37,13 +37,17 @@ class Node:
     """One node's side: its pacing (configured from the profile) and its exchange; its demand
     is what the test sets, as a node's live operations would be."""
 
-    def __init__(self, dsn: str, name: str, demand: int, ttl: float = TTL) -> None:
+    def __init__(
+        self, dsn: str, name: str, demand: int, ttl: float = TTL, raise_after: float = TTL
+    ) -> None:
         self.name = name
         self.demand = demand
         self.shared = SharedPacing(sliced=True)
         self.shared.configure("sim", RATE, BURST, IN_FLIGHT)
         self.shared.attach(lambda op: False, lambda op: None, lambda: {"sim": self.demand})
-        self.exchange = QuotaExchange(PgSettings(dsn), name, self.shared, period=PERIOD, ttl=ttl)
+        self.exchange = QuotaExchange(
+            PgSettings(dsn), name, self.shared, period=PERIOD, ttl=ttl, raise_after=raise_after
+        )
 
     @property
     def rate(self) -> float:
@@ -110,18 +114,19 @@ def test_slices_follow_demand_a_dead_nodes_share_returns_after_ttl(catalog: str)
             tg.start_soon(run, a, live_a)
             tg.start_soon(run, b, live_b)
             tg.start_soon(beat_until_dead, c)
-            # Nothing before a full period has passed, then equal shares.
+            # Nothing before each has computed its slice for ``raise_after``, then equal shares.
             await anyio.sleep(PERIOD / 2)
             assert a.rate == b.rate == c.rate == 0
-            await until(lambda: [n.rate for n in nodes] == [10.0] * 3, 3 * PERIOD + 1)
+            took = await until(lambda: [n.rate for n in nodes] == [10.0] * 3, TTL + 2)
+            assert took >= TTL - PERIOD  # a raise (from nothing) waits ``raise_after``
 
             b.demand = 40  # b's share grows; a and c lower theirs first
-            await until(lambda: b.rate == 19.0, 3 * PERIOD + 1)
+            await until(lambda: b.rate == 19.0, TTL + 2)
             assert (a.rate, c.rate) == (6.0, 5.0)
 
             dead.set()  # c dies: its rows stay until they expire
             died = time.monotonic()
-            took = await until(lambda: a.rate + b.rate == RATE, TTL + 4 * PERIOD + 1)
+            took = await until(lambda: a.rate + b.rate == RATE, 2 * TTL + 2)
             assert c.rate == 0  # its own slice expired first: it cannot know the others'
             assert took >= TTL - PERIOD  # not before its rows expired
             assert (a.rate, b.rate) == (7.0, 23.0)
@@ -129,7 +134,7 @@ def test_slices_follow_demand_a_dead_nodes_share_returns_after_ttl(catalog: str)
             assert time.monotonic() - died >= TTL - PERIOD
 
             live_a.cancel()  # a leaves: its rows go at once, b takes everything
-            took = await until(lambda: b.rate == RATE, 3 * PERIOD + 1)
+            took = await until(lambda: b.rate == RATE, TTL + 2)
             print(f"a leaving node's share returned {took:.2f} s after it left")
             assert "a" not in rows(catalog)
             assert b.exchange.in_force("sim").in_flight == IN_FLIGHT
@@ -150,7 +155,8 @@ def test_without_the_database_a_node_keeps_its_slice_until_ttl_then_has_nothing(
     try:
         with proxy_to(host, port) as proxy:
             dsn = psycopg.conninfo.make_conninfo(catalog, host="127.0.0.1", port=proxy.port)
-            node = Node(dsn, "alone", 3, ttl=2 * TTL)  # a stalled exchange gives up in ~1 s
+            # A stalled exchange gives up in about 1 s: a ttl of 2 s shows the slice kept.
+            node = Node(dsn, "alone", 3, ttl=2 * TTL, raise_after=PERIOD)
             ex = node.exchange
 
             async def main() -> None:
@@ -188,7 +194,7 @@ def test_without_the_database_a_node_keeps_its_slice_until_ttl_then_has_nothing(
 
 
 def test_metrics_show_the_slice_in_force(catalog: str) -> None:
-    node = Node(catalog, "m", 1)
+    node = Node(catalog, "m", 1, raise_after=PERIOD)
 
     async def main() -> None:
         await node.exchange.exchange()
