@@ -21,6 +21,7 @@ from daemon.shards.quota import NOTHING, QuotaExchange
 from eventlog.pgstore import PgSettings
 from eventlog.shards import init_catalog
 from tests.e2e.tcpproxy import proxy_to
+from tests.exposition import parse_exposition
 
 RATE, BURST, IN_FLIGHT = 30.0, 5, 6
 PERIOD, TTL = 0.25, 1.0
@@ -203,7 +204,16 @@ def test_metrics_show_the_slice_in_force(catalog: str) -> None:
         await node.exchange.aclose()
 
     anyio.run(main)
-    text = "\n".join(node.exchange.metrics_lines())
-    assert 'bide_provider_quota_slice_rps{provider="sim"} 30' in text
-    assert f'bide_provider_quota_slice_in_flight{{provider="sim"}} {IN_FLIGHT}' in text
-    assert "# TYPE bide_provider_quota_slice_rps gauge" in text
+    page = parse_exposition("\n".join(node.exchange.metrics_lines()) + "\n")
+    sim = (("provider", "sim"),)
+    assert page["bide_provider_quota_slice_rps"] == {sim: RATE}
+    assert page["bide_provider_quota_slice_in_flight"] == {sim: IN_FLIGHT}
+    node.exchange.until = 0.0  # once the slice expired, the metrics say nothing is left
+    page = parse_exposition("\n".join(node.exchange.metrics_lines()) + "\n")
+    assert page["bide_provider_quota_slice_rps"] == {sim: 0}
+
+
+def test_an_exchange_period_must_be_shorter_than_its_ttl() -> None:
+    shared = SharedPacing(sliced=True)
+    with pytest.raises(ValueError, match="shorter than its ttl"):
+        QuotaExchange(PgSettings("postgresql://bide@127.0.0.1/test"), "n", shared, period=2, ttl=1)
