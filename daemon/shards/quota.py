@@ -26,7 +26,11 @@ Rules:
   period and its exchange's time later; waiting ``ttl`` covers both (measured: with a wait
   of one period, three nodes a quarter second apart overshot the quota for a moment when
   one node's exchange ran late). After its slices expired a node starts again from nothing:
-  its rows may have expired too, and the others taken its share.
+  its rows may have expired too, and the others taken its share. One exception: a node
+  that finds no other node with demand on the provider takes its slice at once (a node
+  holding a slice has a living row with demand: it wrote one at the exchange that set the
+  slice, and lowered to nothing at the one that wrote no demand); exchanges take turns
+  (a lock on ``bide_quota``), so two nodes cannot both find themselves alone.
 * The slice is in force until ``ttl`` after the exchange that set it began (on this node's
   monotonic clock, so no later than the database's ``expires_at`` of the row it wrote). If
   the database cannot be reached the node keeps it that long, then has nothing (it cannot
@@ -67,6 +71,9 @@ ON CONFLICT (provider, node) DO UPDATE
     SET demand = EXCLUDED.demand, updated_at = now(), expires_at = EXCLUDED.expires_at
 """
 _READ = "SELECT provider, node, demand FROM bide_quota WHERE expires_at > now()"
+#: Exchanges take turns (the mode conflicts with itself, not with plain reads): each reads
+#: the demand every exchange before it wrote.
+_TURN = "LOCK TABLE bide_quota IN SHARE ROW EXCLUSIVE MODE"
 #: Rows of nodes gone for a day (a renamed host) are deleted by whoever exchanges.
 _PRUNE = "DELETE FROM bide_quota WHERE expires_at < now() - interval '1 day'"
 _LEAVE = "DELETE FROM bide_quota WHERE node = %s"
@@ -219,8 +226,12 @@ class QuotaExchange:
                 limits.rate, limits.burst, limits.in_flight, demands.get(provider, {}), self.node
             )
             history = self.computed.setdefault(provider, collections.deque())
-            if not kept:
-                history.clear()
+            others = demands.get(provider, {})
+            if not any(d > 0 for n, d in others.items() if n != self.node):
+                history.clear()  # alone: nobody to wait for
+                history.append((since, now))
+            elif not kept:
+                history.clear()  # expired: from nothing
             history.append((started, now))
             while len(history) > 1 and history[1][0] <= since:
                 history.popleft()  # the oldest kept is the one in force ``raise_after`` ago
@@ -268,6 +279,7 @@ class QuotaExchange:
     async def _trade(self, demand: Mapping[str, float]) -> list[tuple[str, str, float]]:
         conn = await self._connection()
         async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute(_TURN)
             await cur.executemany(
                 _WRITE, [(p, self.node, d, self.ttl) for p, d in sorted(demand.items())]
             )

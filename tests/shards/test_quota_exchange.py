@@ -115,11 +115,12 @@ def test_slices_follow_demand_a_dead_nodes_share_returns_after_ttl(catalog: str)
             tg.start_soon(run, a, live_a)
             tg.start_soon(run, b, live_b)
             tg.start_soon(beat_until_dead, c)
-            # Nothing before each has computed its slice for ``raise_after``, then equal shares.
+            # The first to exchange finds itself alone and takes its slice at once; the
+            # others wait ``raise_after`` (the first lowers at once), then equal shares.
             await anyio.sleep(PERIOD / 2)
-            assert a.rate == b.rate == c.rate == 0
+            assert sum(n.rate > 0 for n in nodes) <= 1
             took = await until(lambda: [n.rate for n in nodes] == [10.0] * 3, TTL + 2)
-            assert took >= TTL - PERIOD  # a raise (from nothing) waits ``raise_after``
+            assert took >= TTL - PERIOD
 
             b.demand = 40  # b's share grows; a and c lower theirs first
             await until(lambda: b.rate == 19.0, TTL + 2)
@@ -157,20 +158,26 @@ def test_without_the_database_a_node_keeps_its_slice_until_ttl_then_has_nothing(
         with proxy_to(host, port) as proxy:
             dsn = psycopg.conninfo.make_conninfo(catalog, host="127.0.0.1", port=proxy.port)
             # A stalled exchange gives up in about 1 s: a ttl of 2 s shows the slice kept.
-            node = Node(dsn, "alone", 3, ttl=2 * TTL, raise_after=PERIOD)
+            node = Node(dsn, "n", 3, ttl=2 * TTL, raise_after=PERIOD)
             ex = node.exchange
+            with psycopg.connect(catalog) as conn:  # another node with demand, for an hour
+                conn.execute(
+                    "INSERT INTO bide_quota (provider, node, demand, expires_at) "
+                    "VALUES ('sim', 'other', 1, now() + interval '1 hour')"
+                )
+            share = 22.0  # of 30, for a demand of 3 to the other's 1 (one request each first)
 
             async def main() -> None:
                 assert await ex.exchange()
-                assert node.rate == 0
+                assert node.rate == 0  # not alone: a raise waits ``raise_after``
                 await anyio.sleep(PERIOD)
                 assert await ex.exchange()
-                assert node.rate == RATE
+                assert node.rate == share
                 last_good = time.monotonic()
                 proxy.stall()  # the database stops answering, with no reset to notice
                 assert not await ex.exchange()
                 print(f"a stalled exchange gave up after {time.monotonic() - last_good:.2f} s")
-                assert node.rate == RATE
+                assert node.rate == share
                 assert node.shared.is_open("sim")
                 await anyio.sleep(max(0.0, last_good + 2 * TTL - time.monotonic()) + 0.05)
                 assert ex.in_force("sim") == NOTHING
@@ -179,10 +186,10 @@ def test_without_the_database_a_node_keeps_its_slice_until_ttl_then_has_nothing(
                 assert not await ex.exchange()
                 proxy.restore()
                 assert await ex.exchange()
-                assert node.rate == 0
+                assert node.rate == 0  # back: from nothing, a raise waits again
                 await anyio.sleep(PERIOD)
                 assert await ex.exchange()
-                assert node.rate == RATE
+                assert node.rate == share
                 await ex.aclose()
 
             anyio.run(main)
@@ -217,3 +224,25 @@ def test_an_exchange_period_must_be_shorter_than_its_ttl() -> None:
     shared = SharedPacing(sliced=True)
     with pytest.raises(ValueError, match="shorter than its ttl"):
         QuotaExchange(PgSettings("postgresql://bide@127.0.0.1/test"), "n", shared, period=2, ttl=1)
+
+
+def test_a_node_alone_takes_its_slice_at_once(catalog: str) -> None:
+    """A single node (or the first of several) waits for nobody: no other node has a row
+    with demand, so none holds a slice."""
+    node, idle = Node(catalog, "n", 3), Node(catalog, "idle", 0)
+
+    async def main() -> None:
+        assert await idle.exchange.exchange()  # a living row without demand
+        assert await node.exchange.exchange()
+        assert node.rate == RATE
+        assert node.shared.is_open("sim")
+        assert idle.rate == 0
+        idle.demand = 1  # demand appears: the idle node waits, the other lowers at once
+        assert await idle.exchange.exchange()
+        assert idle.rate == 0
+        assert await node.exchange.exchange()
+        assert node.rate < RATE
+        for n in (node, idle):
+            await n.exchange.aclose()
+
+    anyio.run(main)
