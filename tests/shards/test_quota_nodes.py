@@ -1,8 +1,9 @@
 """Two nodes, one quota: each node a process's pacing with slices (here two pacings in one
 test process) and its quota exchange through a real PostgreSQL; node A runs two engines,
 node B one, all polling the simulator on 127.0.0.1. Every 1 s window at the provider holds
-the quota across both nodes, from the start (each node closed until its first slice), while
-they share it by demand, and after B leaves and A takes the whole of it."""
+the quota across both nodes: from the start (the first to exchange finds itself alone and
+takes the quota, the other waits until it has lowered), while they share it by demand, and
+after B leaves and A takes the whole of it."""
 
 from __future__ import annotations
 
