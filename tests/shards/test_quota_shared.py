@@ -9,7 +9,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -60,14 +60,16 @@ def run_engines(
     quota: str,
     pacing: SharedPacing | list[SharedPacing],
     scenario: Callable[[list[Supervisor]], Awaitable[None]],
+    steps: Sequence[str | Mapping[str, object]] = ("running",),
 ) -> None:
     """Start the engines (over one pacing, or engine k over ``pacing[k]``), register ``OPS``
-    operations in each (each engine's own agent), run ``scenario``, and stop them."""
+    operations in each (each engine's own agent; each job answers ``steps``), run
+    ``scenario``, and stop them."""
     pacings = pacing if isinstance(pacing, list) else [pacing] * ENGINES
     engines = [engine(tmp, k, sim, quota, pacings[k]) for k in range(ENGINES)]
     for k in range(ENGINES):
         for i in range(OPS):
-            sim.add_job(["running"], job_id=f"e{k}j{i}")
+            sim.add_job(list(steps), job_id=f"e{k}j{i}")
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -181,3 +183,40 @@ def test_a_closed_provider_sends_nothing_until_its_slice_comes(tmp_path: Path) -
             assert len(arrivals(sim)) >= expired_at + 5
 
         run_engines(tmp_path, sim, quota, shared, scenario)
+
+
+def most_at_once(arrivals: list[float], seconds: float) -> int:
+    """The most requests in flight together at the provider, each from its arrival for the
+    ``seconds`` it makes its caller wait."""
+    edges = sorted([(t, 1) for t in arrivals] + [(t + seconds, -1) for t in arrivals])
+    most = now = 0
+    for _, step in edges:  # at a tie the end comes first: -1 sorts before 1
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "apart"])
+def test_engines_sharing_a_pacing_keep_one_in_flight_limit(tmp_path: Path, shared: bool) -> None:
+    """Every answer takes 0.3 s and the quota allows 20/s: the in-flight limit of 2 is what
+    holds the engines back. Shared, never more than 2 at the provider at once; apart (each
+    engine its own pacing, as before shards), each engine has its own 2."""
+    pacing: SharedPacing | list[SharedPacing] = (
+        SharedPacing() if shared else [SharedPacing() for _ in range(ENGINES)]
+    )
+    quota = "[quota]\nrequests_per_second = 20\nburst = 1\nmax_in_flight = 2\n"
+    slow = {"delay": 0.3, "state": "running"}
+    with run_in_thread(token=TOKEN) as sim:
+
+        async def scenario(engines: list[Supervisor]) -> None:
+            await anyio.sleep(3.0)
+
+        run_engines(tmp_path, sim, quota, pacing, scenario, steps=[slow])
+        seen = arrivals(sim)
+    at_once = most_at_once(seen, 0.29)  # less the clocks' noise: an answer takes 0.3 s
+    print(f"{'shared' if shared else 'apart'}: {len(seen)} requests, {at_once} at once")
+    if shared:
+        assert at_once <= 2
+        assert len(seen) >= 2 * 3.0 / 0.3 * 0.6  # the two slots kept busy
+    else:
+        assert at_once > 2  # the check sees it when the limit is not shared
