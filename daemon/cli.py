@@ -42,6 +42,7 @@ COMMANDS: tuple[str, ...] = (
     "verify",
     "witness",
     "log",
+    "node",
     "completion",
 )
 

@@ -56,7 +56,9 @@ MEANINGS: dict[str, dict[str, str]] = {
         "snapshot_every": "events between state snapshots (`0`: only at stop); a restart folds "
         "at most this many events past the snapshot",
         "forward_secure": "new logs: checkpoints signed by evolving epoch keys certified by the "
-        "root key, which may then go offline",
+        "root key, which may then go offline; with the log in PostgreSQL each node must be "
+        "enrolled (`bide node enroll`) and signs its takeovers with its own key chain "
+        "(`false`: one `signing.key` on every node, format 2)",
         "epoch_seconds": "a new epoch key (the old one destroyed) this often",
         "epoch_checkpoints": "or every N checkpoints, whichever comes first (`0`: off)",
         "store": '`"files"`, or a `postgresql://` DSN (the same as `[postgres] dsn`)',

@@ -12,8 +12,11 @@ supervisor under that epoch, and back to standby if another node fences us.
               the task group ends at once (no request after it), back to standby
     SIGTERM:  drain and close as always, then hand the lease over at once
 
-Epoch keys (``[log] forward_secure``) live on one host and cannot follow a takeover: a log in
-PostgreSQL is signed with the one signing key (format 2) every node holds.
+Signing (``daemon.signing``): with ``[log] forward_secure`` (the default) the node must be
+enrolled (``bide node enroll``): each term starts with a takeover checkpoint signed by the
+node's own key chain, certifying the log's next epoch key made here; at every term's end (and
+at start, after a crash) the node destroys its epoch keys of the log. With ``forward_secure =
+false``, or a log made in format 2, every node signs with the one ``signing.key``, as before.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from daemon.lease import Lease
 from daemon.metrics import serve_metrics, standby_page
 from daemon.pgconfig import config_settings
 from daemon.profile import load_profiles, too_long_for_lease
+from daemon.signing import database_log_format, enrolled_node, node_chain, term_ended
 from daemon.standby import StandbyReads
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
-from eventlog.errors import DivergedError, FencedError, LogIOError
+from eventlog.envelope import FORMAT_SINGLE_KEY
+from eventlog.errors import DivergedError, EventLogError, FencedError, LogIOError
+from eventlog.keys import keys_directory
 from eventlog.lock import WriterLock
 from eventlog.store import LineStore
 
@@ -56,12 +62,7 @@ def run_node(cfg: Config, build: Build) -> int:
     settings = config_settings(cfg)
     assert settings is not None
     assert cfg.postgres is not None
-    if cfg.log.forward_secure:
-        raise ConfigError(
-            f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
-            f"host (a standby could not continue the chain): set [log] forward_secure = false "
-            f"and give every node the same keys directory (signing.key, data.key)"
-        )
+    require_enrolled(cfg)
     pg = cfg.postgres
     lease = Lease(
         settings,
@@ -80,11 +81,30 @@ def run_node(cfg: Config, build: Build) -> int:
     cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     node_lock = WriterLock(cfg.state_dir)
     node_lock.acquire()
+    if enrolled_node(cfg) and database_log_format(cfg) != FORMAT_SINGLE_KEY:
+        # What a crash left: the epoch keys of the term it ended, a node key never certified.
+        node_chain(cfg, keys_directory(cfg.keys_dir)).reconcile()
+        term_ended(cfg.state_dir)
     try:
         anyio.run(_node, cfg, lease, build)
     finally:
         node_lock.release()
     return 0
+
+
+def require_enrolled(cfg: Config) -> None:
+    """Refuse, naming ``bide node enroll``, a forward-secure node that is not enrolled (its
+    certificate missing, for another node or root, or its current node key gone)."""
+    if not enrolled_node(cfg) or database_log_format(cfg) == FORMAT_SINGLE_KEY:
+        return  # a format-2 log goes on with its one key
+    try:
+        node_chain(cfg, keys_directory(cfg.keys_dir))
+    except EventLogError as exc:
+        raise ConfigError(
+            f"{cfg.path}: [log] forward_secure is on (the default) and the log is in "
+            f"PostgreSQL, so this node signs its takeovers with its own enrolled key: {exc}. "
+            f"(Or set [log] forward_secure = false to sign with one signing.key on every node.)"
+        ) from None
 
 
 def _check_profiles_fit(cfg: Config, longest: float) -> None:
@@ -155,6 +175,8 @@ async def _terms(cfg: Config, lease: Lease, build: Build, door: ApiDoor | None) 
             lease.stats.fenced_appends += store.fenced
             store.close()
             lease.forget_head()
+            if enrolled_node(cfg):
+                term_ended(cfg.state_dir)
         if fenced or failed:
             # Requests cancelled a moment ago may still be at the provider: the lease is not
             # handed over but left to run out, so no other node starts before they end.

@@ -24,8 +24,16 @@ import msgspec
 from daemon.config import Config, Problem, config_path, problem_of, read_config
 from daemon.interpreter_access import interpreter_unreachable_by_others
 from daemon.profile import load_profiles, too_long_for_lease
-from daemon.signing import log_format, log_identity
+from daemon.signing import (
+    database_log_format,
+    enrolled_node,
+    log_format,
+    log_identity,
+    node_dir,
+    node_name,
+)
 from daemon.tomllines import dotted, line_of
+from eventlog.envelope import FORMAT_SINGLE_KEY
 from eventlog.errors import EventLogError
 from eventlog.keys import (
     SIGNING_KEY,
@@ -35,6 +43,7 @@ from eventlog.keys import (
     load_signer,
     load_verify_key,
 )
+from eventlog.nodekeys import MAX_LINKS, NodeChain
 
 if TYPE_CHECKING:
     from eventlog.pgstore import PgSettings
@@ -59,6 +68,8 @@ class Report:
     found: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: This node signs as an enrolled node (PostgreSQL, forward-secure, not a format-2 log).
+    enrolled_node: bool = field(default=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -151,16 +162,47 @@ def _settings(cfg: Config, report: Report) -> None:
                 f"{cfg.api.socket_group!r} does not exist: only the daemon's user and root will "
                 f"be able to connect"
             )
-    if cfg.postgres is not None and cfg.log.forward_secure:
-        report.problems.append(
-            _at(
-                cfg,
-                ("log", "forward_secure"),
-                "the log is in PostgreSQL, and forward-secure epoch keys live on one host (a "
-                "standby could not continue the chain)",
-                "set [log] forward_secure = false and give every node the same keys directory",
+    if enrolled_node(cfg):
+        problem = _not_enrolled(cfg, report)
+        if problem is not None:
+            report.problems.append(
+                _at(
+                    cfg,
+                    ("log", "forward_secure"),
+                    f"the log is in PostgreSQL and forward-secure (the default), so this node "
+                    f"signs its takeovers with its own enrolled key: {problem}",
+                    "or set [log] forward_secure = false to sign with one signing.key on "
+                    "every node",
+                )
             )
+
+
+def _not_enrolled(cfg: Config, report: Report) -> str | None:
+    """Why this node cannot sign as an enrolled node (None: it can, or the log in the
+    database is format 2 and goes on with its one key). What it found goes into the report."""
+    assert cfg.postgres is not None
+    if (
+        database_log_format(cfg) == FORMAT_SINGLE_KEY
+        or log_format(cfg.log_dir) == FORMAT_SINGLE_KEY
+    ):
+        return None
+    report.enrolled_node = True
+    try:
+        verify_key = load_verify_key(keys_directory(cfg.keys_dir) / VERIFY_KEY)
+    except EventLogError:
+        return None  # the keys check names it
+    name = node_name(cfg.postgres.node)
+    try:
+        chain = NodeChain(node_dir(cfg), verify_key, name)
+    except EventLogError as exc:
+        return str(exc)
+    report.found["node"] = {"name": name, "key": chain.index, "links": len(chain.links)}
+    if len(chain.links) >= MAX_LINKS * 3 // 4:
+        report.warnings.append(
+            f"node {name} has used {len(chain.links)} of its {MAX_LINKS} node keys since it "
+            f"was enrolled; enrol it again (bide node enroll) before it runs out"
         )
+    return None
 
 
 def _group_exists(name: str) -> bool:
@@ -241,9 +283,16 @@ def _keys(cfg: Config, report: Report) -> None:
         ("data key", lambda: load_keyring(keys_dir)),
         ("verify key", lambda: load_verify_key(keys_dir / VERIFY_KEY)),
     ]
-    if (keys_dir / SIGNING_KEY).exists() or fmt is None or not cfg.log.forward_secure:
+    enrolled = report.enrolled_node
+    if (
+        (keys_dir / SIGNING_KEY).exists()
+        or (fmt is None and not enrolled)
+        or not cfg.log.forward_secure
+    ):
         # a new log is certified by the root key once; a single-key log signs with it
         checks.append(("signing key", lambda: load_signer(keys_dir)))
+    elif enrolled:
+        found["signing_key"] = "offline (an enrolled node signs with its own node key)"
     else:
         found["signing_key"] = "offline (the log exists and signs with its epoch keys)"
     key = ("paths", "keys_dir") if cfg.keys_dir is not None else ("paths",)
@@ -257,7 +306,13 @@ def _keys(cfg: Config, report: Report) -> None:
             found["data_keys"] = len(loaded.keys)
         elif what == "signing key":
             found["signing_key"] = "ok"
-            if fmt is not None and cfg.log.forward_secure:
+            if enrolled:
+                report.warnings.append(
+                    f"the root signing key {keys_dir / SIGNING_KEY} is readable on this node: "
+                    f"an enrolled node never needs it (only `bide node enroll` does): move it "
+                    f"offline (keep verify.pub)"
+                )
+            elif fmt is not None and cfg.log.forward_secure:
                 report.warnings.append(
                     f"the root signing key {keys_dir / SIGNING_KEY} is readable on this host, "
                     f"and the log exists: move it offline (keep verify.pub)"
@@ -449,6 +504,12 @@ def render(report: Report) -> str:
             out.append("keys       from $CREDENTIALS_DIRECTORY at start (not checked here)")
         else:
             out.append(f"keys       {k['dir']}: {', '.join(parts) or 'none loaded'}")
+    if "node" in f:
+        n = f["node"]
+        out.append(
+            f"node       {n['name']}: enrolled, at node key {n['key']} ({n['links']} used "
+            f"since enrolment)"
+        )
     if "store" in f:
         s = f["store"]
         if s["kind"] == "files":

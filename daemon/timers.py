@@ -105,6 +105,20 @@ class RateQuota:
         self._monotonic = monotonic
         self._tat = monotonic()  # when the next request would conform with no burst used
 
+    def retune(self, rate: float, burst: int) -> None:
+        """Change the rate and burst while running, keeping the slots already handed out.
+
+        The promise holds for the new figures from the last slot taken before the change:
+        the next slot is spaced the new interval after that one, wider for a lowered rate,
+        narrower for a raised one (the bound above only needs each slot spaced ``interval``
+        after the one before)."""
+        interval = (1.0 + QUOTA_GUARD) / rate
+        self._tat += interval - self.interval
+        self.rate = rate
+        self.burst = max(1, burst)
+        self.interval = interval
+        self._tolerance = (self.burst - 1) * self.interval
+
     def reserve(self) -> float:
         now = self._monotonic()
         tat = max(self._tat, now)

@@ -17,11 +17,12 @@ REDRAW_SECONDS = 0.25  # at most four redraws a second
 _ERASE = "\r\x1b[K"
 
 
-def progress_text(records: int, done: int, total: int, elapsed: float) -> str:
+def progress_text(records: int, done: int, total: int, elapsed: float, label: str = "") -> str:
     """What the line says after ``elapsed`` seconds: ``records`` checked, ``done`` bytes of
-    ``total``."""
+    ``total`` (of ``label``, a sharded log's "shard 3/16", when given)."""
     share = done / total if total else 1.0
-    text = f"verifying: {records:,} records, {_size(done)} of {_size(total)} ({share:.0%})"
+    what = f"verifying {label}" if label else "verifying"
+    text = f"{what}: {records:,} records, {_size(done)} of {_size(total)} ({share:.0%})"
     if elapsed <= 0 or done <= 0:
         return text
     left = elapsed * (total - done) / done
@@ -56,8 +57,10 @@ class ProgressLine:
         *,
         clock: Callable[[], float] = time.monotonic,
         every: float = REDRAW_SECONDS,
+        label: str = "",
     ) -> None:
         self.stream = stream
+        self.label = label
         self.clock = clock
         self.every = every
         self.started = clock()
@@ -70,7 +73,7 @@ class ProgressLine:
         if self.drawn_at is not None and now - self.drawn_at < self.every:
             return
         self.drawn_at = now
-        text = progress_text(records, done, total, now - self.started)
+        text = progress_text(records, done, total, now - self.started, self.label)
         self.stream.write(_ERASE + text)
         self.stream.flush()
 
@@ -80,10 +83,10 @@ class ProgressLine:
             self.stream.flush()
 
 
-def progress_line(stream: TextIO) -> ProgressLine | None:
+def progress_line(stream: TextIO, label: str = "") -> ProgressLine | None:
     """A progress line on ``stream`` when it is a terminal; None (quiet) otherwise."""
     try:
         tty = stream.isatty()
     except (AttributeError, ValueError):  # closed, or no file behind it
         tty = False
-    return ProgressLine(stream) if tty else None
+    return ProgressLine(stream, label=label) if tty else None

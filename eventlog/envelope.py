@@ -48,10 +48,34 @@ _GENESIS_V3_DOMAIN = b"bide.genesis.v3\n"
 _CHECKPOINT_V2_DOMAIN = b"bide.checkpoint.v2\n"
 _TAKEOVER_DOMAIN = b"bide.takeover.v1\n"
 _SEAL_DOMAIN = b"bide.seal.v1\n"
+_NODE_CERT_DOMAIN = b"bide.node-cert.v1\n"
+_NODE_LINK_DOMAIN = b"bide.node-link.v1\n"
 #: The longest record line a writer produces (the largest payload, a profile's 16 MiB
 #: ``max_body_bytes``, grows by a third in base64): anything longer is damage, never read whole.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 _RECORD_HASHER = hashlib.sha256(_RECORD_DOMAIN)
+
+
+class NodeCert(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A node's enrolment (``bide node enroll``): the root key (``root``, its fingerprint)
+    vouches that ``key`` (base64 of a raw Ed25519 public key) is node ``node``'s first node
+    key, from ``not_before_us`` on, for any log of this root."""
+
+    node: str
+    root: str
+    key: str
+    not_before_us: int
+    sig: str
+
+
+class NodeLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One step of a node's key chain: the node key of index ``index - 1`` certifies
+    ``key`` as the node's key ``index`` (from ``t_us`` on), and is then destroyed."""
+
+    index: int
+    key: str
+    t_us: int
+    sig: str
 
 
 class Genesis(
@@ -77,6 +101,10 @@ class Genesis(
     checkpoint_every: int = 0
     sig: str = ""
     epoch_key: str = ""  # format 3 only
+    #: Format 3, a log made by an enrolled node (the log in PostgreSQL): the signature is by
+    #: that node's current key, reached from ``cert`` through ``links`` (not by the root).
+    cert: NodeCert | None = None
+    links: tuple[NodeLink, ...] = ()
 
 
 class Segment(
@@ -140,6 +168,11 @@ class Checkpoint(
     next_key: str = ""
     lease_epoch: int = 0
     holder: str = ""
+    #: A checkpoint signed by a node key rather than by the epoch's key (format 3, a node
+    #: taking the log: see eventlog.nodekeys): the node's certificate and its key chain from
+    #: the enrolled key to the one that signs. It always certifies ``next_key``.
+    cert: NodeCert | None = None
+    links: tuple[NodeLink, ...] = ()
 
 
 class Takeover(msgspec.Struct, frozen=True):
@@ -330,6 +363,37 @@ def checkpoint_takeover(cp: Checkpoint) -> Takeover | None:
     if cp.lease_epoch == 0 and not cp.holder:
         return None
     return Takeover(cp.lease_epoch, cp.holder)
+
+
+def node_cert_message(node: str, root: str, key: bytes, not_before_us: int) -> bytes:
+    """The bytes the root key signs to enrol a node."""
+    name = node.encode()
+    return b"".join(
+        (
+            _NODE_CERT_DOMAIN,
+            bytes.fromhex(root),
+            struct.pack(">H", len(name)),
+            name,
+            struct.pack(">B", len(key)),
+            key,
+            struct.pack(">q", not_before_us),
+        )
+    )
+
+
+def node_link_message(node: str, index: int, key: bytes, t_us: int) -> bytes:
+    """The bytes a node key signs to certify the node's next key."""
+    name = node.encode()
+    return b"".join(
+        (
+            _NODE_LINK_DOMAIN,
+            struct.pack(">H", len(name)),
+            name,
+            struct.pack(">QB", index, len(key)),
+            key,
+            struct.pack(">q", t_us),
+        )
+    )
 
 
 def takeover_fields(takeover: Takeover | None) -> dict[str, Any]:

@@ -23,6 +23,13 @@ Files, in ``<state_dir>/epochs/`` (0700; never in the log directory):
                              of that log, 0600. One file per log in the steady state; two for a
                              moment during a rotation (the open reconciles after a crash).
 
+With the log in PostgreSQL, where any enrolled node may take the log over, a node that opens
+a log does not continue the previous holder's epoch key (it may be on a dead host): it makes the
+next epoch's key and signs the checkpoint that certifies it (its takeover) with its own *node
+key* (:mod:`eventlog.nodekeys`), whose chain the root certified once at enrolment. The log's
+chain then goes on from that key exactly as above. A log such a node creates has its genesis
+signed the same way, so the root key is never needed on a node.
+
 Overwriting a file does not guarantee that a copy-on-write file system or an SSD's flash
 translation layer forgets the old blocks; the operator's guide (deploy/README.md) says so.
 """
@@ -36,6 +43,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,13 +67,14 @@ from eventlog.envelope import (
     genesis_message_v3,
     takeover_fields,
 )
-from eventlog.errors import KeyFileError
+from eventlog.errors import DamagedLogError, KeyFileError
 from eventlog.fsync import fsync_dir
 from eventlog.keys import KEY_BYTES, Signer, VerifyKey
 from eventlog.position import LogPosition
 from eventlog.signing import CheckpointSigning, SingleKey, b64
 
 if TYPE_CHECKING:
+    from eventlog.nodekeys import NodeChain
     from eventlog.verify import Report
 
 EPOCHS_DIR = "epochs"
@@ -183,6 +192,22 @@ def epoch_signer_at(directory: Path, position: LogPosition) -> Signer | None:
     return signer
 
 
+def forget_epoch_keys(directory: Path, log_id: str | None = None) -> int:
+    """Destroy the epoch keys in ``directory`` (of ``log_id``, or of every log). A node whose
+    term on a log ended keeps no key of it: its next term starts with a takeover signed by its
+    node key, and a key left behind would let a thief re-sign the log's epoch in which this
+    node's term ended. Returns how many keys were destroyed."""
+    if not directory.is_dir():
+        return 0
+    n = 0
+    for path in sorted(directory.iterdir()):
+        m = _NAME_RE.match(path.name)
+        if m and (log_id is None or m.group(1) == log_id):
+            destroy_key_file(path)
+            n += 1
+    return n
+
+
 @dataclass
 class _State:
     signer: Signer | None
@@ -204,11 +229,24 @@ class EpochSigning(CheckpointSigning):
         *,
         policy: EpochPolicy | None = None,
         root: Signer | None = None,
+        node: NodeChain | None = None,
+        tail_epochs: Callable[[int], list[tuple[int, int]]] | None = None,
     ) -> None:
         self.verify_key = verify_key
         self.key_dir = key_dir
         self.policy = policy or EpochPolicy()
         self._root = root
+        #: An enrolled node's key chain: this log is opened by a node that takes it over
+        #: (see the module docstring); None on one host.
+        self.node = node
+        #: The next epoch's key, made on open by a node, until the checkpoint signed with the
+        #: node key certifies it (its takeover); None otherwise.
+        self._next: tuple[Signer, Path] | None = None
+        self._pending_key = ""  # the log's current epoch key (public) while _next waits
+        #: (seq, lease epoch it was committed under) of the records after a given one, from
+        #: the database: a node checks the tail it is about to sign over (see opened()).
+        self.tail_epochs = tail_epochs
+        self._next_taken: tuple[Signer, Path] | None = None  # _next, until its write is durable
         self._legacy: SingleKey | None = None
         self._log_id = ""
         self._s = _State(None, None, 0, 0, 0)
@@ -233,7 +271,16 @@ class EpochSigning(CheckpointSigning):
     def mac_key(self) -> bytes:
         if self._legacy is not None:
             return self._legacy.mac_key
+        if self._next is not None and self._s.signer is None:
+            return self._next[0].mac_key  # seals written before the takeover checkpoint
         return self._current().mac_key
+
+    @property
+    def seals_checkable(self) -> bool:
+        """Whether this host can check the seals of the log's current epoch: not a node that
+        takes over a log whose epoch key is on another host (it adopts the chained tail the
+        database committed under the previous holder's term; eventlog/AUDIT.md)."""
+        return self._legacy is not None or self._s.signer is not None
 
     @property
     def epoch(self) -> int:
@@ -241,7 +288,9 @@ class EpochSigning(CheckpointSigning):
 
     @property
     def epoch_key(self) -> str:
-        return _public_b64(self._s.signer) if self._s.signer is not None else ""
+        if self._s.signer is None:
+            return self._pending_key
+        return _public_b64(self._s.signer)
 
     def snapshot_key(self, position: LogPosition) -> bytes | None:
         """The key that tags a state snapshot at ``position``: the seal MAC key of the epoch
@@ -281,6 +330,8 @@ class EpochSigning(CheckpointSigning):
     # -- creating and opening ------------------------------------------------------------------
 
     def genesis(self, log_id: str, t_us: int, checkpoint_every: int) -> Genesis:
+        if self.node is not None:
+            return self._node_genesis(log_id, t_us, checkpoint_every)
         if self._root is None:
             raise KeyFileError(
                 "creating a new log needs the root signing key (signing.key): it certifies the "
@@ -307,8 +358,33 @@ class EpochSigning(CheckpointSigning):
             _public_b64(signer),
         )
 
+    def _node_genesis(self, log_id: str, t_us: int, checkpoint_every: int) -> Genesis:
+        """A log made by an enrolled node: the genesis signed by its node key."""
+        assert self.node is not None
+        first = Ed25519PrivateKey.generate()
+        path = write_epoch_key(self.key_dir, log_id, 1, first)
+        signer = Signer(first)
+        fp = self.verify_key.fingerprint
+        msg = genesis_message_v3(log_id, fp, t_us, checkpoint_every, signer.public_bytes)
+        sig, cert, links = self.node.sign(msg)
+        self._log_id, self._legacy, self._next = log_id, None, None
+        self._s = _State(signer, path, 1, t_us, 0)
+        return Genesis(
+            0,
+            ZERO_HASH,
+            FORMAT_VERSION,
+            log_id,
+            fp,
+            t_us,
+            checkpoint_every,
+            b64(sig),
+            _public_b64(signer),
+            cert=cert,
+            links=links,
+        )
+
     def opened(self, log_dir: Path, report: Report) -> None:
-        self._before, self._destroy = None, []
+        self._before, self._destroy, self._next, self._next_taken = None, [], None, None
         self._log_id = report.log_id
         if report.format == FORMAT_SINGLE_KEY:
             if self._root is None:
@@ -322,6 +398,9 @@ class EpochSigning(CheckpointSigning):
             return
         self._legacy = None
         want_epoch, want_key = report.epoch, report.epoch_key
+        if self.node is not None:
+            self._open_for_takeover(report)
+            return
         found: tuple[Signer, Path] | None = None
         for epoch, path in epoch_key_files(self.key_dir, report.log_id):
             log, file_epoch, signer = read_epoch_key(path)
@@ -356,6 +435,99 @@ class EpochSigning(CheckpointSigning):
             report.epoch_cert_seq,
         )
 
+    def _open_for_takeover(self, report: Report) -> None:
+        """A node opens the log to take it over: the next epoch's key is made now, certified by
+        the first checkpoint (signed with the node key). The current epoch's key, if this host
+        still has it, only checks the seals of the tail and is destroyed with the takeover."""
+        self._check_tail(report)
+        held = None
+        for epoch, path in epoch_key_files(self.key_dir, report.log_id):
+            log, file_epoch, signer = read_epoch_key(path)
+            if (
+                held is None
+                and file_epoch == epoch == report.epoch
+                and log == report.log_id
+                and _public_b64(signer) == report.epoch_key
+            ):
+                held = (signer, path)
+            else:
+                destroy_key_file(path)
+        new = Ed25519PrivateKey.generate()
+        path = write_epoch_key(self.key_dir, report.log_id, report.epoch + 1, new)
+        self._next = (Signer(new), path)
+        self._pending_key = report.epoch_key
+        self._s = _State(
+            held[0] if held else None,
+            held[1] if held else None,
+            report.epoch,
+            report.epoch_t_us,
+            report.epoch_checkpoints,
+            report.epoch_cert_seq,
+        )
+
+    def _check_tail(self, report: Report) -> None:
+        """Refuse to sign over records after the last checkpoint that were not committed under
+        the lease epoch of the last signed takeover. This node cannot check their seals (the
+        MAC key is the previous holder's epoch key, on its host), but only the node holding
+        that epoch could write in it; records under an epoch no signed takeover names were
+        written by something else holding the nodes' database role."""
+        if self.tail_epochs is None:
+            return
+        after = report.last_checkpoint_seq or 0
+        foreign = [(seq, e) for seq, e in self.tail_epochs(after) if e != report.lease_epoch]
+        if foreign:
+            first, epoch = foreign[0]
+            raise DamagedLogError(
+                f"log {report.log_id}: record {first} (after the last checkpoint, {after}) was "
+                f"committed under lease epoch {epoch}, which no signed takeover record names "
+                f"(the last names epoch {report.lease_epoch}): it was written by something "
+                f"other than the bide node holding the log, with the nodes' database role. "
+                f"Refusing to sign over it; inspect the log with `bide verify --dsn`"
+            )
+
+    def _node_checkpoint(
+        self,
+        log_id: str,
+        seq: int,
+        head: str,
+        t_us: int,
+        prev_cp: str,
+        final: bool,
+        takeover: Takeover | None,
+    ) -> Checkpoint:
+        """The first checkpoint of a node's term: signed by its node key, it certifies the
+        next epoch's key (made on open) and carries the node's certificate and key chain."""
+        assert self.node is not None
+        assert self._next is not None
+        if self._before is None:
+            self._before = _State(**vars(self._s))
+        epoch = self._s.epoch
+        new_signer, path = self._next
+        next_key = new_signer.public_bytes
+        msg = checkpoint_message_v2(
+            log_id, seq, head, t_us, prev_cp, final, epoch, next_key, takeover
+        )
+        sig, cert, links = self.node.sign(msg)
+        if self._s.path is not None:
+            self._destroy.append(self._s.path)
+        self._s = _State(new_signer, path, epoch + 1, t_us, 0, seq)
+        self._next_taken = self._next
+        self._next = None
+        return Checkpoint(
+            seq,
+            head,
+            log_id,
+            t_us,
+            prev_cp,
+            final,
+            b64(sig),
+            epoch,
+            b64(next_key),
+            cert=cert,
+            links=links,
+            **takeover_fields(takeover),
+        )
+
     # -- signing -------------------------------------------------------------------------------
 
     def _due(self, t_us: int) -> bool:
@@ -380,6 +552,8 @@ class EpochSigning(CheckpointSigning):
             return self._legacy.checkpoint(
                 log_id, seq, head, t_us, prev_cp, final, takeover=takeover
             )
+        if self._next is not None:
+            return self._node_checkpoint(log_id, seq, head, t_us, prev_cp, final, takeover)
         signer = self._current()
         if self._before is None:
             self._before = _State(**vars(self._s))
@@ -415,7 +589,7 @@ class EpochSigning(CheckpointSigning):
         )
 
     def durable(self) -> None:
-        self._before = None
+        self._before, self._next_taken = None, None
         if self._destroy:
             started = time.perf_counter()
             for path in self._destroy:
@@ -428,4 +602,6 @@ class EpochSigning(CheckpointSigning):
         # reported failed may still have left its rotation checkpoint on disk.
         if self._before is not None:
             self._s, self._before = self._before, None
+        if self._next_taken is not None:  # the takeover is signed again (by the next node key)
+            self._next, self._next_taken = self._next_taken, None
         self._destroy = []

@@ -64,6 +64,12 @@ class CheckpointSigning(ABC):
         """The seal MAC key for records written now (the rotation in progress included)."""
 
     @property
+    def seals_checkable(self) -> bool:
+        """Whether :attr:`mac_key` checks the seals of the log as opened (not so for a node
+        taking over a log whose epoch key is on another host)."""
+        return True
+
+    @property
     def epoch(self) -> int:
         """The epoch whose key signs now (0: single-key mode)."""
         return 0

@@ -87,6 +87,7 @@ from eventlog.envelope import (
 )
 from eventlog.keys import VerifyKey, fingerprint
 from eventlog.lock import holder_pid, writer_alive
+from eventlog.nodekeys import ChainEnd, check_chain
 from eventlog.position import LogPosition, mismatch
 from eventlog.segments import Line, list_segments, segment_name, split_lines
 
@@ -189,6 +190,10 @@ class Report:
     #: PostgreSQL), in order; each takes a higher lease epoch than the one before.
     takeovers: list[tuple[int, int, str]] = field(default_factory=list)
     lease_epoch: int = 0  # the last takeover's (kept across a resume, unlike ``takeovers``)
+    #: (seq, node, node key index, enrolled key) of every record signed by an enrolled node's
+    #: key (the genesis of a log a node made, its takeover checkpoints: ``eventlog.nodekeys``);
+    #: the enrolled key tells a node enrolled again (a new chain, from key 1) from the old one.
+    node_signed: list[tuple[int, str, int, str]] = field(default_factory=list)
     #: Where the chain began when the log's first segments are archived (None: record 0).
     started_at: ChainStart | None = None
     segment_base: int = 0  # segments archived before the directory's first kept one
@@ -709,11 +714,15 @@ def _adopt_genesis(report: Report, genesis: Genesis) -> None:
     report.format = genesis.format
     report.epoch_cert_seq = 0
     report.epoch_checkpoints = 0
+    report.node_signed = []
     if genesis.format == FORMAT_SINGLE_KEY:
         report.epoch, report.epoch_key, report.epoch_t_us = 0, "", 0
     else:
         report.epoch, report.epoch_key = 1, genesis.epoch_key
         report.epoch_t_us = genesis.t_us
+        if genesis.cert is not None:
+            cert = genesis.cert
+            report.node_signed.append((0, cert.node, 1 + len(genesis.links), cert.key))
 
 
 def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
@@ -727,7 +736,7 @@ def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
         report.epoch_checkpoints,
         report.lease_epoch,
     )
-    takeovers = len(report.takeovers)
+    takeovers, node_signed = len(report.takeovers), len(report.node_signed)
     for cp in cps:
         if _cp_problem(report, cp) is not None:
             (
@@ -739,6 +748,7 @@ def _cps_ok(report: Report, cps: tuple[Checkpoint, ...]) -> bool:
                 report.lease_epoch,
             ) = state
             del report.takeovers[takeovers:]
+            del report.node_signed[node_signed:]
             return False
         _advance_epoch(report, cp)
     return True
@@ -749,6 +759,8 @@ def _advance_epoch(report: Report, cp: Checkpoint) -> None:
     if cp.lease_epoch or cp.holder:
         report.takeovers.append((cp.seq, cp.lease_epoch, cp.holder))
         report.lease_epoch = cp.lease_epoch
+    if cp.cert is not None:
+        report.node_signed.append((cp.seq, cp.cert.node, 1 + len(cp.links), cp.cert.key))
     if report.format == FORMAT_SINGLE_KEY:
         return
     if cp.next_key:
@@ -768,7 +780,7 @@ def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
             f"epochs only grow, so one of the two was forged or replayed"
         )
     if report.format == FORMAT_SINGLE_KEY:
-        if cp.epoch or cp.next_key:
+        if cp.epoch or cp.next_key or cp.cert is not None or cp.links:
             return (
                 "a format-2 (single-key) log holds a checkpoint with epoch fields: it was "
                 "forged or altered"
@@ -789,9 +801,18 @@ def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
             f"checkpoint {cp.seq} claims epoch {cp.epoch}, but the log is in epoch "
             f"{report.epoch} (its key certified by {cert}): it was forged or altered"
         )
+    if cp.cert is not None or cp.links:
+        return _node_cp_problem(report, cp)
     key = _key_bytes(report.epoch_key)
     next_key = _key_bytes(cp.next_key) if cp.next_key else b""
     if key is None or next_key is None or not _signature_v2_ok(key, report.log_id, cp, next_key):
+        if cp.holder:
+            return (
+                f"takeover checkpoint {cp.seq} (by {cp.holder!r}) verifies neither under the "
+                f"epoch-{report.epoch} key certified by {cert} nor as a node's: it carries no "
+                f"node certificate, so the key that signed it was never enrolled (bide node "
+                f"enroll), or the records before it were changed"
+            )
         return (
             f"checkpoint {cp.seq} does not verify under the epoch-{report.epoch} key "
             f"certified by {cert}: records before it were changed and re-signed with "
@@ -799,6 +820,56 @@ def _cp_problem(report: Report, cp: Checkpoint) -> str | None:
             f"checkpoint was forged"
         )
     return None
+
+
+def _node_use_problem(report: Report, end: ChainEnd, what: str) -> str | None:
+    """A node key used again: each signs one record, then is destroyed (eventlog.nodekeys)."""
+    for seq, node, index, enrolled in reversed(report.node_signed):
+        if (node, enrolled) == (end.node, end.enrolled) and index >= end.index:
+            return (
+                f"{what} is signed by node {end.node!r}'s key {end.index}, but record {seq} "
+                f"was already signed by its key {index}: a node key signs once and is then "
+                f"destroyed, so this one is a kept copy or a replay of an old chain"
+            )
+    return None
+
+
+def _node_cp_problem(report: Report, cp: Checkpoint) -> str | None:
+    """A checkpoint signed by a node key (a node taking the log): its certificate, its key
+    chain, the key's single use, and the signature over the next epoch's key."""
+    what = f"checkpoint {cp.seq}"
+    end = check_chain(report.root_key, cp.cert, cp.links)
+    if isinstance(end, str):
+        return f"{what} is signed by a node key, but {end}"
+    if cp.holder and cp.holder.split("/", 1)[0] != end.node:
+        return (
+            f"{what} records a takeover by {cp.holder!r} but is signed by node "
+            f"{end.node!r}'s key: it was forged or altered"
+        )
+    problem = _node_use_problem(report, end, what)
+    if problem is not None:
+        return problem
+    if cp.epoch != report.epoch or not cp.next_key:
+        return (
+            f"{what} is signed by node {end.node!r} but does not start the log's next epoch "
+            f"(epoch {cp.epoch}, the log is in {report.epoch}): it was forged or altered"
+        )
+    next_key = _key_bytes(cp.next_key)
+    if next_key is None or not _signature_v2_ok(end.key, report.log_id, cp, next_key):
+        return (
+            f"{what} does not verify under node {end.node!r}'s key {end.index} (certified "
+            f"from its enrolment): records before it were changed, or it was forged"
+        )
+    return None
+
+
+def _genesis_node_problem(raw_key: bytes, genesis: Genesis) -> str | None:
+    """Why a node-signed genesis record's chain does not hold (None: it does, or the genesis
+    is the root's)."""
+    if genesis.cert is None and not genesis.links:
+        return None
+    end = check_chain(raw_key, genesis.cert, genesis.links)
+    return end if isinstance(end, str) else None
 
 
 def _signature_v2_ok(key: bytes, log_id: str, cp: Checkpoint, next_key: bytes) -> bool:
@@ -839,9 +910,17 @@ def _genesis_ok(raw_key: bytes, genesis: Genesis) -> bool:
         if key is None:
             return False
         epoch_key = key
-    public = _public_keys.get(raw_key)
+    signing_key = raw_key
+    if genesis.cert is not None or genesis.links:
+        if genesis.format == FORMAT_SINGLE_KEY:
+            return False
+        end = check_chain(raw_key, genesis.cert, genesis.links)
+        if isinstance(end, str):
+            return False
+        signing_key = end.key
+    public = _public_keys.get(signing_key)
     if public is None:
-        public = _public_keys[raw_key] = Ed25519PublicKey.from_public_bytes(raw_key)
+        public = _public_keys[signing_key] = Ed25519PublicKey.from_public_bytes(signing_key)
     try:
         if genesis.format == FORMAT_SINGLE_KEY:
             message = genesis_message(
@@ -1064,12 +1143,15 @@ def _check_line(
                 )
             )
         if not _genesis_ok(verify_key.raw, rec):
+            node = _genesis_node_problem(verify_key.raw, rec)
             raise _Found(
                 _at(
                     line,
                     0,
                     "bad_signature",
-                    "the genesis record's signature does not verify (its fields, "
+                    f"the genesis record is signed by a node key: {node}"
+                    if node
+                    else "the genesis record's signature does not verify (its fields, "
                     "such as the checkpoint spacing it promises, were changed)",
                 )
             )

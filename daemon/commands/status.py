@@ -25,6 +25,10 @@ examples:
   bide status nightly-export --offline --config /etc/bide/bide.toml   # from the log, with keys
   bide status --node --config /etc/bide/bide.toml   # the log in PostgreSQL: which node is active
 
+With the log sharded, --node shows this node ([postgres] node, else the host name): its
+heartbeat in bide_nodes, the shards it holds (a live lease names it) and the ones it follows,
+each with its holder, epoch, lease and head; `bide log shards` shows every node.
+
 The running daemon answers from memory through its local API (no key needed; agents see
 their own operations). --offline replays the log with its data key instead. On a standby
 node (the log in PostgreSQL) the first line says so and names the active node; the
@@ -60,7 +64,8 @@ def add_parser(sub: Any) -> None:
         "--node",
         action="store_true",
         help="the log in PostgreSQL: which node holds the lease, its epoch and the "
-        "time left (asked of the database; works on any node)",
+        "time left (asked of the database; works on any node); sharded: the shards this "
+        "node holds and follows",
     )
     add_config_flag(p)
     p.set_defaults(func=run)
@@ -75,7 +80,12 @@ def run_node(cfg: Config, args: argparse.Namespace) -> int:
         text = f"the log is in files ({cfg.log_dir}): one node, no lease"
     else:
         from eventlog.pgstore import PgLogStore
+        from eventlog.shards import layout_of
 
+        if layout_of(settings).sharded:
+            from daemon.commands.status_shards import run_sharded_node
+
+            return run_sharded_node(cfg, settings, args)
         with PgLogStore(settings, read_only=True) as store:
             store.require()
             row = store.lease()

@@ -18,9 +18,16 @@ from daemon.commands.verify_archive import add_archive_flag, verified
 from daemon.config import add_config_flag, load_config
 from daemon.errors import UsageError
 from daemon.inputs import count_arg
-from daemon.pgconfig import add_dsn_flags, settings_for
+from daemon.pgconfig import (
+    add_dsn_flags,
+    add_shard_flag,
+    chosen_shards,
+    one_shard,
+    settings_for,
+)
+from daemon.shardexport import read_export
 from daemon.verify_progress import progress_line
-from daemon.verify_witness import check_witnesses
+from daemon.verify_witness import WitnessCheck, check_witnesses
 from daemon.witness.remote import (
     Lie,
     Witnessed,
@@ -30,6 +37,7 @@ from daemon.witness.remote import (
     witnessed,
 )
 from eventlog.envelope import FORMAT_SINGLE_KEY
+from eventlog.heads import Finding
 from eventlog.keys import VerifyKey, load_verify_key
 from eventlog.verify import Damage, Report
 
@@ -81,6 +89,17 @@ seal records are chained like any other; their MACs need the daemon's signing ke
 verify only notes a log whose last record no seal or checkpoint covers (the daemon
 quarantines such records on its next open)
 
+sharded logs (bide log init --shards N): --dsn verifies each shard's chain on its own
+(--shard K: only that one) and prints one line per shard, each shard's damage, notes and
+takeovers after its number, then a total; --json gives "shards": [...] (each shard's report)
+and the overall "verdict"; the exit status is the worst shard's. A shard no node has taken
+yet is "empty" (exit 0). Two shards holding the same log (one log id) are both damaged
+(duplicated): one shard's records were copied over another's. --shard with --config whose
+log is in PostgreSQL reads that database (the key from the config, unless --verify-key),
+and so does --config of a node of a sharded log (its local copies in STATE/shards/). A
+directory `bide log export` wrote from a sharded log (it holds shards.json) is verified
+the same way, with no database.
+
 examples:
   bide verify /var/lib/bide/log --verify-key verify.pub
   bide verify --config /etc/bide/bide.toml --anchor 1200:9f2c…   # head kept elsewhere
@@ -89,6 +108,8 @@ examples:
   bide verify /var/lib/bide/log --verify-key verify.pub --witness /mnt/audit/heads.jsonl
   bide verify --dsn postgresql://audit@db.example/bide --verify-key verify.pub  # read-only role
   bide verify --config /etc/bide/bide.toml --archive /mnt/archive/bide-2025  # archive + live
+  bide verify --dsn postgresql://audit@db.example/bide --verify-key verify.pub --shard 7
+  bide verify ./export --verify-key verify.pub          # every shard of a sharded export
 """
 
 
@@ -148,6 +169,9 @@ def add_parser(sub: Any) -> None:
     add_dsn_flags(
         p, what="verify the log in this database (a read-only role suffices) instead of LOGDIR"
     )
+    add_shard_flag(
+        p, what="a sharded log (--dsn, or an export with shards.json): the shards to verify"
+    )
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -177,22 +201,58 @@ def parse_anchor(text: str) -> tuple[int, str]:
 def run(args: argparse.Namespace) -> int:
     if args.dsn:
         return run_database(args)
+    if not args.log_dir and _config_in_database(args, args.shard is not None):
+        if not args.verify_key:
+            args.verify_key = str(load_config(args.config).verify_key_path)
+        return run_database(args)
     log_dir, key_path = resolve_log_and_key(args)
+    export = read_export(log_dir) if log_dir.is_dir() else None
+    if export is not None:
+        from daemon.commands.verify_shards import verify_export
+
+        return verify_export(args, export, key_path)
+    if one_shard(args.shard) and args.shard.strip() != "0":
+        raise UsageError(
+            f"--shard {args.shard}: {log_dir} is one log (shard 0), not a sharded export "
+            f"(shards.json); --shard reads a sharded log with --dsn, or the directory "
+            f"`bide log export` wrote"
+        )
     return verify_dir(args, log_dir, key_path)
+
+
+def _config_in_database(args: argparse.Namespace, shard: bool) -> bool:
+    """Whether to verify the config's database (--config or $BIDE_CONFIG) rather than its
+    local copy: with ``--shard`` when the log is in PostgreSQL, and always on a node of a
+    sharded log (:func:`daemon.pgconfig.sharded_node`)."""
+    from daemon.pgconfig import config_settings, sharded_node
+
+    if not args.config and not os.environ.get("BIDE_CONFIG"):
+        return False
+    cfg = load_config(args.config)
+    return sharded_node(cfg) or (shard and config_settings(cfg) is not None)
 
 
 def run_database(args: argparse.Namespace) -> int:
     """The log in PostgreSQL: its records exported read-only to a private temporary directory,
-    byte for byte as segment files, then verified there like any log."""
+    byte for byte as segment files, then verified there like any log; a sharded log shard by
+    shard (:mod:`daemon.commands.verify_shards`)."""
     from eventlog.pgstore import PgLogStore
+    from eventlog.shards import layout_of
 
     if args.log_dir:
         raise UsageError("give LOGDIR or --dsn, not both")
     if not args.verify_key:
         raise UsageError("--dsn needs --verify-key FILE (the verify.pub from `bide keygen`)")
+    settings = settings_for(args)
+    layout = layout_of(settings)
+    chosen_shards(layout, args.shard)
+    if layout.sharded:
+        from daemon.commands.verify_shards import verify_database
+
+        return verify_database(args, settings, layout)
     with tempfile.TemporaryDirectory(prefix="bide-verify-") as tmp:
         log_dir = Path(tmp) / "log"
-        with PgLogStore(settings_for(args), read_only=True) as store:
+        with PgLogStore(settings, read_only=True) as store:
             store.require()
             store.export(log_dir)
             changes = store.epoch_changes()
@@ -244,19 +304,62 @@ def check_epochs(report: Report, changes: list[tuple[int, int]]) -> None:
             return
 
 
-def verify_dir(
+@dataclasses.dataclass
+class Judged:
+    """One log's verification: the report, its signer, what the witnesses said, and the exit
+    status it earns."""
+
+    report: Report
+    signer: dict[str, Any]
+    wrong_signer: bool
+    witnesses: WitnessCheck | None
+
+    @property
+    def finding(self) -> Finding | None:
+        return self.witnesses.finding if self.witnesses is not None else None
+
+    @property
+    def lies(self) -> list[Lie]:
+        return self.witnesses.lies if self.witnesses is not None else []
+
+    @property
+    def verdict(self) -> str:
+        report = self.report
+        return report.verdict if self.witnesses is None else self.witnesses.verdict(report)
+
+    def exit_status(self) -> int:
+        report = self.report
+        if self.wrong_signer:
+            return report.exit_status if report.exit_status == 1 else EXIT_SIGNER
+        if report.exit_status != 0:
+            return report.exit_status
+        if self.finding is not None:
+            return EXIT_WITNESS[self.finding.kind]
+        return EXIT_WITNESS["witness_lied"] if self.lies else 0
+
+    def to_json(self, expected_signer: str | None) -> dict[str, Any]:
+        return {
+            **report_json(self.report),
+            "verdict": self.verdict,
+            "signer": self.signer,
+            "expected_signer": expected_signer or None,
+            "witness": self.witnesses.to_json() if self.witnesses is not None else None,
+            "witness_lied": [lie_json(lie) for lie in self.lies],
+        }
+
+
+def judge(
     args: argparse.Namespace,
     log_dir: Path,
-    key_path: Path,
+    verify_key: VerifyKey,
     also: Callable[[Report], None] | None = None,
-) -> int:
-    if not log_dir.is_dir():
-        raise UsageError(f"log directory {log_dir} does not exist")
-    anchor = parse_anchor(args.anchor) if args.anchor else None
-    if args.jobs < 1:
-        raise UsageError(f"--jobs {args.jobs}: need at least 1")
-    verify_key = load_verify_key(key_path)
-    line = progress_line(sys.stderr)
+    *,
+    anchor: tuple[int, str] | None = None,
+    label: str = "",
+) -> Judged:
+    """Verify the log at ``log_dir`` (the existing directory of one log) with every check
+    the flags ask for; prints nothing but the progress line (``label``: what it names)."""
+    line = progress_line(sys.stderr, label)
     try:
         report = verified(args, log_dir, verify_key, anchor, progress=line)
     finally:
@@ -264,7 +367,6 @@ def verify_dir(
             line.close()
     if also is not None:
         also(report)
-    signer = signer_json(report, verify_key)
     wrong_signer = bool(args.expect_signer) and (
         args.expect_signer.strip().lower() != verify_key.fingerprint
     )
@@ -280,56 +382,65 @@ def verify_dir(
             witness_pins(args),
             judged=not wrong_signer,
         )
-    finding = witnesses.finding if witnesses is not None else None
-    lies = witnesses.lies if witnesses is not None else []
+    return Judged(report, signer_json(report, verify_key), wrong_signer, witnesses)
+
+
+def verify_dir(
+    args: argparse.Namespace,
+    log_dir: Path,
+    key_path: Path,
+    also: Callable[[Report], None] | None = None,
+) -> int:
+    if not log_dir.is_dir():
+        raise UsageError(f"log directory {log_dir} does not exist")
+    anchor = parse_anchor(args.anchor) if args.anchor else None
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: need at least 1")
+    verify_key = load_verify_key(key_path)
+    judged = judge(args, log_dir, verify_key, also, anchor=anchor)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    **report_json(report),
-                    "verdict": report.verdict if witnesses is None else witnesses.verdict(report),
-                    "signer": signer,
-                    "expected_signer": args.expect_signer or None,
-                    "witness": witnesses.to_json() if witnesses is not None else None,
-                    "witness_lied": [lie_json(lie) for lie in lies],
-                }
-            )
-        )
+        print(json.dumps(judged.to_json(args.expect_signer)))
     else:
+        signer = judged.signer
         epoch = (
             ""
             if signer["epoch"] is None
             else f", last signed checkpoint in epoch {signer['epoch']}"
         )
         print(f"signer: root key {signer['fingerprint']}{epoch}")
-        print_report(report)
-        for lie in lies:
-            print(
-                f"WITNESS witness_lied: witness {shown(lie.source)} returned head "
-                f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
-                f"witness lies or was tampered with; the log is not judged by it"
-            )
-        if finding is not None:
-            print(
-                f"WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
-                f"{finding.head.seq}:{finding.head.hash})"
-            )
-        passed = witnesses.line() if witnesses is not None else None
-        if passed is not None:
-            print(passed)
-    if wrong_signer:
+        print_judged(judged)
+    if judged.wrong_signer:
+        print_signer_mismatch(verify_key, args.expect_signer)
+    return judged.exit_status()
+
+
+def print_judged(judged: Judged, prefix: str = "") -> None:
+    """The report's lines and the witnesses' (each line after ``prefix``)."""
+    print_report(judged.report, prefix)
+    for lie in judged.lies:
         print(
-            f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
-            f"by the expected {args.expect_signer.strip()}: this is not the log (or not the "
-            f"verify.pub) you meant; the log and its verify.pub may have been swapped together",
-            file=sys.stderr,
+            f"{prefix}WITNESS witness_lied: witness {shown(lie.source)} returned head "
+            f"{lie.head.seq}:{lie.head.hash}, which does not verify: {lie.reason}. The "
+            f"witness lies or was tampered with; the log is not judged by it"
         )
-        return report.exit_status if report.exit_status == 1 else EXIT_SIGNER
-    if report.exit_status != 0:
-        return report.exit_status
+    finding = judged.finding
     if finding is not None:
-        return EXIT_WITNESS[finding.kind]
-    return EXIT_WITNESS["witness_lied"] if lies else 0
+        print(
+            f"{prefix}WITNESS {finding.kind}: the log {finding.detail} (witnessed head "
+            f"{finding.head.seq}:{finding.head.hash})"
+        )
+    passed = judged.witnesses.line() if judged.witnesses is not None else None
+    if passed is not None:
+        print(f"{prefix}{passed}")
+
+
+def print_signer_mismatch(verify_key: VerifyKey, expected: str) -> None:
+    print(
+        f"SIGNER MISMATCH: the log is signed by root key {verify_key.fingerprint}, not "
+        f"by the expected {expected.strip()}: this is not the log (or not the "
+        f"verify.pub) you meant; the log and its verify.pub may have been swapped together",
+        file=sys.stderr,
+    )
 
 
 def signer_json(report: Report, verify_key: VerifyKey) -> dict[str, Any]:
@@ -422,28 +533,30 @@ def report_json(report: Report) -> dict[str, object]:
     }
 
 
-def print_report(report: Report) -> None:
+def print_report(report: Report, prefix: str = "") -> None:
     out = sys.stdout
     if report.damage is not None:
         d = report.damage
         print(
-            f"DAMAGE {d.kind} at record {d.seq} ({d.segment} offset {d.offset}): {d.detail}",
+            f"{prefix}DAMAGE {d.kind} at record {d.seq} ({d.segment} offset {d.offset}): "
+            f"{d.detail}",
             file=out,
         )
     if report.torn is not None:
         t = report.torn
         print(
-            f"torn tail: {t.length} byte(s) at {t.segment.name} offset {t.offset} "
+            f"{prefix}torn tail: {t.length} byte(s) at {t.segment.name} offset {t.offset} "
             f"(crash artifact; the daemon quarantines it on next open)",
             file=out,
         )
     if report.writer_live:
         pid = f" (pid {report.writer_pid})" if report.writer_pid else ""
         print(
-            f"note: a writer holds the log{pid}; verified up to its last complete record", file=out
+            f"{prefix}note: a writer holds the log{pid}; verified up to its last complete record",
+            file=out,
         )
     for note in report.notes:
-        print(f"note: {note}", file=out)
+        print(f"{prefix}note: {note}", file=out)
     for seq, epoch, holder in report.takeovers:
-        print(f"takeover: record {seq}, lease epoch {epoch}, by {holder}", file=out)
-    print(report.summary(), file=out)
+        print(f"{prefix}takeover: record {seq}, lease epoch {epoch}, by {holder}", file=out)
+    print(f"{prefix}{report.summary()}", file=out)

@@ -1,6 +1,8 @@
 """The engine: the middle of the daemon, one module per job (the map: daemon/ARCHITECTURE.md).
 
-* ``pacing``     provider quotas and fair shares between registrants (synchronous);
+* ``pacing``     provider quotas, in-flight slots and fair shares between registrants,
+                 limits settable while running, and one pacing shared by every engine of
+                 a sharded node (``SharedPacing``);
 * ``chain``      one log: append and retry, fold, snapshots, recovery, the lease gate, and
                  ``handle``, the one path that decides and records;
 * ``followers``  the in-memory projections fed by the chain (live counts, stories, waiters,

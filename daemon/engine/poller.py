@@ -8,8 +8,9 @@ decision recorded together (:meth:`daemon.engine.chain.Chain.handle`); the next 
 is held while sleeping: the state is in the log, the timer is one heap entry. An overdue
 operation gets one wake-up, never a burst; ``decide`` checks its deadline first.
 
-The poller also holds each provider's profile, status client and in-flight slots, reloaded
-with the profiles (an invalid profile keeps the last good one).
+The poller also holds each provider's profile and status client, reloaded with the profiles
+(an invalid profile keeps the last good one); the quotas and in-flight slots are its pacing's,
+its own or the one a sharded node's engines share (:class:`daemon.engine.pacing.SharedPacing`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from daemon import logfmt
 from daemon.config import Config
 from daemon.engine.chain import Chain
 from daemon.engine.followers import Waiters
-from daemon.engine.pacing import Deferred, Granted, Pacing
+from daemon.engine.pacing import Deferred, Granted, Member, Pacing, SharedPacing, Slots
 from daemon.errors import ConfigError
 from daemon.faults import FaultInjection
 from daemon.http import MIN_TIMEOUT, CredentialError, StatusClient
@@ -51,6 +52,7 @@ class Poller:
         metrics: Metrics,
         *,
         faults: FaultInjection,
+        pacing: SharedPacing | None = None,
     ) -> None:
         self.config = config
         self.chain = chain
@@ -59,11 +61,13 @@ class Poller:
         self.faults = faults
         self.clock = chain.clock
         self.timers = TimerHeap()
-        self.pacing = Pacing(is_live=self._is_live, wake=self._wake)
+        # The quotas and in-flight slots: this engine's own, or the process's shared ones.
+        self.pacing: Pacing = pacing or Pacing(is_live=self._is_live, wake=self._wake)
+        self._member: Member | None = None
+        if pacing is not None:
+            self._member = pacing.attach(self._is_live, self._wake, self.live_by_provider)
         self.profiles: dict[str, Profile] = {}
         self.clients: dict[str, StatusClient] = {}
-        self.in_flight: dict[str, anyio.Semaphore] = {}  # provider -> requests in flight
-        self.turns: dict[str, anyio.Semaphore] = {}  # provider -> intents ahead of a slot
         self.busy: set[str] = set()
         self.idle = anyio.Event()
         self.polls: anyio.abc.TaskGroup | None = None
@@ -76,6 +80,20 @@ class Poller:
 
     def _wake(self, op_id: str) -> None:
         self.timers.schedule(op_id, time.monotonic())
+
+    def live_by_provider(self) -> dict[str, int]:
+        """Live operations per provider (a node's demand on each provider's quota)."""
+        out: dict[str, int] = {}
+        for op in self.chain.ops.values():
+            if op.phase == "live":
+                out[op.provider] = out.get(op.provider, 0) + 1
+        return out
+
+    def detach(self) -> None:
+        """The engine stops: the shared pacing forgets it (and takes back its held slots)."""
+        if self._member is not None and isinstance(self.pacing, SharedPacing):
+            self.pacing.detach(self._member)
+            self._member = None
 
     # -- profiles ------------------------------------------------------------------------------
 
@@ -97,9 +115,8 @@ class Poller:
             if old is not None and old.digest == profile.digest:
                 continue
             self.profiles[name] = profile
-            self.pacing.configure(name, profile.quota.requests_per_second, profile.quota.burst)
-            self.in_flight[name] = anyio.Semaphore(profile.quota.max_in_flight)
-            self.turns[name] = anyio.Semaphore(profile.quota.max_in_flight)
+            quota = profile.quota
+            self.pacing.configure(name, quota.requests_per_second, quota.burst, quota.max_in_flight)
             previous = self.clients.pop(name, None)
             self.clients[name] = StatusClient(profile, self._credentials_dir())
             if previous is not None and self.polls is not None:
@@ -228,7 +245,7 @@ class Poller:
             return  # rescheduled at next_poll_at; the deadline still bounds the wait
         if chain.lease is not None:  # the lease must outlive the request (daemon.lease)
             await chain.lease.wait_allows(client.profile.status.timeout_seconds)
-        slot = self.in_flight[op.provider]
+        slot = self.pacing.in_flight[op.provider]
         intent = await self._intend(op, slot)
         if intent is None:
             return
@@ -240,7 +257,7 @@ class Poller:
         self.faults.fire("decide", op.operation_id)
         await chain.handle(chain.ops[op.operation_id], fact, with_fact=True)
 
-    async def _intend(self, op: Operation, slot: anyio.Semaphore) -> StatusRequestIntended | None:
+    async def _intend(self, op: Operation, slot: Slots) -> StatusRequestIntended | None:
         """Make the next request's intent durable, then take ``slot`` (the provider's
         in-flight slot) for it; None if no request is to be sent now.
 
@@ -249,8 +266,8 @@ class Poller:
         flight, and an intent waits at most for one of them to end. The deadline is checked
         again once the slot is taken (``_send``)."""
         chain = self.chain
-        turn = self.turns[op.provider]
-        await acquire(turn)
+        turn = self.pacing.turns[op.provider]
+        await turn.acquire()
         try:
             op = chain.ops[op.operation_id]  # reload: waiting for the turn took time
             now = self.clock()
@@ -265,7 +282,7 @@ class Poller:
                 return None
             await chain.record(events)  # S13: durable before the request leaves
             self.faults.fire("request", op.operation_id)
-            await acquire(slot)
+            await slot.acquire()
             return intent
         finally:
             turn.release()
@@ -345,16 +362,25 @@ class Poller:
         A poll took its slot before its intent (``reserved``): only the spacing between
         requests actually leaving is checked again, absorbing the milliseconds the intent's
         append took. A submit, fetch or cancel takes its slot here, from the same quota.
+        While the provider is closed (its rate set to zero) nothing leaves; a request that
+        slept for a slot taken under limits changed meanwhile takes one again under the new.
         """
-        if provider not in self.pacing.quotas:
+        pacing = self.pacing
+        if provider not in pacing.quotas:
             return
+        await pacing.wait_open(provider)
         if not reserved:
-            wait = self.pacing.quota_wait(provider)
+            wait = pacing.quota_wait(provider)
             if wait > 0:
                 await anyio.sleep(wait)
-        wait = self.pacing.spacing_wait(provider)
-        if wait > 0:
-            await anyio.sleep(wait)
+        while True:
+            await pacing.wait_open(provider)
+            generation = pacing.generation(provider)
+            wait = pacing.spacing_wait(provider)
+            if wait > 0:
+                await anyio.sleep(wait)
+            if pacing.generation(provider) == generation and pacing.is_open(provider):
+                return
 
     async def wait_idle(self, seconds: float) -> None:
         """Draining: give the polls in flight ``seconds`` to end."""

@@ -39,6 +39,7 @@ from daemon.config import Config
 from daemon.engine.chain import RETIRE_BATCH, Chain, RequestGate
 from daemon.engine.followers import LiveCounts, Observed, Stories, Waiters
 from daemon.engine.intake import Intake
+from daemon.engine.pacing import SharedPacing
 from daemon.engine.poller import Poller
 from daemon.engine.spooling import SpoolDoor
 from daemon.errors import ConfigError
@@ -76,6 +77,7 @@ class Supervisor:
         drain_seconds: float | None = None,
         store: LineStore | None = None,
         lease: RequestGate | None = None,
+        pacing: SharedPacing | None = None,
         edges: bool = True,
     ) -> None:
         # Signs the log: forward-secure epoch keys (eventlog.epochs), or format 2's one key.
@@ -128,7 +130,10 @@ class Supervisor:
         chain.follow(self.waiters)
         chain.follow(Observed(config, self.metrics, lambda: chain.ledger))
 
-        self.poller = poller = Poller(config, chain, self.waiters, self.metrics, faults=self.faults)
+        # ``pacing``: the quotas shared by every engine of a sharded node (None: its own).
+        self.poller = poller = Poller(
+            config, chain, self.waiters, self.metrics, faults=self.faults, pacing=pacing
+        )
         self.runner = ActionRunner(
             ActionPorts(
                 record=chain.record,
@@ -321,6 +326,13 @@ class Supervisor:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        try:
+            await self._run(task_status=task_status)
+        finally:
+            # However the engine ends (a stop, a fenced term), a shared pacing forgets it.
+            self.poller.detach()
+
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         cfg = self.config
         chain, poller = self.chain, self.poller
         try:

@@ -5,6 +5,8 @@ and epoch, divided among the live nodes.
 * :mod:`daemon.shards.membership`: the node's heartbeat row in ``bide_nodes``.
 * :mod:`daemon.shards.links`: the node's connections for every shard (two pools, one
   ``LISTEN`` whose news wakes only the shards that moved).
+* :mod:`daemon.shards.quota`: each provider's quota divided among the live nodes.
+* :mod:`daemon.shards.spool`: the node's one spool, each file handed to its shard's door.
 * :mod:`daemon.shards.metricspage`: the node's ``/metrics``, every shard's page labelled.
 * :mod:`daemon.shards.runtime`: :class:`~daemon.shards.runtime.ShardNode`, one process with
   one API door, one metrics listener, signals and systemd notify, and per shard a term loop

@@ -233,7 +233,7 @@ def test_witness_mistakes_are_named_on_their_lines(demo: Path, tmp_path: Path) -
 
 def test_what_run_would_refuse_at_start_is_named_too(demo: Path, tmp_path: Path) -> None:
     """Beyond the file's own rules: a spool group that does not exist, forward-secure keys
-    with the log in PostgreSQL (a standby could not continue the chain)."""
+    with the log in PostgreSQL on a node not enrolled (bide node enroll)."""
     root = copy_of(demo, tmp_path)
     config = root / "bide.toml"
     config.write_text(
@@ -245,6 +245,7 @@ def test_what_run_would_refuse_at_start_is_named_too(demo: Path, tmp_path: Path)
     problems = {p["key"]: p for p in json.loads(out.stdout)["problems"]}
     assert problems["log.forward_secure"]["line"] == 7  # the [log] table: the key is not written
     assert "set [log] forward_secure = false" in problems["log.forward_secure"]["fix"]
+    assert "bide node enroll" in problems["log.forward_secure"]["message"]
     assert problems["spool.approvers_group"]["line"] == 11
     assert problems["spool.approvers_group"]["message"] == (
         "group 'no-such-group-bide' does not exist"
