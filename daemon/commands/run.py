@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -13,7 +13,7 @@ from daemon import logfmt
 from daemon.config import Config, add_config_flag, load_config
 from daemon.errors import ConfigError, UsageError
 from daemon.interpreter_access import interpreter_unreachable_by_others
-from daemon.signing import log_identity, open_signing
+from daemon.signing import log_identity, log_node, open_log_signing, open_signing
 from daemon.supervisor import RequestGate, Supervisor
 from daemon.witness.publisher import HeadPublisher
 from daemon.witness.remote import (
@@ -28,6 +28,9 @@ from eventlog.headchain import Proof, chain_proof, genesis_line, log_proof
 from eventlog.heads import Head
 from eventlog.keys import VERIFY_KEY, Signer, keys_directory, load_keyring, load_verify_key
 from eventlog.store import LineStore
+
+if TYPE_CHECKING:
+    from eventlog.pgstore import PgSettings
 
 
 def add_parser(sub: Any) -> None:
@@ -198,13 +201,28 @@ def build_supervisor(
     lease: RequestGate | None = None,
     ask_witnesses: bool = True,
     edges: bool = True,
+    log_settings: PgSettings | None = None,
+    node_config: Config | None = None,
     **extra: Any,
 ) -> Supervisor:
     """The supervisor of one run (of one term as the active node, with the log in
-    PostgreSQL: ``store`` and ``lease``; of one shard's term on a sharded node: ``edges``
-    False, and ``extra`` the node's ``supervisor_kwargs``, passed to the supervisor)."""
+    PostgreSQL: ``store`` and ``lease``). For one shard of a sharded node: ``edges`` False,
+    ``log_settings`` the shard's database, ``node_config`` the node's own config (its node
+    key chain is the node's, its state the shard's), and ``extra`` the node's
+    ``supervisor_kwargs``, passed to the supervisor."""
     keys_dir = keys_directory(cfg.keys_dir)
-    chosen = open_signing(cfg, keys_dir)
+    if log_settings is None:
+        chosen = open_signing(cfg, keys_dir)
+    else:  # one shard of a sharded node: its own state, the node's one node key chain
+        node = log_node(node_config or cfg, keys_dir, cfg.log_dir, log_settings)
+        chosen = open_log_signing(
+            cfg,
+            keys_dir,
+            state_dir=cfg.state_dir,
+            log_dir=cfg.log_dir,
+            node=node,
+            settings=log_settings,
+        )
     for message, fields in chosen.warnings:
         logfmt.warn(message, **fields)
     token = witness_token(cfg)

@@ -68,11 +68,13 @@ from daemon.shards import assign, metricspage
 from daemon.shards.links import NodeLinks
 from daemon.shards.membership import Membership, View
 from daemon.shards.spool import NodeSpool
+from daemon.signing import enrolled_node, node_chain, term_ended
 from daemon.spool import Spool, SpoolPermissionError
 from daemon.standby import StandbyReads
 from daemon.supervisor import RequestGate, Supervisor
 from eventlog import pgstore
 from eventlog.errors import DamagedLogError, DivergedError, FencedError, LogIOError, StoreError
+from eventlog.keys import keys_directory
 from eventlog.logstore import Term
 from eventlog.store import LineStore
 from replay.events import LogEvent, StatusRequestIntended
@@ -470,7 +472,16 @@ class ShardNode:
         try:
             log_store = pgstore.PgLogStore(lease.settings)
             while not self._stopping.is_set():
-                reads = StandbyReads(scfg, lambda: self.build(scfg, ask_witnesses=False), self.name)
+                reads = StandbyReads(
+                    scfg,
+                    lambda: self.build(
+                        scfg,
+                        ask_witnesses=False,
+                        log_settings=lease.settings,
+                        node_config=self.config,
+                    ),
+                    self.name,
+                )
                 self._handlers[shard] = reads.handle
                 epoch = await self._standby(lease, reads)
                 if epoch is None:
@@ -522,6 +533,8 @@ class ShardNode:
             lease=lease,
             ask_witnesses=False,
             edges=False,
+            log_settings=lease.settings,
+            node_config=self.config,
             **self.supervisor_kwargs,
         )
         first_poll = _FirstPoll(shard, taken)
@@ -576,6 +589,8 @@ class ShardNode:
             lease.stats.fenced_appends += store.fenced
             store.close()
             lease.forget_head()
+            if enrolled_node(self.config):
+                term_ended(scfg.state_dir)  # the shard's epoch keys go with its term
         held = f"{time.monotonic() - taken:.3f}"
         if fenced or failed:
             # Requests cancelled a moment ago may still be at the provider: the lease runs
@@ -780,19 +795,14 @@ def run_shard_node(
     supervisor_kwargs: Mapping[str, Any] | None = None,
 ) -> int:
     """``bide run`` on a sharded layout."""
-    from daemon.node import _check_profiles_fit
+    from daemon.node import _check_profiles_fit, require_enrolled
     from daemon.pgconfig import config_settings
     from eventlog.lock import WriterLock
 
     settings = config_settings(cfg)
     assert settings is not None
     assert cfg.postgres is not None
-    if cfg.log.forward_secure:
-        raise ConfigError(
-            f"{cfg.path}: the log is in PostgreSQL, and forward-secure epoch keys live on one "
-            f"host (a standby could not continue the chain): set [log] forward_secure = false "
-            f"and give every node the same keys directory (signing.key, data.key)"
-        )
+    require_enrolled(cfg)
     pg = cfg.postgres
     _check_profiles_fit(cfg, pg.lease_seconds - pg.renew_seconds - pg.request_margin_seconds)
     for k in range(layout.count):  # every shard's schema one this version knows
@@ -801,6 +811,11 @@ def run_shard_node(
     cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     node_lock = WriterLock(cfg.state_dir)
     node_lock.acquire()
+    if enrolled_node(cfg):
+        # What a crash left: a node key never certified, the epoch keys of the terms it ended.
+        node_chain(cfg, keys_directory(cfg.keys_dir)).reconcile()
+        for k in range(layout.count):
+            term_ended(shard_config(cfg, k).state_dir)
     try:
         node = ShardNode(
             cfg,
