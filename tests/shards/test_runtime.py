@@ -7,6 +7,7 @@ verifies with ``verify.pub`` alone."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +19,9 @@ import psycopg
 import pytest
 
 from daemon.spool import Spool
+from eventlog.envelope import Checkpoint, Genesis
+from eventlog.epochs import EPOCHS_DIR
+from eventlog.nodekeys import NODE_DIR
 from eventlog.pgstore import PgSettings
 from eventlog.shards import Layout, layout_of
 from replay.events import StatusRequestIntended
@@ -27,10 +31,12 @@ from tests.e2e.harness import (
     Workspace,
     assert_provider_invariants,
     drop_registration,
+    exported,
     until,
     workspace,
 )
 from tests.e2e.pgnodes import Node, epoch_starts, epochs_of, loaded, node_config, start
+from tests.eventlog._logtools import read_lines
 
 SHARDS = 4
 #: A SIGKILLed node's shards move after at most 3 s.
@@ -395,3 +401,77 @@ def test_one_live_process_per_node_name(tmp_path: Path, sharded_dsn: str) -> Non
         assert min(m[2] for m in _taken_since(a, killed)) - killed >= LEASE.seconds - 1.0
         assert a.daemon.stop(30) == 0
         assert _holders(dsn) == {}
+
+
+def test_enrolled_nodes_sign_every_shard_with_their_own_keys(
+    tmp_path: Path, sharded_dsn: str
+) -> None:
+    """forward_secure (the default with PostgreSQL): each node enrolled once, the root key
+    offline; every shard's takeovers are signed by the holder's node key, every shard
+    verifies, and no node keeps a shard's epoch key after its term."""
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a, b = (node_config(ws, name, dsn, lease=LEASE) for name in ("node-a", "node-b"))
+        for n in (a, b):
+            n.config.write_text(n.config.read_text().replace("forward_secure = false\n", ""))
+            out = ws.root / f"enrolled-{n.name}"
+            done = subprocess.run(
+                [
+                    *BIDE,
+                    "node",
+                    "enroll",
+                    "--name",
+                    n.name,
+                    "--keys-dir",
+                    "keys",
+                    "--out",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+                cwd=ws.root,
+            )
+            assert done.returncode == 0, done.stderr
+            (n.state / NODE_DIR).mkdir(mode=0o700, parents=True)
+            for path in out.iterdir():
+                shutil.copy2(path, n.state / NODE_DIR / path.name)
+        (ws.root / "keys" / "signing.key").rename(ws.root / "offline-signing.key")
+        start(ws, a)
+        start(ws, b)
+        until(lambda: _loads(dsn) == {"node-a": 2, "node-b": 2}, 30, "two shards each")
+        ops = {f"op-{i}": f"job-{i}" for i in range(4)}
+        for op, job in ops.items():
+            _register([a, b], op, job)
+        assert a.daemon is not None
+        assert a.daemon.stop(30) == 0, a.daemon.output()  # b takes a's shards by handover
+        until(lambda: _loads(dsn) == {"node-b": 4}, 20, "b to take a's shards")
+        until(lambda: len(_taken_since(b, 0)) >= 4, 20, "b to start them")
+        assert b.daemon is not None
+        assert b.daemon.stop(30) == 0, b.daemon.output()
+
+        layout = _layout(dsn)
+        signers: set[str] = set()
+        for k in range(layout.count):
+            shard_dsn = layout.settings(PgSettings(dsn), k).dsn
+            lines = read_lines(exported(shard_dsn, ws, f"fs-{k}"))
+            takeovers = [
+                ln.record for ln in lines if isinstance(ln.record, Checkpoint) and ln.record.holder
+            ]
+            # The genesis certified by its creator's node key; each later term's takeover
+            # by its holder's (a first term goes on with the genesis's epoch key).
+            genesis = lines[0].record
+            assert isinstance(genesis, Genesis)
+            assert genesis.cert is not None
+            signed = [genesis.cert.node] + [cp.cert.node for cp in takeovers if cp.cert]
+            assert set(signed) <= {"node-a", "node-b"}
+            if len(takeovers) > 1:  # moved: the later holder's key signed its takeover
+                assert takeovers[-1].cert is not None
+                assert takeovers[-1].cert.node == takeovers[-1].holder.split("/")[0]
+            signers |= set(signed)
+        assert signers == {"node-a", "node-b"}
+        _verify_every_shard(ws, dsn)
+        for n in (a, b):
+            left = [p for p in (n.state / "shards").glob(f"*/{EPOCHS_DIR}/*") if p.is_file()]
+            assert left == [], left
