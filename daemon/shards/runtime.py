@@ -61,12 +61,14 @@ from daemon import logfmt, systemd
 from daemon.api.door import ApiDoor
 from daemon.api.server import Handler, Request, Response, error
 from daemon.config import Config
+from daemon.engine.pacing import SharedPacing
 from daemon.errors import ConfigError
 from daemon.lease import FOLLOW_SPACING, Lease, now
 from daemon.metrics import BUILD_INFO, node_active, read_process, render_process, serve_metrics
 from daemon.shards import assign, metricspage
 from daemon.shards.links import NodeLinks
 from daemon.shards.membership import Membership, View
+from daemon.shards.quota import QuotaExchange
 from daemon.shards.spool import NodeSpool
 from daemon.signing import enrolled_node, node_chain, term_ended
 from daemon.spool import Spool, SpoolPermissionError
@@ -299,6 +301,8 @@ class ShardNode:
         router: Router | None = None,
         term_tasks: Iterable[TermTask] = (),
         supervisor_kwargs: Mapping[str, Any] | None = None,
+        node_tasks: Iterable[Callable[[], Coroutine[Any, Any, None]]] = (),
+        metrics_sources: Iterable[Callable[[], list[str]]] = (),
     ) -> None:
         assert cfg.postgres is not None
         self.config = cfg
@@ -312,6 +316,11 @@ class ShardNode:
         self.router = router or shard_router
         self.term_tasks = tuple(term_tasks)
         self.supervisor_kwargs = dict(supervisor_kwargs or {})
+        #: Run in the node's task group for its life (the quota exchange); cancelled once
+        #: every shard is handed over.
+        self.node_tasks = tuple(node_tasks)
+        #: More lines for the node's ``/metrics`` (the quota slices).
+        self.metrics_sources = tuple(metrics_sources)
         pg = cfg.postgres
         self.membership = Membership(
             settings,
@@ -633,6 +642,8 @@ class ShardNode:
             "# TYPE bide_node_shards gauge",
             f"bide_node_shards {self.layout.count}",
         ]
+        for source in self.metrics_sources:
+            node += source()
         return metricspage.merge(pages, node)
 
     def status_line(self) -> str:
@@ -758,6 +769,8 @@ class ShardNode:
                     edges.start_soon(self._watch_profiles)
                 edges.start_soon(self.spool.watch, self._stopping)
                 edges.start_soon(self.links.news)
+                for task in self.node_tasks:
+                    edges.start_soon(task)
                 edges.start_soon(self.membership.keep, lambda: len(self._active))
                 edges.start_soon(self._planner)
                 edges.start_soon(self._status_and_watchdog)
@@ -816,6 +829,12 @@ def run_shard_node(
         node_chain(cfg, keys_directory(cfg.keys_dir)).reconcile()
         for k in range(layout.count):
             term_ended(shard_config(cfg, k).state_dir)
+    # One pacing for every shard's engine, kept within this node's slice of each provider's
+    # quota, agreed with the other nodes through the catalog (daemon.shards.quota).
+    shared = SharedPacing(sliced=True)
+    exchange = QuotaExchange(
+        settings, node_name(cfg), shared, period=pg.renew_seconds, ttl=pg.lease_seconds
+    )
     try:
         node = ShardNode(
             cfg,
@@ -824,7 +843,9 @@ def run_shard_node(
             settings=settings,
             router=router,
             term_tasks=term_tasks,
-            supervisor_kwargs=supervisor_kwargs,
+            supervisor_kwargs={"pacing": shared, **(supervisor_kwargs or {})},
+            node_tasks=[exchange.run],
+            metrics_sources=[exchange.metrics_lines],
         )
         anyio.run(node.run)
     finally:

@@ -306,14 +306,26 @@ def test_a_paused_node_is_fenced_per_shard_carries_on_and_gets_its_share_back(
 
         # The node's page: each active shard's series labelled with its shard, the node's own.
         until(lambda: len([m for m in _moves(a) if m[0] == "shard taken"]) >= 2, 20, "a's shards")
-        page = httpx.get(_metrics_url(a), timeout=10).text
-        assert "bide_node_active 1" in page
-        assert "bide_node_shards_held 2" in page
         mine = sorted(k for k, who in _holders(dsn).items() if who == "a")
         assert mine
+        pages: list[str] = []
+
+        def polled_everywhere() -> bool:
+            # Each of a's shards answered by the provider (the first polls wait for the
+            # node's first slice of the provider's quota).
+            pages[:] = [httpx.get(_metrics_url(a), timeout=10).text]
+            return all(
+                re.search(rf'^bide_status_responses_total{{shard="{k}",', pages[0], re.M)
+                for k in mine
+            )
+
+        until(polled_everywhere, 20, "a's shards to poll")
+        page = pages[0]
+        assert "bide_node_active 1" in page
+        assert "bide_node_shards_held 2" in page
         for k in mine:
             assert re.search(rf'^bide_lease_epoch{{shard="{k}"}} [1-9]', page, re.M), page
-            assert re.search(rf'^bide_status_responses_total{{shard="{k}",', page, re.M), page
+        assert re.search(r'^bide_provider_quota_slice_rps{provider="sim"} ', page, re.M), page
         assert page.count("# TYPE bide_node_active ") == 1
         # The shards' engines run without edges: one listener, one socket, for the node.
         assert _output(a).count('msg="metrics listening"') == 1
