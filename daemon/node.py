@@ -144,7 +144,6 @@ async def _terms(cfg: Config, lease: Lease, build: Build, door: ApiDoor | None) 
     """Standby, active, and back, until a graceful stop."""
     log_store = pgstore.PgLogStore(lease.settings)
     while True:
-        logfmt.info("standby: following the log", node=lease.holder)
         reads = None
         if door is not None:
             reads = StandbyReads(
@@ -216,6 +215,8 @@ async def _standby(
     supervisor opens its own on the same address."""
     got: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Said once SIGTERM is handled: a stop asked from here on drains, never kills.
+        logfmt.info("standby: following the log", node=lease.holder)
         async with anyio.create_task_group() as tg:
 
             async def take() -> None:
