@@ -321,7 +321,7 @@ class Relay:
                     answered = self._listening.answers[rid] = anyio.Event()
                     got = await self._row(_ANSWER_OF, (row_id,))
                     if got is not None:
-                        await self._row(_DELETE, (row_id,))
+                        await self._forget(row_id)
                         return self._opened_answer(shard, rid, bytes(got[0]))
             return await self._unanswered(shard, row_id, bound)
         except StoreError as exc:
@@ -337,6 +337,14 @@ class Relay:
             raise
         finally:
             self._listening.answers.pop(rid, None)
+
+    async def _forget(self, row_id: int) -> None:
+        """Delete an answered row (read: nobody needs it); one left behind is pruned."""
+        try:
+            async with self._connection() as conn:
+                await conn.execute(_DELETE, (row_id,))
+        except StoreError as exc:
+            logfmt.warn("relay: cannot delete an answered row", error=str(exc)[:200])
 
     async def _unanswered(self, shard: int, row_id: int | None, bound: float) -> Response:
         """The holder did not answer within ``bound``: withdraw the row if it was not taken."""
@@ -396,9 +404,10 @@ class Relay:
     async def serve(self, shard: int, handler: Handler) -> None:
         """Answer shard ``shard``'s relayed requests with ``handler`` (the shard's engine
         API) until cancelled: run by the shard's holder for as long as it holds it."""
-        await self._row(_UNTAKE + " RETURNING id", (shard,))
+        async with self._connection() as conn:
+            await conn.execute(_UNTAKE, (shard,))
         work = self._listening.work[shard] = anyio.Event()
-        limiter = anyio.CapacityLimiter(IN_FLIGHT)
+        limiter = anyio.Semaphore(IN_FLIGHT)
         pruned = 0.0
         try:
             async with anyio.create_task_group() as tg:
@@ -447,7 +456,7 @@ class Relay:
         row_id: int,
         rid: str,
         blob: bytes,
-        limiter: anyio.CapacityLimiter,
+        limiter: anyio.Semaphore,
     ) -> None:
         try:
             response = await self._answer_of(shard, handler, rid, blob)

@@ -1,0 +1,230 @@
+"""The relay, end to end over a real PostgreSQL catalog: a write for a shard held elsewhere
+is recorded by the holder and answered; the database never holds it in clear; a forged or
+moved row is refused and never executed; a holder that does not answer gives a bounded 503;
+a row a dead holder took is taken again by the next."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from daemon.api.server import Response
+from daemon.shards.relay import ANSWER_DOMAIN, REQUEST_DOMAIN, work_channel
+from eventlog import keys
+from eventlog.sealed import open_blob, seal_blob
+from tests.shards.support import answer, catalog, prepare, request, shard_ids, two_nodes
+
+JOB = "job-7f3a9c-secret-looking"
+
+
+def _rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT id, shard, kind, op_id, request, rid, taken_at, answered_at, status, answer"
+            " FROM bide_intake ORDER BY id"
+        ).fetchall()
+
+
+async def _execute(dsn: str, statement: str, params: tuple[object, ...] = ()) -> None:
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statement, params)
+
+    await anyio.to_thread.run_sync(run)
+
+
+async def _until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    """Poll real state until ``predicate()`` holds, or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await anyio.to_thread.run_sync(predicate):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await anyio.sleep(0.02)
+
+
+def _watch(op_id: str, job: str = JOB) -> dict[str, object]:
+    return {"provider": "sim", "job_id": job, "operation_id": op_id}
+
+
+def test_a_registration_through_a_non_holder_is_recorded_by_the_holder_never_in_clear(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (op,) = shard_ids(layout, 1, 1)  # shard 1: node b holds it
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout, serve=False) as (a, b):
+            got: list[Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def register() -> None:
+                    got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
+
+                tg.start_soon(register)
+                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
+                (row,) = _rows(pg_dsn)
+                sealed = bytes(row[4])
+                assert (row[1], row[2], row[3]) == (1, "POST operations", "")
+                # Neither the job id nor the operation id is in the database in clear.
+                assert JOB.encode() not in sealed
+                assert op.encode() not in sealed
+                assert b"sim" not in sealed.split(b"\n", 1)[1]
+                serving = anyio.CancelScope()
+
+                async def serve() -> None:
+                    with serving:
+                        await b.relay.serve(1, b.handlers[1])
+
+                tg.start_soon(serve)
+                await _until(lambda: bool(got), "the answer")
+                first = answer(got[0])
+                assert (got[0].status, first["created"]) == (201, True)
+                assert first["operation_id"] == op
+                # Recorded by the holder of shard 1, and nowhere else.
+                assert op in b.engines[1].ops
+                assert op not in a.engines[0].ops
+                # The same request again: the 200 of a retry, nothing recorded twice.
+                again = await a.router.handle(request("POST", "/v1/operations", _watch(op)))
+                assert again.status == 200
+                assert answer(again) == {**first, "created": False}
+                # A different request for the id: the holder's conflict, as one node says it.
+                other = await a.router.handle(
+                    request("POST", "/v1/operations", _watch(op, "another-job"))
+                )
+                assert (other.status, answer(other)["error"]) == (409, "operation_id_in_use")
+                assert _rows(pg_dsn) == []  # each answered row deleted by its forwarder
+                serving.cancel()
+
+    anyio.run(main)
+
+
+def test_a_forged_row_is_refused_and_never_executed(tmp_path: Path, pg_dsn: str) -> None:
+    keyring = prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    keys.generate(tmp_path / "other-keys")
+    stranger = keys.load_keyring(tmp_path / "other-keys")
+    # A request sealed with another key: its bytes look right, its key is not the log's.
+    forged = seal_blob(stranger, REQUEST_DOMAIN, f"{layout.base}\n1\nforged".encode(), b"x")
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (_, b):
+            await _execute(
+                pg_dsn,
+                "INSERT INTO bide_intake (shard, kind, op_id, request, from_node, rid) "
+                "VALUES (1, 'POST operations', '', %s, 'mallory', 'forged'), "
+                "(1, 'POST operations', '', %s, 'mallory', 'garbage')",
+                (forged, b"not a sealed request"),
+            )
+            await _execute(pg_dsn, "SELECT pg_notify(%s, %s)", (work_channel(1), layout.base))
+            await _until(lambda: all(r[7] is not None for r in _rows(pg_dsn)), "both rows answered")
+            for row in _rows(pg_dsn):
+                assert row[8] == 400
+                bound = f"{layout.base}\n1\n{row[5]}".encode()
+                opened = open_blob(keyring, ANSWER_DOMAIN, bound, bytes(row[9]), where="test")
+                assert b"relay_refused" in opened
+            assert not b.engines[1].ops  # nothing executed
+
+    anyio.run(main)
+
+
+def test_a_row_moved_to_another_shard_fails_and_is_never_executed(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (op,) = shard_ids(layout, 1, 1)
+
+    async def main() -> None:
+        # Only shard 0 is served (by node a); the row is written for shard 1 and moved to 0.
+        async with two_nodes(tmp_path, pg_dsn, layout, serve=False) as (a, b):
+            got: list[Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def register() -> None:
+                    got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
+
+                tg.start_soon(register)
+                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
+                await _execute(pg_dsn, "UPDATE bide_intake SET shard = 0")
+                tg.start_soon(a.relay.serve, 0, a.handlers[0])
+                await _until(lambda: bool(got), "the answer")
+                tg.cancel_scope.cancel()
+            # Shard 0's holder could not open it: refused, and its refusal cannot pass for
+            # shard 1's answer either.
+            assert got[0].status == 503
+            assert "could not be authenticated" in answer(got[0])["detail"]
+            assert not a.engines[0].ops
+            assert not b.engines[1].ops
+
+    anyio.run(main)
+
+
+def test_no_answer_in_time_is_a_503_and_the_untaken_row_is_withdrawn(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (op,) = shard_ids(layout, 1, 1)
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout, serve=False, answer_within=1.0) as (a, _):
+            started = time.monotonic()
+            got = await a.router.handle(request("POST", "/v1/operations", _watch(op)))
+            assert 1.0 <= time.monotonic() - started < 5.0
+            assert got.status == 503
+            assert ("Retry-After", "1") in got.headers
+            body = answer(got)
+            assert body["error"] == "relay_unanswered"
+            assert "nothing was recorded" in body["detail"]
+            assert _rows(pg_dsn) == []
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("recorded_before", [False, True])
+def test_a_row_a_dead_holder_took_is_taken_again_by_the_next(
+    tmp_path: Path, pg_dsn: str, recorded_before: bool
+) -> None:
+    """The holder took the row and died (before recording it, or after recording it but
+    before answering): the next holder takes it again; a registration recorded once is
+    answered as its retry."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (op,) = shard_ids(layout, 1, 1)
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout, serve=False) as (a, b):
+            first: dict[str, object] | None = None
+            if recorded_before:
+                direct = await b.handlers[1](request("POST", "/v1/operations", _watch(op)))
+                assert direct.status == 201
+                first = answer(direct)
+            got: list[Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def register() -> None:
+                    got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
+
+                tg.start_soon(register)
+                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
+                await _execute(
+                    pg_dsn, "UPDATE bide_intake SET taken_at = now()"
+                )  # taken, then died
+                tg.start_soon(b.relay.serve, 1, b.handlers[1])
+                await _until(lambda: bool(got), "the answer")
+                tg.cancel_scope.cancel()
+            if recorded_before:
+                assert got[0].status == 200
+                assert answer(got[0]) == {**(first or {}), "created": False}
+            else:
+                assert got[0].status == 201
+            assert len([o for o in b.engines[1].ops if o == op]) == 1
+
+    anyio.run(main)
