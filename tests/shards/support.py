@@ -11,6 +11,7 @@ node has its own :class:`daemon.shards.relay.Relay` over it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -66,6 +67,31 @@ def answer(response: Response) -> dict[str, Any]:
     value = msgspec.json.decode(response.body)
     assert isinstance(value, dict), response.body
     return value
+
+
+def intake_rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT id, shard, kind, op_id, request, rid, taken_at, answered_at, status, answer"
+            " FROM bide_intake ORDER BY id"
+        ).fetchall()
+
+
+async def execute(dsn: str, statement: str, params: tuple[object, ...] = ()) -> None:
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statement, params)
+
+    await anyio.to_thread.run_sync(run)
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    """Poll real state until ``predicate()`` holds, or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await anyio.to_thread.run_sync(predicate):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await anyio.sleep(0.02)
 
 
 def catalog(dsn: str, count: int) -> Layout:

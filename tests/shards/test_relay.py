@@ -6,46 +6,34 @@ a row a dead holder took is taken again by the next."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from daemon.api.server import Response
 from daemon.shards.relay import ANSWER_DOMAIN, REQUEST_DOMAIN, work_channel
 from eventlog import keys
 from eventlog.sealed import open_blob, seal_blob
-from tests.shards.support import answer, catalog, prepare, request, shard_ids, two_nodes
+from tests.shards.support import (
+    answer,
+    catalog,
+    prepare,
+    request,
+    shard_ids,
+    two_nodes,
+)
+from tests.shards.support import (
+    execute as _execute,
+)
+from tests.shards.support import (
+    intake_rows as _rows,
+)
+from tests.shards.support import (
+    until as _until,
+)
 
 JOB = "job-7f3a9c-secret-looking"
-
-
-def _rows(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(
-            "SELECT id, shard, kind, op_id, request, rid, taken_at, answered_at, status, answer"
-            " FROM bide_intake ORDER BY id"
-        ).fetchall()
-
-
-async def _execute(dsn: str, statement: str, params: tuple[object, ...] = ()) -> None:
-    def run() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(statement, params)
-
-    await anyio.to_thread.run_sync(run)
-
-
-async def _until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    """Poll real state until ``predicate()`` holds, or fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not await anyio.to_thread.run_sync(predicate):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await anyio.sleep(0.02)
 
 
 def _watch(op_id: str, job: str = JOB) -> dict[str, object]:

@@ -1,0 +1,231 @@
+"""The node's one API on a sharded log: writes to the shard's holder (here, or through the
+relay), reads and waits from any node's copy, lists merged over the shards in one node's
+order, the node's health, and everything else as one node answers it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon.api.openapi import openapi_document
+from daemon.api.server import Request, Response
+from daemon.shards.router import ShardRouter
+from eventlog.shards import Layout
+from tests.shards.support import ME, Node, answer, catalog, prepare, request, shard_ids, two_nodes
+
+
+def _watch(op_id: str | None, job: str = "job-1") -> dict[str, object]:
+    body: dict[str, object] = {"provider": "sim", "job_id": job}
+    if op_id is not None:
+        body["operation_id"] = op_id
+    return body
+
+
+async def _copies_read(*nodes: Node) -> None:
+    """Each node reads the records its copies gained (what the lease's follow does on a
+    node: here the copy is the holder's own log files)."""
+    for node in nodes:
+        for reads in node.standbys.values():
+            await reads.refresh()
+
+
+def test_the_shard_of_an_action_or_a_scoped_id_is_its_operations() -> None:
+    layout = Layout("public", 16)
+
+    class Nowhere:
+        name = "n"
+
+        def held(self) -> set[int]:
+            return set()
+
+        def handler(self, shard: int) -> object:
+            raise AssertionError("not asked")
+
+    class NoRelay:
+        async def forward(self, shard: int, request: Request) -> Response:
+            raise AssertionError("not asked")
+
+    router = ShardRouter(layout, Nowhere(), NoRelay())  # type: ignore[arg-type]
+    for op in ("nightly", "a/b c", "op-1.x"):
+        k = layout.shard_of(op)
+        assert router.shard_of(f"{op}.submit") == k
+        assert router.shard_of(f"{op}.fetch.12") == k
+        assert router.shard_of(f"{op}.cancel.1") == k
+        assert router.shard_of(f"{op}~u1001") == k
+
+
+def test_writes_reach_the_holder_and_reads_and_waits_any_nodes_copy(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (mine,) = shard_ids(layout, 0, 1)  # node a holds shard 0
+    (theirs,) = shard_ids(layout, 1, 1)  # node b holds shard 1
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            for op in (mine, theirs):
+                got = await a.router.handle(request("POST", "/v1/operations", _watch(op)))
+                assert got.status == 201, got.body
+            assert set(a.engines[0].ops) == {mine}
+            assert set(b.engines[1].ops) == {theirs}
+            # Node a answers a read of b's operation from its copy once it has read it.
+            await _copies_read(a)
+            view = await a.router.handle(request("GET", f"/v1/operations/{theirs}"))
+            assert (view.status, answer(view)["phase"]) == (200, "live")
+            # A wait through a: it ends when a's copy shows the end, not before.
+            waited: list[Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    waited.append(
+                        await a.router.handle(
+                            request("GET", f"/v1/operations/{theirs}", query={"wait": "20s"})
+                        )
+                    )
+
+                tg.start_soon(wait)
+                withdrawn = await a.router.handle(
+                    request("POST", f"/v1/operations/{theirs}/withdrawal", {"note": "done"})
+                )
+                assert answer(withdrawn) == {
+                    "operation_id": theirs,
+                    "phase": "closed",
+                    "withdrawn": True,
+                }
+                assert b.engines[1].ops[theirs].phase == "closed"  # recorded by the holder
+                await anyio.wait_all_tasks_blocked()
+                assert not waited  # a's copy does not show it yet
+                await _copies_read(a)
+            ended = answer(waited[0])
+            assert (ended["done"], ended["phase"], ended["stop_reason"]) == (
+                True,
+                "closed",
+                "withdrawn_by_owner",
+            )
+
+    anyio.run(main)
+
+
+def test_a_registration_without_an_id_gets_one_and_is_recorded_in_its_shard(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            engines = {**a.engines, **b.engines}
+            for _ in range(6):
+                got = await a.router.handle(request("POST", "/v1/operations", _watch(None)))
+                assert got.status == 201, got.body
+                op = str(answer(got)["operation_id"])
+                assert op.startswith("op-")
+                assert op in engines[layout.shard_of(op)].ops
+            bad = await a.router.handle(
+                Request("POST", "/v1/operations", "/v1/operations", {}, {}, b"{not json", ME)
+            )
+            assert (bad.status, answer(bad)["error"]) == (400, "malformed_json")
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 500])
+def test_a_list_merged_over_shards_is_their_union_in_one_nodes_order(
+    tmp_path: Path, pg_dsn: str, limit: int
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 3)  # a holds 0 and 2, b holds 1
+    ops = [f"list-{i}" for i in range(10)]
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            for op in ops:  # registered in this order: one node lists them so
+                got = await b.router.handle(request("POST", "/v1/operations", _watch(op)))
+                assert got.status == 201, got.body
+            for op in ops[::3]:
+                await b.router.handle(request("POST", f"/v1/operations/{op}/withdrawal", {}))
+            await _copies_read(a, b)
+            assert {layout.shard_of(op) for op in ops} == {0, 1, 2}
+            for query, expected in (
+                ({}, ops),
+                ({"phase": "closed"}, ops[::3]),
+                ({"phase": "live"}, [op for op in ops if op not in ops[::3]]),
+            ):
+                for node in (a, b):
+                    seen: list[str] = []
+                    cursor = None
+                    pages = 0
+                    while True:
+                        q = {**query, "limit": str(limit)}
+                        if cursor is not None:
+                            q["cursor"] = cursor
+                        page = answer(
+                            await node.router.handle(request("GET", "/v1/operations", query=q))
+                        )
+                        assert len(page["operations"]) <= limit
+                        seen += [v["operation_id"] for v in page["operations"]]
+                        pages += 1
+                        cursor = page["next_cursor"]
+                        if cursor is None:
+                            break
+                        assert cursor.startswith("s1.")  # shard-aware
+                    assert seen == expected, (node.name, query)
+                    assert pages <= len(expected) // limit + 1
+            union: list[str] = []
+            for k in range(layout.count):
+                whole = answer(
+                    await a.handler(k)(request("GET", "/v1/operations", query={"limit": "500"}))
+                )
+                union += [v["operation_id"] for v in whole["operations"]]
+            assert sorted(union) == sorted(ops)
+            # A refusal is the answer, as one node gives it.
+            bad = await a.router.handle(request("GET", "/v1/operations", query={"limit": "0"}))
+            assert (bad.status, answer(bad)["field"]) == (400, "limit")
+            forged = await a.router.handle(
+                request("GET", "/v1/operations", query={"cursor": "s1.bm9wZQ"})
+            )
+            assert (forged.status, answer(forged)["error"]) == (400, "invalid_cursor")
+
+    anyio.run(main)
+
+
+def test_health_is_the_nodes_and_other_paths_answer_as_one_node(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            for k in (0, 1):
+                for op in shard_ids(layout, k, 2, prefix=f"h{k}"):
+                    await a.router.handle(request("POST", "/v1/operations", _watch(op)))
+            await _copies_read(a, b)
+            health = answer(await a.router.handle(request("GET", "/v1/health")))
+            assert (health["role"], health["live"], health["log_head_sequence"]) == (
+                "active",
+                4,
+                -1,
+            )
+            assert health["shards"] == {
+                "node": "a",
+                "count": 2,
+                "held": [0],
+                "following": [1],
+                "not_ready": [],
+            }
+            escalations = await b.router.handle(request("GET", "/v1/escalations"))
+            assert answer(escalations) == {"escalations": []}
+            doc = await b.router.handle(request("GET", "/v1/openapi.json"))
+            assert (doc.status, doc.body) == (200, openapi_document())
+            direct = await a.engines[0].api_handler()[0](request("GET", "/v1/nowhere"))
+            for node in (a, b):
+                routed = await node.router.handle(request("GET", "/v1/nowhere"))
+                assert (routed.status, routed.body) == (404, direct.body)
+            wrong = await b.router.handle(request("DELETE", "/v1/health"))
+            assert (wrong.status, answer(wrong)["error"]) == (405, "method_not_allowed")
+
+    anyio.run(main)
