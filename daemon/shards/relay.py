@@ -122,8 +122,8 @@ WITH row AS (
 )
 SELECT id, pg_notify(%s, %s) FROM row
 """
-_ANSWER_OF = "SELECT answer FROM bide_intake WHERE id = %s AND answered_at IS NOT NULL"
-_DELETE = "DELETE FROM bide_intake WHERE id = %s"
+#: An answered row is read and deleted at once (the forwarder is its only reader).
+_ANSWER_OF = "DELETE FROM bide_intake WHERE id = %s AND answered_at IS NOT NULL RETURNING answer"
 _WITHDRAW = "DELETE FROM bide_intake WHERE id = %s AND taken_at IS NULL RETURNING id"
 _TAKE = """
 UPDATE bide_intake SET taken_at = now() WHERE id IN (
@@ -193,9 +193,8 @@ class Relay:
             self.settings.dsn,
             kwargs={**kwargs, "autocommit": True},
             min_size=1,
-            max_size=8,
+            max_size=16,
             open=False,
-            check=AsyncConnectionPool.check_connection,
             name="bide-relay",
             timeout=max(1.0, self.settings.connect_timeout),
             reconnect_timeout=86_400.0,
@@ -321,7 +320,6 @@ class Relay:
                     answered = self._listening.answers[rid] = anyio.Event()
                     got = await self._row(_ANSWER_OF, (row_id,))
                     if got is not None:
-                        await self._forget(row_id)
                         return self._opened_answer(shard, rid, bytes(got[0]))
             return await self._unanswered(shard, row_id, bound)
         except StoreError as exc:
@@ -337,14 +335,6 @@ class Relay:
             raise
         finally:
             self._listening.answers.pop(rid, None)
-
-    async def _forget(self, row_id: int) -> None:
-        """Delete an answered row (read: nobody needs it); one left behind is pruned."""
-        try:
-            async with self._connection() as conn:
-                await conn.execute(_DELETE, (row_id,))
-        except StoreError as exc:
-            logfmt.warn("relay: cannot delete an answered row", error=str(exc)[:200])
 
     async def _unanswered(self, shard: int, row_id: int | None, bound: float) -> Response:
         """The holder did not answer within ``bound``: withdraw the row if it was not taken."""

@@ -180,6 +180,7 @@ async def two_nodes(
     *,
     serve: bool = True,
     answer_within: float = 10.0,
+    api: ApiConfig | None = None,
 ) -> AsyncIterator[tuple[Node, Node]]:
     """Node ``a`` holds the even shards, ``b`` the odd ones; each answers the other's
     shards from its standby reads of the holder's log. With ``serve``, each holder serves
@@ -201,7 +202,7 @@ async def two_nodes(
         )
         for name in ("a", "b")
     }
-    engines = {k: engine(tmp, k) for k in range(layout.count)}
+    engines = {k: engine(tmp, k, api) for k in range(layout.count)}
     for k, sup in engines.items():
         holder, other = (nodes["a"], nodes["b"]) if k % 2 == 0 else (nodes["b"], nodes["a"])
         holder.engines[k] = sup
