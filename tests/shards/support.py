@@ -115,7 +115,7 @@ def shard_ids(layout: Layout, shard: int, n: int, prefix: str = "op") -> list[st
     return out
 
 
-def _config(root: Path, api: ApiConfig | None = None) -> Config:
+def node_config(root: Path, api: ApiConfig | None = None) -> Config:
     return Config(
         root / "bide.toml",
         ConfigFile(
@@ -166,7 +166,7 @@ class Node:
 def engine(tmp: Path, shard: int, api: ApiConfig | None = None) -> Supervisor:
     root = tmp / f"shard-{shard}"
     root.mkdir(exist_ok=True)
-    cfg = _config(root, api)
+    cfg = node_config(root, api)
     sup = Supervisor(cfg, keys.load_keyring(tmp / "keys"), keys.load_signer(tmp / "keys"))
     sup.load_profiles()
     return sup
@@ -196,7 +196,7 @@ async def two_nodes(
                 layout,
                 name,
                 keyring,
-                authority=Authority(_config(tmp)),
+                authority=Authority(node_config(tmp)),
                 timeout=answer_within,
             ),
         )

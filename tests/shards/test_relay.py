@@ -9,28 +9,27 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
-from daemon.api.server import Response
+from daemon.api.peer import Peer
+from daemon.api.server import Request, Response
+from daemon.config import ApiConfig
+from daemon.engine.intake import Authority
 from daemon.shards.relay import ANSWER_DOMAIN, REQUEST_DOMAIN, work_channel
 from eventlog import keys
 from eventlog.sealed import open_blob, seal_blob
 from tests.shards.support import (
     answer,
     catalog,
+    execute,
+    intake_rows,
+    node_config,
     prepare,
     request,
     shard_ids,
     two_nodes,
-)
-from tests.shards.support import (
-    execute as _execute,
-)
-from tests.shards.support import (
-    intake_rows as _rows,
-)
-from tests.shards.support import (
-    until as _until,
+    until,
 )
 
 JOB = "job-7f3a9c-secret-looking"
@@ -56,8 +55,8 @@ def test_a_registration_through_a_non_holder_is_recorded_by_the_holder_never_in_
                     got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
 
                 tg.start_soon(register)
-                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
-                (row,) = _rows(pg_dsn)
+                await until(lambda: len(intake_rows(pg_dsn)) == 1, "the relayed row")
+                (row,) = intake_rows(pg_dsn)
                 sealed = bytes(row[4])
                 assert (row[1], row[2], row[3]) == (1, "POST operations", "")
                 # Neither the job id nor the operation id is in the database in clear.
@@ -71,7 +70,7 @@ def test_a_registration_through_a_non_holder_is_recorded_by_the_holder_never_in_
                         await b.relay.serve(1, b.handlers[1])
 
                 tg.start_soon(serve)
-                await _until(lambda: bool(got), "the answer")
+                await until(lambda: bool(got), "the answer")
                 first = answer(got[0])
                 assert (got[0].status, first["created"]) == (201, True)
                 assert first["operation_id"] == op
@@ -87,7 +86,7 @@ def test_a_registration_through_a_non_holder_is_recorded_by_the_holder_never_in_
                     request("POST", "/v1/operations", _watch(op, "another-job"))
                 )
                 assert (other.status, answer(other)["error"]) == (409, "operation_id_in_use")
-                assert _rows(pg_dsn) == []  # each answered row deleted by its forwarder
+                assert intake_rows(pg_dsn) == []  # each answered row deleted by its forwarder
                 serving.cancel()
 
     anyio.run(main)
@@ -103,16 +102,18 @@ def test_a_forged_row_is_refused_and_never_executed(tmp_path: Path, pg_dsn: str)
 
     async def main() -> None:
         async with two_nodes(tmp_path, pg_dsn, layout) as (_, b):
-            await _execute(
+            await execute(
                 pg_dsn,
                 "INSERT INTO bide_intake (shard, kind, op_id, request, from_node, rid) "
                 "VALUES (1, 'POST operations', '', %s, 'mallory', 'forged'), "
                 "(1, 'POST operations', '', %s, 'mallory', 'garbage')",
                 (forged, b"not a sealed request"),
             )
-            await _execute(pg_dsn, "SELECT pg_notify(%s, %s)", (work_channel(1), layout.base))
-            await _until(lambda: all(r[7] is not None for r in _rows(pg_dsn)), "both rows answered")
-            for row in _rows(pg_dsn):
+            await execute(pg_dsn, "SELECT pg_notify(%s, %s)", (work_channel(1), layout.base))
+            await until(
+                lambda: all(r[7] is not None for r in intake_rows(pg_dsn)), "both rows answered"
+            )
+            for row in intake_rows(pg_dsn):
                 assert row[8] == 400
                 bound = f"{layout.base}\n1\n{row[5]}".encode()
                 opened = open_blob(keyring, ANSWER_DOMAIN, bound, bytes(row[9]), where="test")
@@ -139,10 +140,10 @@ def test_a_row_moved_to_another_shard_fails_and_is_never_executed(
                     got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
 
                 tg.start_soon(register)
-                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
-                await _execute(pg_dsn, "UPDATE bide_intake SET shard = 0")
+                await until(lambda: len(intake_rows(pg_dsn)) == 1, "the relayed row")
+                await execute(pg_dsn, "UPDATE bide_intake SET shard = 0")
                 tg.start_soon(a.relay.serve, 0, a.handlers[0])
-                await _until(lambda: bool(got), "the answer")
+                await until(lambda: bool(got), "the answer")
                 tg.cancel_scope.cancel()
             # Shard 0's holder could not open it: refused, and its refusal cannot pass for
             # shard 1's answer either.
@@ -171,7 +172,7 @@ def test_no_answer_in_time_is_a_503_and_the_untaken_row_is_withdrawn(
             body = answer(got)
             assert body["error"] == "relay_unanswered"
             assert "nothing was recorded" in body["detail"]
-            assert _rows(pg_dsn) == []
+            assert intake_rows(pg_dsn) == []
 
     anyio.run(main)
 
@@ -201,12 +202,10 @@ def test_a_row_a_dead_holder_took_is_taken_again_by_the_next(
                     got.append(await a.router.handle(request("POST", "/v1/operations", _watch(op))))
 
                 tg.start_soon(register)
-                await _until(lambda: len(_rows(pg_dsn)) == 1, "the relayed row")
-                await _execute(
-                    pg_dsn, "UPDATE bide_intake SET taken_at = now()"
-                )  # taken, then died
+                await until(lambda: len(intake_rows(pg_dsn)) == 1, "the relayed row")
+                await execute(pg_dsn, "UPDATE bide_intake SET taken_at = now()")  # taken, then died
                 tg.start_soon(b.relay.serve, 1, b.handlers[1])
-                await _until(lambda: bool(got), "the answer")
+                await until(lambda: bool(got), "the answer")
                 tg.cancel_scope.cancel()
             if recorded_before:
                 assert got[0].status == 200
@@ -214,5 +213,36 @@ def test_a_row_a_dead_holder_took_is_taken_again_by_the_next(
             else:
                 assert got[0].status == 201
             assert len([o for o in b.engines[1].ops if o == op]) == 1
+
+    anyio.run(main)
+
+
+def test_the_holder_takes_the_roles_the_forwarder_computed_never_its_own_groups(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """The agent's groups are on the forwarder's host: its roles there decide, even where
+    the holder's own config would admit the agent."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (op,) = shard_ids(layout, 1, 1)
+    stranger = Peer(pid=1, uid=41001, gid=41001)  # no account, in no group
+    body = msgspec.json.encode(_watch(op))
+
+    def register() -> Request:
+        return Request("POST", "/v1/operations", "/v1/operations", {}, {}, body, stranger)
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            admits_all = a.relay.authority
+            # On the forwarder's host only the root group's members are agents.
+            a.relay.authority = Authority(node_config(tmp_path, ApiConfig(agents_group="root")))
+            refused = await a.router.handle(register())
+            assert (refused.status, answer(refused)["error"]) == (403, "no_role")
+            assert not b.engines[1].ops
+            a.relay.authority = admits_all
+            got = await a.router.handle(register())
+            assert got.status == 201, got.body
+            recorded = b.engines[1].ops[op]
+            assert (recorded.registered_by_uid, recorded.registered_by) == (41001, "uid:41001")
 
     anyio.run(main)
