@@ -4,6 +4,7 @@ order, the node's health, and everything else as one node answers it."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import anyio
@@ -13,6 +14,7 @@ from daemon.api.openapi import openapi_document
 from daemon.api.server import Request, Response
 from daemon.shards.router import ShardRouter
 from eventlog.shards import Layout
+from replay.observations import WakeUp
 from tests.shards.support import ME, Node, answer, catalog, prepare, request, shard_ids, two_nodes
 
 
@@ -227,5 +229,36 @@ def test_health_is_the_nodes_and_other_paths_answer_as_one_node(
                 assert (routed.status, routed.body) == (404, direct.body)
             wrong = await b.router.handle(request("DELETE", "/v1/health"))
             assert (wrong.status, answer(wrong)["error"]) == (405, "method_not_allowed")
+
+    anyio.run(main)
+
+
+def test_escalations_of_every_shard_are_one_list_in_the_order_they_were_raised(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (first,) = shard_ids(layout, 1, 1, prefix="esc")  # raised first, on b's shard
+    (second,) = shard_ids(layout, 0, 1, prefix="esc")
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            engines = {**a.engines, **b.engines}
+            later = time.time() + 600
+            for i, op in enumerate((first, second)):
+                got = await a.router.handle(
+                    request("POST", "/v1/operations", {**_watch(op), "deadline_seconds": 60})
+                )
+                assert got.status == 201, got.body
+                sup = engines[layout.shard_of(op)]
+                # The deadline has passed when the operation next wakes: an escalation.
+                await sup.chain.handle(sup.ops[op], WakeUp(), now=later + i)
+                assert sup.ops[op].phase == "escalated"
+            await _copies_read(a, b)
+            for node in (a, b):
+                listed = answer(await node.router.handle(request("GET", "/v1/escalations")))
+                assert [e["operation_id"] for e in listed["escalations"]] == [first, second]
+                one = answer(await node.handler(1)(request("GET", "/v1/escalations")))
+                assert listed["escalations"][0] == one["escalations"][0]
 
     anyio.run(main)
