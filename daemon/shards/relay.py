@@ -35,6 +35,7 @@ answer into the same row; the forwarder reads it, deletes the row and answers it
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -124,7 +125,8 @@ SELECT id, pg_notify(%s, %s) FROM row
 """
 #: An answered row is read and deleted at once (the forwarder is its only reader).
 _ANSWER_OF = "DELETE FROM bide_intake WHERE id = %s AND answered_at IS NOT NULL RETURNING answer"
-_WITHDRAW = "DELETE FROM bide_intake WHERE id = %s AND taken_at IS NULL RETURNING id"
+#: By the row's random id: a row whose insert was cut off before its id came back is found too.
+_WITHDRAW = "DELETE FROM bide_intake WHERE rid = %s AND taken_at IS NULL RETURNING id"
 _TAKE = """
 UPDATE bide_intake SET taken_at = now() WHERE id IN (
     SELECT id FROM bide_intake
@@ -154,6 +156,31 @@ class _Listening:
 
     answers: dict[str, anyio.Event] = field(default_factory=dict)
     work: dict[int, anyio.Event] = field(default_factory=dict)
+
+
+class _Outage:
+    """Says once that a shard's relayed requests cannot be reached, and once that they can
+    again (not once a second while the database is away)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def failed(self, shard: int, exc: StoreError) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            logfmt.warn(
+                "relay: cannot take this shard's relayed requests; trying every second",
+                shard=shard,
+                error=str(exc)[:200],
+            )
+
+    def over(self) -> None:
+        if self.since is not None:
+            logfmt.info(
+                "relay: taking relayed requests again",
+                seconds=f"{time.monotonic() - self.since:.1f}",
+            )
+            self.since = None
 
 
 class Relay:
@@ -321,7 +348,7 @@ class Relay:
                     got = await self._row(_ANSWER_OF, (row_id,))
                     if got is not None:
                         return self._opened_answer(shard, rid, bytes(got[0]))
-            return await self._unanswered(shard, row_id, bound)
+            return await self._unanswered(shard, rid, bound)
         except StoreError as exc:
             logfmt.warn("relay: the database failed a relayed request", error=str(exc)[:200])
             return _unavailable(
@@ -329,29 +356,32 @@ class Relay:
                 f"{shard}'s holder ({exc}); send it again"
             )
         except anyio.get_cancelled_exc_class():
-            if row_id is not None:  # the agent left: take the row back if nobody took it
-                with anyio.move_on_after(5.0, shield=True):
-                    await self._row(_WITHDRAW, (row_id,))
+            # The agent left: take the row back (one left is pruned within the hour).
+            with anyio.move_on_after(5.0, shield=True), contextlib.suppress(StoreError):
+                await self._row(_WITHDRAW, (rid,))
             raise
         finally:
             self._listening.answers.pop(rid, None)
 
-    async def _unanswered(self, shard: int, row_id: int | None, bound: float) -> Response:
-        """The holder did not answer within ``bound``: withdraw the row if it was not taken."""
-        taken = True
-        if row_id is not None:
-            with anyio.move_on_after(5.0, shield=True):
-                taken = await self._row(_WITHDRAW, (row_id,)) is None
-        if taken and row_id is not None:
+    async def _unanswered(self, shard: int, rid: str, bound: float) -> Response:
+        """The holder did not answer within ``bound``: withdraw the row unless it was taken."""
+        withdrawn = False
+        with anyio.move_on_after(5.0, shield=True):
+            try:
+                withdrawn = await self._row(_WITHDRAW, (rid,)) is not None
+            except StoreError:
+                withdrawn = False
+        if withdrawn:
             detail = (
-                f"shard {shard}'s holder took the request but did not answer within "
-                f"{bound:g}s; it may yet be recorded: send the same request again (a "
-                f"registration's retry is answered 200 once recorded)"
+                f"no node holding shard {shard} took the request within {bound:g}s (the "
+                f"shard may be moving between nodes); it was withdrawn and nothing was "
+                f"recorded: send it again"
             )
         else:
             detail = (
-                f"no node holding shard {shard} answered within {bound:g}s (the shard may be "
-                f"moving between nodes); nothing was recorded: send it again"
+                f"shard {shard}'s holder did not answer within {bound:g}s; the request may "
+                f"yet be recorded: send the same request again (a registration's retry is "
+                f"answered 200 once it is recorded)"
             )
         return _unavailable(detail)
 
@@ -394,22 +424,26 @@ class Relay:
     async def serve(self, shard: int, handler: Handler) -> None:
         """Answer shard ``shard``'s relayed requests with ``handler`` (the shard's engine
         API) until cancelled: run by the shard's holder for as long as it holds it."""
-        async with self._connection() as conn:
-            await conn.execute(_UNTAKE, (shard,))
         work = self._listening.work[shard] = anyio.Event()
+        untaken = False
         limiter = anyio.Semaphore(IN_FLIGHT)
-        pruned = 0.0
+        pruned = float("-inf")
+        outage = _Outage()
         try:
             async with anyio.create_task_group() as tg:
                 while True:
-                    if time.monotonic() - pruned >= PRUNE_EVERY_SECONDS:
+                    if not untaken:  # rows a previous holder took and never answered
+                        untaken = await self._untake(shard, outage)
+                    if untaken and time.monotonic() - pruned >= PRUNE_EVERY_SECONDS:
                         await self._prune(shard)
                         pruned = time.monotonic()
-                    try:
-                        rows = await self._take(shard)
-                    except StoreError as exc:
-                        logfmt.warn("relay: cannot take relayed requests", error=str(exc)[:200])
-                        rows = []
+                    rows: list[tuple[int, str, bytes]] = []
+                    if untaken:
+                        try:
+                            rows = await self._take(shard)
+                            outage.over()
+                        except StoreError as exc:
+                            outage.failed(shard, exc)
                     for row_id, rid, blob in rows:
                         await limiter.acquire()
                         tg.start_soon(self._answer_row, shard, handler, row_id, rid, blob, limiter)
@@ -421,6 +455,15 @@ class Relay:
         finally:
             if self._listening.work.get(shard) is work:
                 del self._listening.work[shard]
+
+    async def _untake(self, shard: int, outage: _Outage) -> bool:
+        try:
+            async with self._connection() as conn:
+                await conn.execute(_UNTAKE, (shard,))
+        except StoreError as exc:
+            outage.failed(shard, exc)
+            return False
+        return True
 
     async def _take(self, shard: int) -> list[tuple[int, str, bytes]]:
         async with self._connection() as conn:

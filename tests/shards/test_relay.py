@@ -16,9 +16,11 @@ from daemon.api.peer import Peer
 from daemon.api.server import Request, Response
 from daemon.config import ApiConfig
 from daemon.engine.intake import Authority
-from daemon.shards.relay import ANSWER_DOMAIN, REQUEST_DOMAIN, work_channel
+from daemon.shards.relay import ANSWER_DOMAIN, REQUEST_DOMAIN, Relay, work_channel
 from eventlog import keys
+from eventlog.pgstore import PgSettings
 from eventlog.sealed import open_blob, seal_blob
+from eventlog.shards import Layout
 from tests.shards.support import (
     answer,
     catalog,
@@ -244,5 +246,37 @@ def test_the_holder_takes_the_roles_the_forwarder_computed_never_its_own_groups(
             assert got.status == 201, got.body
             recorded = b.engines[1].ops[op]
             assert (recorded.registered_by_uid, recorded.registered_by) == (41001, "uid:41001")
+
+    anyio.run(main)
+
+
+def test_without_the_database_a_write_is_a_bounded_503_and_serving_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Nothing answers on the catalog's port: the forwarder says so within its bound, and
+    the holder's serve keeps trying (it never ends the shard's term)."""
+    keyring = prepare(tmp_path)
+    layout = Layout("public", 2)
+    nowhere = PgSettings("postgresql://postgres@127.0.0.1:1/test", connect_timeout=1.0)
+    cfg = node_config(tmp_path)
+    relay = Relay(nowhere, layout, "a", keyring, authority=Authority(cfg), timeout=1.0)
+    calls: list[Request] = []
+
+    async def handler(req: Request) -> Response:
+        calls.append(req)
+        raise AssertionError("nothing to serve")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(relay.run)
+            tg.start_soon(relay.serve, 1, handler)
+            started = time.monotonic()
+            got = await relay.forward(1, request("POST", "/v1/operations", _watch("x")))
+            assert time.monotonic() - started < 5.0
+            assert (got.status, answer(got)["error"]) == (503, "relay_unanswered")
+            assert ("Retry-After", "1") in got.headers
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()  # serve was still running: it did not raise
+        assert calls == []
 
     anyio.run(main)
