@@ -116,12 +116,18 @@ def _bound(base: str, shard: int, rid: str) -> bytes:
     return f"{base}\n{shard}\n{rid}".encode()
 
 
+#: The relay's connections commit without waiting for the WAL flush (``synchronous_commit
+#: = off``), but for the request's row itself: a take, an answer or a delete lost with a
+#: crash of the server puts a row back as it was, and it is taken and answered again (the
+#: writes are safe to run twice), while the row must outlive the crash once acknowledged.
+_ASYNC_COMMIT = "SET synchronous_commit = off"
 _INSERT = """
-WITH row AS (
+WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),
+row AS (
     INSERT INTO bide_intake (shard, kind, op_id, request, from_node, rid)
     VALUES (%s, %s, '', %s, %s, %s) RETURNING id
 )
-SELECT id, pg_notify(%s, %s) FROM row
+SELECT row.id, pg_notify(%s, %s) FROM row, durable
 """
 #: An answered row is read and deleted at once (the forwarder is its only reader).
 _ANSWER_OF = "DELETE FROM bide_intake WHERE id = %s AND answered_at IS NOT NULL RETURNING answer"
@@ -216,12 +222,17 @@ class Relay:
         """Open the pool and the ``LISTEN`` connection, then wake waits on notifications
         until cancelled. While the database is away, waits fall back to their poll."""
         kwargs = pgstore.connect_kwargs(self.settings)
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(_ASYNC_COMMIT)
+
         self._pool = AsyncConnectionPool(
             self.settings.dsn,
             kwargs={**kwargs, "autocommit": True},
             min_size=1,
             max_size=16,
             open=False,
+            configure=configure,
             name="bide-relay",
             timeout=max(1.0, self.settings.connect_timeout),
             reconnect_timeout=86_400.0,
