@@ -23,9 +23,10 @@ answer into the same row; the forwarder reads it, deletes the row and answers it
   in id order) and answers them concurrently (at most :data:`IN_FLIGHT` at once). A holder
   that dies mid-row leaves it taken and unanswered: the next holder of the shard clears the
   marks when its :meth:`Relay.serve` starts and takes the row again. Writes are safe to run
-  twice: a registration is idempotent by its digest (the second answer is the ``200`` of a
-  retry), a second decision or withdrawal is refused as the API refuses it, and only the
-  first answer is written.
+  twice: a registration or a submit is idempotent by its digest (the second answer is the
+  ``200`` of a retry), a second decision or withdrawal is refused or changes nothing, as
+  the API answers them; only a fetch runs again (a second fetch action is recorded and the
+  result downloaded again). Only the first answer is written.
 - **Bounded.** The forwarder waits ``[api] request_timeout_seconds`` (plus the request's own
   ``?wait=``, at most 60 s); then it withdraws the row if it was not taken and answers
   ``503`` with ``Retry-After``, saying whether the holder may still record it. Answered rows
@@ -118,8 +119,9 @@ def _bound(base: str, shard: int, rid: str) -> bytes:
 
 #: The relay's connections commit without waiting for the WAL flush (``synchronous_commit
 #: = off``), but for the request's row itself: a take, an answer or a delete lost with a
-#: crash of the server puts a row back as it was, and it is taken and answered again (the
-#: writes are safe to run twice), while the row must outlive the crash once acknowledged.
+#: crash of the server puts a row back as it was, and it is taken and answered again (as
+#: after a holder's death: see the module's docstring), while the row itself must outlive
+#: the crash once acknowledged.
 _ASYNC_COMMIT = "SET synchronous_commit = off"
 _INSERT = """
 WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),
