@@ -280,3 +280,37 @@ def test_without_the_database_a_write_is_a_bounded_503_and_serving_goes_on(
         assert calls == []
 
     anyio.run(main)
+
+
+def test_rows_older_than_an_hour_are_pruned_by_the_holder(tmp_path: Path, pg_dsn: str) -> None:
+    """A forwarder that died while waiting leaves its row: the shard's holder removes it
+    once it is an hour old (the table stays bounded); younger rows and other shards' stay."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+
+    async def main() -> None:
+        for shard, rid, age in (
+            (1, "old", "2 hours"),
+            (1, "young", "10 minutes"),
+            (0, "other", "2 hours"),
+        ):
+            await execute(
+                pg_dsn,
+                "INSERT INTO bide_intake (shard, kind, op_id, request, from_node, rid,"
+                " created_at, taken_at, answered_at, status, answer) VALUES"
+                " (%s, 'POST operations', '', '', 'gone', %s, now() - %s::interval, now(),"
+                " now(), 201, '')",
+                (shard, rid, age),
+            )
+        async with (
+            two_nodes(tmp_path, pg_dsn, layout, serve=False) as (_, b),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(b.relay.serve, 1, b.handlers[1])
+            await until(
+                lambda: {r[5] for r in intake_rows(pg_dsn)} == {"young", "other"},
+                "the old row of shard 1 pruned",
+            )
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)

@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from daemon.api.openapi import openapi_document
-from daemon.api.server import Request, Response
+from daemon.api.schema import Health, Principal
+from daemon.api.server import Handler, Request, Response
 from daemon.shards.router import ShardRouter
 from eventlog.shards import Layout
 from replay.observations import WakeUp
@@ -262,3 +264,66 @@ def test_escalations_of_every_shard_are_one_list_in_the_order_they_were_raised(
                 assert listed["escalations"][0] == one["escalations"][0]
 
     anyio.run(main)
+
+
+def test_a_shard_that_cannot_answer_yet_is_named_in_the_nodes_health() -> None:
+    """A standby still reading its copy (or a shard changing hands) answers 503: the node's
+    health names it, and a read of its operations is that 503."""
+    layout = Layout("public", 3)
+
+    async def ready(req: Request) -> Response:
+        return Response(200, _shard_health())
+
+    async def loading(req: Request) -> Response:
+        return Response(
+            503, b'{"error":"loading","detail":"reading","field":null}', [("Retry-After", "1")]
+        )
+
+    class Host:
+        name = "n1"
+
+        def held(self) -> set[int]:
+            return {0}
+
+        def handler(self, shard: int) -> Handler:
+            return loading if shard == 2 else ready
+
+    class NoRelay:
+        async def forward(self, shard: int, request: Request) -> Response:
+            raise AssertionError("not asked")
+
+    router = ShardRouter(layout, Host(), NoRelay())
+
+    async def main() -> None:
+        health = answer(await router.handle(request("GET", "/v1/health")))
+        assert health["live"] == 2  # the two shards that answered
+        assert health["shards"] == {
+            "node": "n1",
+            "count": 3,
+            "held": [0],
+            "following": [1, 2],
+            "not_ready": [2],
+        }
+        (op,) = shard_ids(layout, 2, 1)
+        got = await router.handle(request("GET", f"/v1/operations/{op}"))
+        assert (got.status, got.headers) == (503, [("Retry-After", "1")])
+        listed = await router.handle(request("GET", "/v1/operations"))
+        assert listed.status == 503
+
+    anyio.run(main)
+
+
+def _shard_health() -> bytes:
+    """One shard's health, as its API gives it (one live operation)."""
+    return msgspec.json.encode(
+        Health(
+            status="ok",
+            version="0",
+            log_head_sequence=3,
+            log_head_hash="ab",
+            live=1,
+            escalated=0,
+            you=Principal(name="root", uid=0, gid=0, pid=1, roles=["operator"]),
+            log_store="postgresql",
+        )
+    )
