@@ -36,6 +36,7 @@ answer into the same row; the forwarder reads it, deletes the row and answers it
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import secrets
 import time
@@ -214,6 +215,11 @@ class Relay:
         self.timeout = timeout
         self._pool: AsyncConnectionPool[Any] | None = None
         self._listening = _Listening()
+        #: What happened to relayed requests, for the node's metrics: ``forwarded`` (rows
+        #: written here), ``answered`` (their answers read back), ``unanswered`` (a bound
+        #: ran out), ``unavailable`` (the database failed), ``served`` (rows this node
+        #: answered as a holder), ``refused`` (rows that did not open: never executed).
+        self.counts: collections.Counter[str] = collections.Counter()
         self._opened = anyio.Event()
 
     # -- the node's connections --------------------------------------------------------------
@@ -354,15 +360,19 @@ class Relay:
                 )
                 assert row is not None
                 row_id = int(row[0])
+                self.counts["forwarded"] += 1
                 while True:
                     with anyio.move_on_after(POLL_SECONDS):
                         await answered.wait()
                     answered = self._listening.answers[rid] = anyio.Event()
                     got = await self._row(_ANSWER_OF, (row_id,))
                     if got is not None:
+                        self.counts["answered"] += 1
                         return self._opened_answer(shard, rid, bytes(got[0]))
+            self.counts["unanswered"] += 1
             return await self._unanswered(shard, rid, bound)
         except StoreError as exc:
+            self.counts["unavailable"] += 1
             logfmt.warn("relay: the database failed a relayed request", error=str(exc)[:200])
             return _unavailable(
                 f"this node cannot reach the database to relay the request to shard "
@@ -544,6 +554,7 @@ class Relay:
             )
             asked = _forwarded.decode(plain)
         except (DecryptError, msgspec.DecodeError) as exc:
+            self.counts["refused"] += 1
             logfmt.error("relay: a relayed request failed authentication; refused", error=str(exc))
             return error(
                 400,
@@ -561,6 +572,7 @@ class Relay:
             peer=Peer(pid=asked.pid, uid=asked.uid, gid=asked.gid),
             relayed=Relayed(node=asked.node, name=asked.name, roles=tuple(asked.roles)),
         )
+        self.counts["served"] += 1
         try:
             response = await handler(request)
         except Exception as exc:  # the barrier, as the API server's: a bug answers 500

@@ -89,6 +89,8 @@ def test_a_registration_through_a_non_holder_is_recorded_by_the_holder_never_in_
                 )
                 assert (other.status, answer(other)["error"]) == (409, "operation_id_in_use")
                 assert intake_rows(pg_dsn) == []  # each answered row deleted by its forwarder
+                assert (a.relay.counts["forwarded"], a.relay.counts["answered"]) == (3, 3)
+                assert b.relay.counts["served"] == 3
                 serving.cancel()
 
     anyio.run(main)
@@ -121,6 +123,7 @@ def test_a_forged_row_is_refused_and_never_executed(tmp_path: Path, pg_dsn: str)
                 opened = open_blob(keyring, ANSWER_DOMAIN, bound, bytes(row[9]), where="test")
                 assert b"relay_refused" in opened
             assert not b.engines[1].ops  # nothing executed
+            assert (b.relay.counts["refused"], b.relay.counts["served"]) == (2, 0)
 
     anyio.run(main)
 
@@ -174,6 +177,7 @@ def test_no_answer_in_time_is_a_503_and_the_untaken_row_is_withdrawn(
             body = answer(got)
             assert body["error"] == "relay_unanswered"
             assert "nothing was recorded" in body["detail"]
+            assert a.relay.counts["unanswered"] == 1
             assert intake_rows(pg_dsn) == []
 
     anyio.run(main)
