@@ -71,6 +71,11 @@ CREATE TABLE IF NOT EXISTS bide_intake (
 );
 CREATE INDEX IF NOT EXISTS bide_intake_waiting ON bide_intake (shard, id)
     WHERE answered_at IS NULL;
+-- The relay (daemon/shards/relay.py): a row's random id, bound into its sealed request and
+-- answer (so a copied row fails authentication), and when the shard's holder took it.
+ALTER TABLE bide_intake ADD COLUMN IF NOT EXISTS rid text;
+ALTER TABLE bide_intake ADD COLUMN IF NOT EXISTS taken_at timestamptz;
+CREATE UNIQUE INDEX IF NOT EXISTS bide_intake_rid ON bide_intake (rid);
 CREATE TABLE IF NOT EXISTS bide_quota (
     provider text NOT NULL,
     node text NOT NULL,

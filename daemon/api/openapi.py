@@ -58,7 +58,7 @@ ROUTES: tuple[Route, ...] = (
         "the same receipt (200), a different request 409.",
         {201: schema.Receipt, 200: schema.Receipt},
         body=schema.WatchRequest,
-        errors=(400, 403, 409, 422, 429),
+        errors=(400, 403, 409, 422, 429, 503),
     ),
     Route(
         "get",
@@ -92,7 +92,7 @@ ROUTES: tuple[Route, ...] = (
         "starts (bide submit). Answered once the intent is durable.",
         {202: schema.Receipt, 200: schema.Receipt},
         body=schema.SubmitRequest,
-        errors=(400, 403, 409, 422, 429),
+        errors=(400, 403, 409, 422, 429, 503),
     ),
     Route(
         "get",
@@ -131,7 +131,7 @@ ROUTES: tuple[Route, ...] = (
         "Stop waiting on your own operation (recorded as withdrawn_by_owner; no provider call).",
         {200: schema.WithdrawAnswer},
         body=schema.WithdrawRequest,
-        errors=(400, 403, 404, 409, 422),
+        errors=(400, 403, 404, 409, 422, 503),
     ),
     Route(
         "get",
@@ -149,7 +149,7 @@ ROUTES: tuple[Route, ...] = (
         "allows self-approval).",
         {200: schema.DecisionAnswer},
         body=schema.DecisionRequest,
-        errors=(400, 403, 404, 409, 422),
+        errors=(400, 403, 404, 409, 422, 503),
     ),
     Route(
         "post",
@@ -162,7 +162,7 @@ ROUTES: tuple[Route, ...] = (
         {200: schema.FetchAnswer, 202: schema.FetchAnswer},
         body=schema.FetchRequest,
         query=(_WAIT,),
-        errors=(400, 403, 404, 409, 422, 429),
+        errors=(400, 403, 404, 409, 422, 429, 503),
     ),
     Route(
         "get",
@@ -178,7 +178,7 @@ ROUTES: tuple[Route, ...] = (
         "The fetched bytes "
         "(application/octet-stream; X-Bide-SHA256 is the recorded SHA-256: check it).",
         {},
-        errors=(403, 404, 409, 410),
+        errors=(403, 404, 409, 410, 503),
         binary=True,
     ),
 )

@@ -305,10 +305,26 @@ class ActiveNode(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int
 
 
+class ShardsHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """A node of a log sharded in PostgreSQL: the shards it ``held`` (it records their
+    writes; writes for the others are relayed to their holders) and those it is
+    ``following`` (answering reads from its copy); ``not_ready`` ones cannot answer yet
+    (their copy is being read, or the shard is changing hands)."""
+
+    node: str
+    count: int
+    held: list[int]
+    following: list[int]
+    not_ready: list[int] = []
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
     """``role`` is ``standby`` on a node that follows a log in PostgreSQL without holding its
     lease: it answers reads from its copy of the log (``log_head_*``, ``live`` and
-    ``escalated`` are that copy's), refuses writes with 503, and names the ``active`` node."""
+    ``escalated`` are that copy's), refuses writes with 503, and names the ``active`` node.
+    On a sharded log ``shards`` describes the node: ``live`` and ``escalated`` are summed over
+    every shard, ``role`` is ``active`` while it holds any shard, and there is no one log head
+    (``log_head_sequence`` is -1)."""
 
     status: Literal["ok", "log_failing"]
     version: str
@@ -321,6 +337,7 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     lease: LeaseHealth | None = None
     role: Literal["active", "standby"] = "active"
     active: ActiveNode | None = None
+    shards: ShardsHealth | None = None
 
 
 class ApiError(msgspec.Struct, frozen=True, kw_only=True):

@@ -47,6 +47,19 @@ class Limits:
     max_connections_per_user: int = 256  # so one user cannot shut the others out
 
 
+@dataclass(frozen=True)
+class Relayed:
+    """Who asked, for a request another node's API took from its local agent and relayed
+    to this shard's holder (:mod:`daemon.shards.relay`): the peer is that agent's, from the
+    other host's kernel, and the roles are what that node computed from the agent's groups
+    there (this host cannot see them). Only the relay builds one, from a row sealed with the
+    log's data key; a request read from a socket never carries one."""
+
+    node: str
+    name: str
+    roles: tuple[str, ...]
+
+
 @dataclass
 class Request:
     method: str
@@ -56,6 +69,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     peer: Peer
+    relayed: Relayed | None = None
 
 
 @dataclass

@@ -165,7 +165,7 @@ class Api:
     # -- dispatch ----------------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
-        caller = self._caller(request.peer)
+        caller = self._caller(request.peer) if request.relayed is None else _relayed(request)
         path, method = request.path, request.method
         if path == "/v1/openapi.json" and method == "GET":
             return Response(200, openapi_document())
@@ -898,6 +898,20 @@ class Api:
             text=action_escalation_text(action, failed),
             decide_command=f"bide decide {action.operation_id} OPTION",
         )
+
+
+def _relayed(request: Request) -> Caller:
+    """The caller of a request relayed from the node its agent asked (the one narrow path
+    that takes roles from elsewhere than this host's groups: see
+    :class:`daemon.api.server.Relayed`); a role this bide does not know is dropped."""
+    relayed = request.relayed
+    assert relayed is not None
+    known: tuple[Role, ...] = ("agent", "approver", "operator")
+    return Caller(
+        peer=request.peer,
+        name=relayed.name,
+        roles=[role for role in known if role in relayed.roles],
+    )
 
 
 def _instant(t: float | None) -> str | None:
