@@ -810,6 +810,7 @@ def run_shard_node(
     """``bide run`` on a sharded layout."""
     from daemon.node import _check_profiles_fit, require_enrolled
     from daemon.pgconfig import config_settings
+    from daemon.shards.doors import node_doors
     from eventlog.lock import WriterLock
 
     settings = config_settings(cfg)
@@ -835,16 +836,19 @@ def run_shard_node(
     exchange = QuotaExchange(
         settings, node_name(cfg), shared, period=pg.renew_seconds, ttl=pg.lease_seconds
     )
+    # The node's doors (daemon.shards.doors): the router on its socket, and the relay that
+    # carries a write for a shard held elsewhere to its holder through the catalog.
+    doors = node_doors(cfg, settings, layout, node_name(cfg))
     try:
         node = ShardNode(
             cfg,
             build,
             layout=layout,
             settings=settings,
-            router=router,
-            term_tasks=term_tasks,
+            router=router or doors.router,
+            term_tasks=[doors.relay.serve, *term_tasks],
             supervisor_kwargs={"pacing": shared, **(supervisor_kwargs or {})},
-            node_tasks=[exchange.run],
+            node_tasks=[exchange.run, doors.relay.run],
             metrics_sources=[exchange.metrics_lines],
         )
         anyio.run(node.run)
