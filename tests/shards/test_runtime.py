@@ -487,3 +487,36 @@ def test_enrolled_nodes_sign_every_shard_with_their_own_keys(
         for n in (a, b):
             left = [p for p in (n.state / "shards").glob(f"*/{EPOCHS_DIR}/*") if p.is_file()]
             assert left == [], left
+
+
+def test_an_agent_registers_and_waits_through_a_node_not_holding_the_shard(
+    tmp_path: Path, sharded_dsn: str
+) -> None:
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a, b = (node_config(ws, name, dsn, lease=LEASE) for name in ("a", "b"))
+        start(ws, a)
+        start(ws, b)
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "a and b to hold two shards each")
+        until(lambda: len(_taken_since(a, 0)) + len(_taken_since(b, 0)) >= 4, 20, "shards up")
+        layout = _layout(dsn)
+        by_name = {"a": a, "b": b}
+        for i in range(4):
+            op = f"op-{i}"
+            holder = _holders(dsn)[layout.shard_of(op)]
+            other = by_name["b" if holder == "a" else "a"]
+            body: dict[str, object] = {"operation_id": op, "provider": "sim", "job_id": f"job-{i}"}
+            body["max_status_requests"] = 60
+            with _api(other) as api:
+                answer = api.post("/v1/operations", json=body)
+            assert answer.status_code in (200, 201), answer.text
+            # ... and waits there, answered from that node's copy of the shard's log.
+
+            def ended(node: Node = other, op: str = op) -> bool:
+                return _phase(node, op) == "succeeded"
+
+            until(ended, 60, f"{op} to succeed, read through {other.name}")
+        for n in (a, b):
+            assert n.daemon is not None
+            assert n.daemon.stop(30) == 0, n.daemon.output()
+        _verify_every_shard(ws, dsn)
