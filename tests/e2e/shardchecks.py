@@ -264,3 +264,36 @@ def replay_check(root: Path, shard: ShardLog) -> None:
         cwd=root,
     )
     assert out.returncode == 0, f"replay --check, shard {shard.shard}:\n{out.stdout}{out.stderr}"
+
+
+def check_silent_after(
+    shards: Sequence[ShardLog], polled: Sequence[Attributed], node: str, since: float
+) -> int:
+    """Node ``node`` sent nothing from ``since`` (its SIGCONT) under a term it held before:
+    every request of its that arrived later is under an epoch it took after ``since``.
+    Returns how many it sent under new terms."""
+    starts = {s.shard: s.starts for s in shards}
+    fresh = 0
+    for a in polled:
+        if a.node != node or a.record.wall < since:
+            continue
+        began = starts[a.shard][a.epoch]
+        assert began >= since, (
+            f"{a.operation} (shard {a.shard}): node {node} sent a request at "
+            f"{a.record.wall - since:.3f} s after resuming, under epoch {a.epoch} it took "
+            f"{since - began:.3f} s before it was paused and resumed"
+        )
+        fresh += 1
+    return fresh
+
+
+def epoch_spans(dsn: str) -> dict[int, tuple[float, float]]:
+    """epoch -> (its first record's, its last record's) commit time (the database's clock)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT epoch, EXTRACT(EPOCH FROM min(committed_at))::float8, "
+            "EXTRACT(EPOCH FROM max(committed_at))::float8 FROM bide_records GROUP BY epoch"
+        ).fetchall()
+    return {int(e): (float(a), float(b)) for e, a, b in rows}

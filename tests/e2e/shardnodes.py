@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ from tests.e2e.harness import (
 )
 from tests.e2e.pgnodes import Node
 from tests.e2e.pgnodes import start as start_node
-from tests.e2e.shardchecks import shard_dsns
+from tests.e2e.shardchecks import epoch_spans, shard_dsns
 
 #: The API's per-user registration rate, raised so one test agent can register thousands.
 API = (
@@ -48,6 +49,20 @@ def init_shards(dsn: str, count: int, writer_role: str | None = None) -> None:
         args += ["--writer-role", writer_role]
     out = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@dataclass(frozen=True)
+class Move:
+    """One shard's holder changed: from ``before`` (epoch ``old``) to ``after`` (``new``);
+    ``released``/``taken``: its old term's last record and new term's first, committed."""
+
+    shard: int
+    before: str
+    after: str
+    old: int
+    new: int
+    released: float
+    taken: float
 
 
 @dataclass
@@ -157,6 +172,33 @@ class Cluster:
 
         until(balanced, timeout, f"the shards divided among {', '.join(names)}")
         return dict(got)
+
+    def moves(self, before: dict[int, tuple[str, int]]) -> list[Move]:
+        """The shards whose holder changed since ``before`` (a :meth:`holders` reading), each
+        with when its old term's last record and its new term's first were committed."""
+        out: list[Move] = []
+        for k, (holder, epoch) in self.holders().items():
+            was, old = before[k]
+            if epoch == old:
+                continue
+            spans = epoch_spans(self.shard_dsns[k])
+            released = spans[old][1] if old in spans else float("nan")
+            taken = spans[epoch][0] if epoch in spans else float("nan")
+            out.append(Move(k, was, holder, old, epoch, released, taken))
+        return out
+
+    def register(self, name: str, ops: Sequence[tuple[str, str]], workers: int = 8) -> list[str]:
+        """Register ``(operation, job)`` pairs through node ``name``'s API, ``workers`` at a
+        time; the operations acknowledged (201), in order. Anything else fails the test."""
+
+        def one(client: httpx.Client, op: str, job: str) -> str:
+            body = {"provider": "sim", "job_id": job, "operation_id": op}
+            got = client.post("/v1/operations", json=body)
+            assert got.status_code == 201, f"{op} through {name}: {got.status_code} {got.text}"
+            return op
+
+        with self.api(name) as client, ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda pair: one(client, *pair), ops))
 
     @contextmanager
     def api(self, name: str) -> Iterator[httpx.Client]:

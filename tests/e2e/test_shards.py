@@ -14,6 +14,9 @@ on a real run with a takeover, and each fails on a deliberately broken copy of i
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +26,7 @@ import psycopg
 import pytest
 
 from daemon.spool import Spool
+from eventlog.shards import shard_of
 from tests.e2e.harness import (
     LeaseTimes,
     Workspace,
@@ -41,11 +45,12 @@ from tests.e2e.shardchecks import (
     check_fencing,
     check_intents,
     check_quota,
+    check_silent_after,
     read_shards,
     replay_check,
     verify_shard,
 )
-from tests.e2e.shardnodes import Cluster
+from tests.e2e.shardnodes import Cluster, init_shards
 
 CONTRACT = """\
 state_pointer = "/status"
@@ -160,3 +165,98 @@ def test_the_checks_hold_on_two_node_ha_and_fail_on_broken_input(
             )
         with pytest.raises(AssertionError, match="bide verify"):
             verify_shard(ws.root, pg_dsn)
+
+
+#: The issue's 3,000 live operations; ``BIDE_SHARD_OPS`` scales them down on a slow host.
+OPERATIONS = int(os.environ.get("BIDE_SHARD_OPS", "3000"))
+SHARDS = 16
+SHARD_LEASE = LeaseTimes(seconds=3.0, renew=0.75, margin=0.3)
+RATE, BURST = 200.0, 5
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Three nodes share 16 shards and 3,000 live operations on one provider with a quota;
+    node c is SIGKILLed, node b SIGSTOPped past its lease and resumed, node d joins, node a
+    leaves by SIGTERM. The shards move each time; the checks of the module hold over the
+    whole run, node b sends nothing under its old terms after resuming, every operation
+    acknowledged ends in its own shard's log."""
+    jobs: dict[str, str | list[object]] = {
+        f"j{i}": "running x2, succeeded with result" for i in range(OPERATIONS)
+    }
+    with workspace(tmp_path, jobs=jobs) as ws, cluster(ws, pg_dsn, SHARD_LEASE) as c:
+        write_status_profile(
+            ws, "sim", contract=CONTRACT, timeout_seconds=0.5, extra=quota(RATE, BURST, 16)
+        )
+        init_shards(pg_dsn, SHARDS)
+        for name in "abc":
+            c.start(name)
+        held = c.wait_balanced(list("abc"), 60)
+        holder = {k: n for n, ks in held.items() for k in ks}
+        per_node: dict[str, list[tuple[str, str]]] = {n: [] for n in "abc"}
+        for i in range(OPERATIONS):
+            op = f"op-{i}"
+            per_node[holder[shard_of(op, SHARDS)]].append((op, f"j{i}"))
+        began = time.monotonic()
+        acknowledged: list[str] = []
+        for name, pairs in per_node.items():
+            c.wait_api(name)
+            acknowledged += c.register(name, pairs)
+        registered_in = time.monotonic() - began
+        assert len(acknowledged) == OPERATIONS
+        ws.sim.wait_for_requests(min(OPERATIONS, int(RATE)), kind="status", timeout=60)
+
+        story: list[str] = []
+        before = c.holders()
+        killed = c.kill("c")
+        c.wait_balanced(list("ab"), SHARD_LEASE.seconds + 30)
+        crash = [m.taken - killed for m in c.moves(before) if m.before == "c"]
+        story.append(f"SIGKILL c: {len(crash)} shards taken, median {_median(crash):.2f} s")
+
+        before = c.holders()
+        paused = c.pause("b")
+        c.wait_balanced(["a"], SHARD_LEASE.seconds + 30)
+        stalled = [m.taken - paused for m in c.moves(before) if m.before == "b"]
+        story.append(f"SIGSTOP b: {len(stalled)} shards taken, median {_median(stalled):.2f} s")
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 10, kind="status", timeout=30)
+        resumed = c.resume("b")
+        c.wait_balanced(list("ab"), 60)
+
+        before = c.holders()
+        c.start("d")
+        c.wait_balanced(list("abd"), 60)
+        joined = [m.taken - m.released for m in c.moves(before)]
+        story.append(f"d joins: {len(joined)} shards moved, gap median {_median(joined):.2f} s")
+
+        before = c.holders()
+        c.leave("a")
+        c.wait_balanced(list("bd"), 60)
+        left = [m.taken - m.released for m in c.moves(before)]
+        story.append(f"a leaves: {len(left)} shards moved, gap median {_median(left):.2f} s")
+
+        def all_ended() -> bool:
+            done = ws.sim.requests(kind="status")
+            return sum(1 for r in done if r.step_label == "succeeded") >= OPERATIONS
+
+        until(all_ended, 3 * OPERATIONS / RATE + 60, "every job to succeed")
+        c.stop_all()
+        shards, polled, requests_by = _all_checks(ws, pg_dsn, "shards", acknowledged, RATE, BURST)
+        assert len(shards) == SHARDS
+        fresh = check_silent_after(shards, polled, "b", resumed)
+        print(
+            f"\n{OPERATIONS} operations on {SHARDS} shards: registered in {registered_in:.1f} s;"
+            f" requests per node {requests_by}; node b after SIGCONT: {fresh} under new terms"
+        )
+        for line in story:
+            print("  " + line)
+        assert set(requests_by) >= {"a", "b", "c", "d"}, requests_by
+        for gap in joined + left:
+            assert gap < 2.0, f"a graceful move took {gap:.2f} s"
+        for gap in crash:
+            assert gap < SHARD_LEASE.seconds + 5, f"a move after SIGKILL took {gap:.2f} s"
