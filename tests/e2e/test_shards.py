@@ -50,7 +50,7 @@ from tests.e2e.shardchecks import (
     replay_check,
     verify_shard,
 )
-from tests.e2e.shardnodes import Cluster, init_shards
+from tests.e2e.shardnodes import Cluster, init_shards, roomy_server
 
 CONTRACT = """\
 state_pointer = "/status"
@@ -178,9 +178,7 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(
-    pg_dsn: str, tmp_path: Path
-) -> None:
+def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: Path) -> None:
     """Three nodes share 16 shards and 3,000 live operations on one provider with a quota;
     node c is SIGKILLed, node b SIGSTOPped past its lease and resumed, node d joins, node a
     leaves by SIGTERM. The shards move each time; the checks of the module hold over the
@@ -189,7 +187,11 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(
     jobs: dict[str, str | list[object]] = {
         f"j{i}": "running x2, succeeded with result" for i in range(OPERATIONS)
     }
-    with workspace(tmp_path, jobs=jobs) as ws, cluster(ws, pg_dsn, SHARD_LEASE) as c:
+    with (
+        roomy_server() as pg_dsn,
+        workspace(tmp_path, jobs=jobs) as ws,
+        cluster(ws, pg_dsn, SHARD_LEASE) as c,
+    ):
         write_status_profile(
             ws, "sim", contract=CONTRACT, timeout_seconds=0.5, extra=quota(RATE, BURST, 16)
         )
