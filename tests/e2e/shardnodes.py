@@ -56,7 +56,8 @@ def roomy_server(max_connections: int = MAX_CONNECTIONS) -> Iterator[str]:
     with private_cluster() as server:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(f"ALTER SYSTEM SET max_connections = {int(max_connections)}")
-        server.ctl("-m", "fast", "restart")  # pg_ctl restart keeps the port and socket options
+        server.ctl("-m", "fast", "stop")
+        server.start()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA bide_proof")
         yield psycopg.conninfo.make_conninfo(server.dsn, options="-csearch_path=bide_proof")
