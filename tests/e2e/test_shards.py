@@ -14,6 +14,7 @@ on a real run with a takeover, and each fails on a deliberately broken copy of i
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -172,6 +173,13 @@ OPERATIONS = int(os.environ.get("BIDE_SHARD_OPS", "3000"))
 SHARDS = 16
 SHARD_LEASE = LeaseTimes(seconds=3.0, renew=0.75, margin=0.3)
 RATE, BURST = 200.0, 5
+#: How long the jobs keep the provider's quota busy: past the kill, pause, join and leave.
+POLLING_SECONDS = 60.0
+
+
+def _say(story: list[str], line: str) -> None:
+    story.append(line)
+    print(line, flush=True)
 
 
 def _median(xs: list[float]) -> float:
@@ -184,8 +192,9 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
     leaves by SIGTERM. The shards move each time; the checks of the module hold over the
     whole run, node b sends nothing under its old terms after resuming, every operation
     acknowledged ends in its own shard's log."""
+    polls = max(3, math.ceil(POLLING_SECONDS * RATE / OPERATIONS))  # the quota kept busy
     jobs: dict[str, str | list[object]] = {
-        f"j{i}": "running x2, succeeded with result" for i in range(OPERATIONS)
+        f"j{i}": f"running x{polls - 1}, succeeded with result" for i in range(OPERATIONS)
     }
     with (
         roomy_server() as pg_dsn,
@@ -218,13 +227,13 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         killed = c.kill("c")
         c.wait_balanced(list("ab"), SHARD_LEASE.seconds + 30)
         crash = [m.taken - killed for m in c.moves(before) if m.before == "c"]
-        story.append(f"SIGKILL c: {len(crash)} shards taken, median {_median(crash):.2f} s")
+        _say(story, f"SIGKILL c: {len(crash)} shards taken, median {_median(crash):.2f} s")
 
         before = c.holders()
         paused = c.pause("b")
         c.wait_balanced(["a"], SHARD_LEASE.seconds + 30)
         stalled = [m.taken - paused for m in c.moves(before) if m.before == "b"]
-        story.append(f"SIGSTOP b: {len(stalled)} shards taken, median {_median(stalled):.2f} s")
+        _say(story, f"SIGSTOP b: {len(stalled)} shards taken, median {_median(stalled):.2f} s")
         seen = len(ws.sim.requests(kind="status"))
         ws.sim.wait_for_requests(seen + 10, kind="status", timeout=30)
         resumed = c.resume("b")
@@ -234,19 +243,19 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         c.start("d")
         c.wait_balanced(list("abd"), 60)
         joined = [m.taken - m.released for m in c.moves(before)]
-        story.append(f"d joins: {len(joined)} shards moved, gap median {_median(joined):.2f} s")
+        _say(story, f"d joins: {len(joined)} shards moved, gap median {_median(joined):.2f} s")
 
         before = c.holders()
         c.leave("a")
         c.wait_balanced(list("bd"), 60)
         left = [m.taken - m.released for m in c.moves(before)]
-        story.append(f"a leaves: {len(left)} shards moved, gap median {_median(left):.2f} s")
+        _say(story, f"a leaves: {len(left)} shards moved, gap median {_median(left):.2f} s")
 
         def all_ended() -> bool:
             done = ws.sim.requests(kind="status")
             return sum(1 for r in done if r.step_label == "succeeded") >= OPERATIONS
 
-        until(all_ended, 3 * OPERATIONS / RATE + 60, "every job to succeed")
+        until(all_ended, POLLING_SECONDS * 2 + 60, "every job to succeed")
         c.stop_all()
         shards, polled, requests_by = _all_checks(ws, pg_dsn, "shards", acknowledged, RATE, BURST)
         assert len(shards) == SHARDS
