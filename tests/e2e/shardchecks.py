@@ -34,6 +34,7 @@ import math
 import subprocess
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,14 +109,16 @@ def verify_shard(root: Path, dsn: str) -> dict[int, str]:
     return {int(t["lease_epoch"]): str(t["holder"]).split("/")[0] for t in takeovers}
 
 
-def read_shards(root: Path, dsn: str, name: str) -> list[ShardLog]:
+def read_shards(root: Path, dsn: str, name: str, workers: int = 4) -> list[ShardLog]:
     """Every shard's log: exported from the database (``root/export-NAME-NNN``), verified,
-    decrypted with the workspace's keys, with its epochs and holders."""
+    decrypted with the workspace's keys, with its epochs and holders. The shards' ``bide
+    verify`` runs ``workers`` at a time (a process each)."""
     keyring = keys.load_keyring(root / "keys")
     _, dsns = shard_dsns(dsn)
+    with ThreadPoolExecutor(workers) as pool:
+        verified = list(pool.map(lambda d: verify_shard(root, d), dsns))
     shards: list[ShardLog] = []
-    for k, shard_dsn in enumerate(dsns):
-        holders = verify_shard(root, shard_dsn)
+    for k, (shard_dsn, holders) in enumerate(zip(dsns, verified, strict=True)):
         export = _export(root, shard_dsn, f"{name}-{k:03d}")
         log = load_log(export, keyring)
         assert not log.unreadable, f"shard {k}: unreadable records {log.unreadable[:3]}"
@@ -246,6 +249,12 @@ def check_ended(shards: Sequence[ShardLog], acknowledged: Iterable[str]) -> None
         state = shard.log.ops.get(op)
         assert state is not None, f"{op}: acknowledged but not in shard {shard.shard}'s log"
         assert state.phase in ENDED_PHASES, f"{op}: still {state.phase} in shard {shard.shard}"
+
+
+def replay_checks(root: Path, shards: Sequence[ShardLog], workers: int = 4) -> None:
+    """:func:`replay_check` for every shard, ``workers`` at a time."""
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda s: replay_check(root, s), shards))
 
 
 def replay_check(root: Path, shard: ShardLog) -> None:

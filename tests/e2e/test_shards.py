@@ -48,7 +48,7 @@ from tests.e2e.shardchecks import (
     check_quota,
     check_silent_after,
     read_shards,
-    replay_check,
+    replay_checks,
     verify_shard,
 )
 from tests.e2e.shardnodes import Cluster, init_shards, roomy_server
@@ -89,15 +89,14 @@ def cluster(ws: Workspace, dsn: str, lease: LeaseTimes = LEASE) -> Iterator[Clus
 def _all_checks(
     ws: Workspace, dsn: str, name: str, ops: list[str], rate: float, burst: int
 ) -> tuple[list[ShardLog], list[Attributed], dict[str, int]]:
-    shards = read_shards(ws.root, dsn, name)
     received = ws.sim.requests(kind="status")
     check_quota([r.wall for r in received], rate, burst, (1.0, 2.0))
+    shards = read_shards(ws.root, dsn, name)
     polled = attribute(shards, received)
     assert check_intents(shards, received) == len(ops)
     per_node = check_fencing(shards, polled)
     check_ended(shards, ops)
-    for shard in shards:
-        replay_check(ws.root, shard)
+    replay_checks(ws.root, shards)
     return shards, polled, per_node
 
 
@@ -271,3 +270,37 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
             assert gap < 2.0, f"a graceful move took {gap:.2f} s"
         for gap in crash:
             assert gap < SHARD_LEASE.seconds + 5, f"a move after SIGKILL took {gap:.2f} s"
+
+
+def test_an_agent_registers_and_waits_through_a_node_that_does_not_hold_its_shard(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Node a holds half of four shards, node b the rest. An agent on a's host registers an
+    operation whose shard b holds, through a's API, and waits on it there: the registration
+    is relayed to b (durable in the shard's intake, answered once b recorded it), b polls,
+    and a answers the wait from its copy of the shard. The provider hears from b alone."""
+    jobs: dict[str, str | list[object]] = {"far": "running x3, succeeded with result"}
+    with workspace(tmp_path, jobs=jobs) as ws, cluster(ws, pg_dsn, SHARD_LEASE) as c:
+        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
+        init_shards(pg_dsn, 4)
+        for name in "ab":
+            c.start(name)
+        held = c.wait_balanced(["a", "b"], 60)
+        op = next(f"op-far-{i}" for i in range(100) if shard_of(f"op-far-{i}", 4) in held["b"])
+        c.wait_api("a")
+        with c.api("a") as api:
+            got = api.post(
+                "/v1/operations", json={"provider": "sim", "job_id": "far", "operation_id": op}
+            )
+            assert got.status_code == 201, got.text
+            receipt = got.json()
+            assert receipt["operation_id"] == op
+            view = api.get(f"/v1/operations/{op}", params={"wait": "60s"})
+            assert view.status_code == 200, view.text
+            assert view.json()["done"], view.json()
+            assert view.json()["phase"] == "succeeded", view.json()
+        assert shard_of(op, 4) in c.held_by()["b"]  # it did not move meanwhile
+        c.stop_all()
+        shards, _, per_node = _all_checks(ws, pg_dsn, "relay", [op], 10.0, 1)
+        assert per_node == {"b": 4}, per_node
+        assert op in shards[shard_of(op, 4)].log.ops
