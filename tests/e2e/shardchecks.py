@@ -229,7 +229,8 @@ def check_fencing(shards: Sequence[ShardLog], polled: Sequence[Attributed]) -> d
         nxt = min(later) if later else None
         assert nxt is None or a.record.wall < nxt, (
             f"{a.operation} (shard {a.shard}): a request made by node {a.node} under epoch "
-            f"{a.epoch} arrived {a.record.wall - nxt:.3f} s after a later epoch began"
+            f"{a.epoch} arrived {a.record.wall - nxt:.3f} s after a later epoch began\n"
+            + _context(shards[a.shard] if shards[a.shard].shard == a.shard else None, a, polled)
         )
         before = last.get(a.operation)
         assert before is None or before[1] <= a.epoch, (
@@ -238,6 +239,29 @@ def check_fencing(shards: Sequence[ShardLog], polled: Sequence[Attributed]) -> d
         )
         last[a.operation] = (a.record.wall, a.epoch)
     return dict(per_node)
+
+
+def _context(shard: ShardLog | None, a: Attributed, polled: Sequence[Attributed]) -> str:
+    """What an auditor needs beside a fencing failure: the shard's terms, the operation's
+    intents and requests around it."""
+    if shard is None:
+        return ""
+    t0 = a.record.wall
+    terms = ", ".join(
+        f"epoch {e} by {shard.holders.get(e, '?')} from {t - t0:+.3f}s"
+        for e, t in sorted(shard.starts.items())
+    )
+    intents = "; ".join(
+        f"intent {i.request_number} seq {seq} epoch {shard.epochs[seq]} at {at - t0:+.3f}s"
+        for at, seq, i in shard.intents.get(a.operation, [])
+        if abs(at - t0) < 30
+    )
+    requests = "; ".join(
+        f"{p.record.wall - t0:+.3f}s by {p.node} (seq {p.seq}, epoch {p.epoch})"
+        for p in polled
+        if p.operation == a.operation and abs(p.record.wall - t0) < 30
+    )
+    return f"  terms: {terms}\n  intents: {intents}\n  requests: {requests}"
 
 
 def check_ended(shards: Sequence[ShardLog], acknowledged: Iterable[str]) -> None:

@@ -178,7 +178,7 @@ POLLING_SECONDS = 60.0
 
 def _say(story: list[str], line: str) -> None:
     story.append(line)
-    print(line, flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
 def _median(xs: list[float]) -> float:
@@ -219,6 +219,7 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
             acknowledged += c.register(name, pairs)
         registered_in = time.monotonic() - began
         assert len(acknowledged) == OPERATIONS
+        _say(story, f"{OPERATIONS} registered in {registered_in:.1f} s")
         ws.sim.wait_for_requests(min(OPERATIONS, int(RATE)), kind="status", timeout=60)
 
         story: list[str] = []
@@ -255,7 +256,9 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
             return sum(1 for r in done if r.step_label == "succeeded") >= OPERATIONS
 
         until(all_ended, POLLING_SECONDS * 2 + 60, "every job to succeed")
+        _say(story, "every job succeeded")
         c.stop_all()
+        _say(story, "every node stopped")
         shards, polled, requests_by = _all_checks(ws, pg_dsn, "shards", acknowledged, RATE, BURST)
         assert len(shards) == SHARDS
         fresh = check_silent_after(shards, polled, "b", resumed)
