@@ -212,6 +212,7 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         for i in range(OPERATIONS):
             op = f"op-{i}"
             per_node[holder[shard_of(op, SHARDS)]].append((op, f"j{i}"))
+        story: list[str] = []
         began = time.monotonic()
         acknowledged: list[str] = []
         for name, pairs in per_node.items():
@@ -222,7 +223,6 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         _say(story, f"{OPERATIONS} registered in {registered_in:.1f} s")
         ws.sim.wait_for_requests(min(OPERATIONS, int(RATE)), kind="status", timeout=60)
 
-        story: list[str] = []
         before = c.holders()
         killed = c.kill("c")
         c.wait_balanced(list("ab"), SHARD_LEASE.seconds + 30)
