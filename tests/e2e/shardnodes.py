@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psycopg
+from psycopg import sql
 
 from tests.e2e.harness import (
     BIDE,
@@ -34,6 +35,7 @@ from tests.e2e.harness import (
 from tests.e2e.pgnodes import Node
 from tests.e2e.pgnodes import start as start_node
 from tests.e2e.shardchecks import epoch_spans, shard_dsns
+from tests.pgcluster import Cluster as PgCluster
 from tests.pgcluster import private_cluster
 
 #: The API's per-user registration rate, raised so one test agent can register thousands.
@@ -49,18 +51,30 @@ MAX_CONNECTIONS = 400
 
 
 @contextmanager
-def roomy_server(max_connections: int = MAX_CONNECTIONS) -> Iterator[str]:
-    """A DSN on a private PostgreSQL cluster (:func:`tests.pgcluster.private_cluster`) that
-    allows ``max_connections``, in a schema of its own: the shared server's 100 are shared by
-    every other test running beside this one."""
+def roomy_cluster(max_connections: int = MAX_CONNECTIONS) -> Iterator[PgCluster]:
+    """A private PostgreSQL cluster (:func:`tests.pgcluster.private_cluster`) that allows
+    ``max_connections``: the shared server's 100 are shared by every other test running
+    beside this one."""
     with private_cluster() as server:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(f"ALTER SYSTEM SET max_connections = {int(max_connections)}")
         server.ctl("-m", "fast", "stop")
         server.start()
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA bide_proof")
-        yield psycopg.conninfo.make_conninfo(server.dsn, options="-csearch_path=bide_proof")
+        yield server
+
+
+def schema_on(server: PgCluster, schema: str) -> str:
+    """A DSN on ``server`` whose search path is ``schema`` (created)."""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    return psycopg.conninfo.make_conninfo(server.dsn, options=f"-csearch_path={schema}")
+
+
+@contextmanager
+def roomy_server(max_connections: int = MAX_CONNECTIONS) -> Iterator[str]:
+    """A DSN on a :func:`roomy_cluster`, in a schema of its own."""
+    with roomy_cluster(max_connections) as server:
+        yield schema_on(server, "bide_proof")
 
 
 def init_shards(dsn: str, count: int, writer_role: str | None = None) -> None:
