@@ -271,3 +271,53 @@ def test_three_nodes_sixteen_shards_through_kill_pause_join_and_leave(tmp_path: 
         for line in story:
             print("  " + line)
         assert set(requests_by) >= {"a", "b", "c", "d"}, requests_by
+
+
+def test_a_node_paused_past_its_leases_sends_nothing_under_them_after_resuming(
+    tmp_path: Path,
+) -> None:
+    """Two nodes on 16 shards, the provider's quota kept busy. Node b is SIGSTOPped until a
+    holds every shard, then SIGCONTed: every request b sends from then on is under a term it
+    took after resuming (none under the terms it held when paused), and a and b share the
+    shards again."""
+    operations = 600
+    jobs: dict[str, str | list[object]] = {
+        f"j{i}": "running x9, succeeded with result" for i in range(operations)
+    }
+    with (
+        roomy_server() as pg_dsn,
+        workspace(tmp_path, jobs=jobs) as ws,
+        cluster(ws, pg_dsn, SHARD_LEASE) as c,
+    ):
+        write_status_profile(
+            ws, "sim", contract=CONTRACT, timeout_seconds=0.5, extra=quota(RATE, BURST, 16)
+        )
+        init_shards(pg_dsn, SHARDS)
+        for name in "ab":
+            c.start(name)
+        held = c.wait_balanced(["a", "b"], 60)
+        holder = {k: n for n, ks in held.items() for k in ks}
+        per_node: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}
+        for i in range(operations):
+            per_node[holder[shard_of(f"op-{i}", SHARDS)]].append((f"op-{i}", f"j{i}"))
+        for name in "ab":
+            c.wait_api(name)
+        acknowledged = c.register("a", per_node["a"]) + c.register("b", per_node["b"])
+        ws.sim.wait_for_requests(operations, kind="status", timeout=60)
+        c.pause("b")
+        c.wait_balanced(["a"], SHARD_LEASE.seconds + 30)
+        seen = len(ws.sim.requests(kind="status"))
+        ws.sim.wait_for_requests(seen + 20, kind="status", timeout=30)
+        resumed = c.resume("b")
+        c.wait_balanced(["a", "b"], 60)
+
+        def all_ended() -> bool:
+            done = ws.sim.requests(kind="status")
+            return sum(1 for r in done if r.step_label == "succeeded") >= operations
+
+        until(all_ended, 120, "every job to succeed")
+        c.stop_all()
+        shards, polled, per = _all_checks(ws, pg_dsn, "paused", acknowledged, RATE, BURST)
+        fresh = check_silent_after(shards, polled, "b", resumed)
+        print(f"\nrequests per node {per}; node b after SIGCONT: {fresh}, all under new terms")
+        assert fresh > 0  # b polled again, under terms taken after it resumed
