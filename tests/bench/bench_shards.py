@@ -38,12 +38,16 @@ import os
 import re
 import resource
 import statistics
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from eventlog.shards import shard_of
 from tests.bench.bare_loop import machine_busy_seconds, process_cpu_seconds
@@ -66,6 +70,8 @@ min_hint_seconds = 0.05
 default_deadline_seconds = 3600
 default_max_status_requests = 1000000
 limit_status_requests = 1000000
+default_max_transport_failures = 1000000
+default_max_rate_limited = 1000000
 """
 #: A quota no node reaches: the nodes poll as fast as they can.
 UNLIMITED = "[quota]\nrequests_per_second = 100000\nburst = 1000\nmax_in_flight = 64\n"
@@ -225,53 +231,78 @@ def moves(root: Path, server: PgCluster, operations: int) -> dict[str, Any]:
     with _nodes(root / "moves", dsn, operations, "a") as (ws, c):
         _register_by_holder(c, operations)
         ws.sim.wait_for_requests(operations, kind="status", timeout=120)
-
-        def gaps(moved: list[Move], start: float | None) -> list[float]:
-            return [m.taken - (m.released if start is None else start) for m in moved]
-
-        before = c.holders()
-        c.start("b")
-        c.wait_balanced(["a", "b"], 60)
-        moved = c.moves(before)
-        out["graceful_join"] = _summary(gaps(moved, None))
-        first = _first_polls(c.daemon("b").output(), 0)
-        out["graceful_join_first_poll_after_take"] = _summary(
-            [first[m.shard] for m in moved if m.shard in first]
-        )
-        before = c.holders()
-        mark = len(c.daemon("a").output())
-        killed = c.kill("b")
-        c.wait_balanced(["a"], LEASE.seconds + 60)
-        moved = c.moves(before)
-        out["sigkill"] = _summary(gaps(moved, killed))
-        first = _first_polls(c.daemon("a").output(), mark)
-        out["sigkill_first_poll_after_take"] = _summary(
-            [first[m.shard] for m in moved if m.shard in first]
-        )
-        c.start("b")
-        c.wait_balanced(["a", "b"], 60)
-        before = c.holders()
-        c.leave("a")
-        c.wait_balanced(["b"], 60)
-        out["graceful_leave"] = _summary(gaps(c.moves(before), None))
-        c.stop_all()
+        try:
+            _moves(c, out)
+        except (AssertionError, TimeoutError, OSError) as exc:
+            out["failed"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+        for name in c.alive():
+            c.daemon(name).kill()
     return out
 
 
+def _moves(c: Cluster, out: dict[str, Any]) -> None:
+    """Join, SIGKILL, restart and leave, each step's figures into ``out`` as it is done."""
+
+    def gaps(moved: list[Move], start: float | None) -> list[float]:
+        return [m.taken - (m.released if start is None else start) for m in moved]
+
+    before = c.holders()
+    c.start("b")
+    c.wait_balanced(["a", "b"], 60)
+    moved = c.moves(before)
+    out["graceful_join"] = _summary(gaps(moved, None))
+    first = _first_polls(c.daemon("b").output(), 0)
+    out["graceful_join_first_poll_after_take"] = _summary(
+        [first[m.shard] for m in moved if m.shard in first]
+    )
+    before = c.holders()
+    mark = len(c.daemon("a").output())
+    killed = c.kill("b")
+    c.wait_balanced(["a"], LEASE.seconds + 60)
+    moved = c.moves(before)
+    out["sigkill"] = _summary(gaps(moved, killed))
+    first = _first_polls(c.daemon("a").output(), mark)
+    out["sigkill_first_poll_after_take"] = _summary(
+        [first[m.shard] for m in moved if m.shard in first]
+    )
+    c.start("b")
+    c.wait_balanced(["a", "b"], 60)
+    before = c.holders()
+    c.leave("a")
+    c.wait_balanced(["b"], 60)
+    out["graceful_leave"] = _summary(gaps(c.moves(before), None))
+    c.stop_all()
+
+
 def run(out: Path, quick: bool = False, window: float | None = None) -> dict[str, Any]:
+    """Each part's figures, or what stopped it (``failed``: a node exited, a wait ran out):
+    the parts after it still run."""
     operations = 500 if quick else OPERATIONS
     window = window or (4.0 if quick else WINDOW)
     root = out / f"shards-{os.getpid()}"
     result: dict[str, Any] = {"shards": SHARDS, "window_s": window, "cores": os.cpu_count()}
     with roomy_cluster() as server:
-        rows = [throughput(root, server, n, operations, window) for n in (1, 2, 3)]
-        one = rows[0]["requests_per_s"]
+        rows: list[dict[str, Any]] = []
+        for n in (1, 2, 3):
+            rows.append(_part(partial(throughput, root, server, n, operations, window)))
+            print(f"  shards: {n} node(s): {rows[-1]}", file=sys.stderr, flush=True)
+        one = rows[0].get("requests_per_s", 0.0)
         for row in rows:
-            row["ratio_vs_1_node"] = round(row["requests_per_s"] / one, 2) if one else math.nan
+            if "requests_per_s" in row:
+                row["ratio_vs_1_node"] = round(row["requests_per_s"] / one, 2) if one else math.nan
         result["throughput"] = rows
-        result["registrations"] = registrations(root, server, 100 if quick else 500)
-        result["moves"] = moves(root, server, operations)
+        count = 100 if quick else 500
+        result["registrations"] = _part(partial(registrations, root, server, count))
+        print(f"  shards: registrations: {result['registrations']}", file=sys.stderr, flush=True)
+        result["moves"] = _part(partial(moves, root, server, operations))
     return result
+
+
+def _part(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return measure()
+    except (AssertionError, TimeoutError, OSError, httpx.HTTPError) as exc:
+        return {"failed": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -285,6 +316,9 @@ def print_table(r: dict[str, Any]) -> None:
         f"{'reg/s':>7}"
     )
     for row in r["throughput"]:
+        if "failed" in row:
+            print(f"  failed: {row['failed'][-300:]}")
+            continue
         print(
             f"  {row['nodes']:>5}{row['requests_per_s']:>9}{row['ratio_vs_1_node']:>9}"
             f"{row['nodes_cpu_us_per_request']:>12}{row['db_cpu_us_per_request']:>10}"
@@ -293,13 +327,16 @@ def print_table(r: dict[str, Any]) -> None:
             f"{row['machine_busy_share']:>8}{row['registrations_per_s']:>7}"
         )
     reg = r["registrations"]
-    print(
-        f"  registrations/s, {reg['count']} at {reg['concurrency']} in flight: through the "
-        f"holder {reg['holder_per_s']}, through a non-holder (relayed) {reg['relayed_per_s']} "
-        f"({reg['relayed_vs_holder']}x)"
-    )
+    if "failed" in reg:
+        print(f"  registrations failed: {reg['failed'][-300:]}")
+    else:
+        print(
+            f"  registrations/s, {reg['count']} at {reg['concurrency']} in flight: through the "
+            f"holder {reg['holder_per_s']}, through a non-holder (relayed) {reg['relayed_per_s']} "
+            f"({reg['relayed_vs_holder']}x)"
+        )
     m = r["moves"]
-    print(f"  shard moves (lease {m['lease_seconds']:g} s), median / max seconds (n):")
+    print(f"  shard moves (lease {LEASE.seconds:g} s), median / max seconds (n):")
     for key in (
         "graceful_join",
         "graceful_join_first_poll_after_take",
@@ -307,8 +344,10 @@ def print_table(r: dict[str, Any]) -> None:
         "sigkill_first_poll_after_take",
         "graceful_leave",
     ):
-        s = m[key]
-        if s["n"]:
-            print(f"    {key:<40}{s['median_s']:>8} / {s['max_s']:<8} ({s['n']})")
+        got = m.get(key, {"n": 0})
+        if got["n"]:
+            print(f"    {key:<40}{got['median_s']:>8} / {got['max_s']:<8} ({got['n']})")
         else:
             print(f"    {key:<40}{'-':>8}")
+    if "failed" in m:
+        print(f"    failed: {m['failed'][-300:]}")
