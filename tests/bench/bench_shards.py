@@ -71,7 +71,9 @@ default_deadline_seconds = 3600
 default_max_status_requests = 1000000
 limit_status_requests = 1000000
 default_max_transport_failures = 1000000
+limit_transport_failures = 1000000
 default_max_rate_limited = 1000000
+limit_rate_limited = 1000000
 """
 #: A quota no node reaches: the nodes poll as fast as they can.
 UNLIMITED = "[quota]\nrequests_per_second = 100000\nburst = 1000\nmax_in_flight = 64\n"
