@@ -26,10 +26,11 @@ simulator in this process (a thread), the nodes' API over their Unix sockets.
                     lease renewals come late, and its shards then move by lease expiry, not
                     by handover), node a holds all 16 shards with 1,000 live operations; node
                     b joins (a hands over half, gracefully), then b is SIGKILLed (a takes them
-                    back when their leases run out), then b restarts and a leaves by SIGTERM. Per moved shard,
-                    from the database: a graceful move is the old term's last record to the
-                    new term's first (the drain, release and take, the new holder's replay
-                    included); a move after SIGKILL is the kill to the new term's first record.
+                    back when their leases run out), then b restarts and a leaves by SIGTERM.
+                    Per moved shard, from the database: a graceful move is the old term's last
+                    record to the new term's first (the drain, release and take, the new
+                    holder's replay included); a move after SIGKILL is the kill to the new
+                    term's first record.
                     The nodes' own "shard first poll" lines add when the new holder's first
                     request left after its take.
 """
