@@ -3,8 +3,8 @@ through a node that does not hold the shard, and how long a shard takes to move:
 ``python -m tests.bench --only shards [--quick] [--window S]``.
 
 Everything is real: ``bide run`` nodes (their own processes) on one log of 16 shards in a
-private PostgreSQL cluster (``tests.e2e.shardnodes.roomy_cluster``: each node keeps about 2.6
-connections per shard, more than the shared server's 100 allow for three nodes), the
+private PostgreSQL cluster (``tests.e2e.shardnodes.roomy_cluster``: a node keeps about 24
+connections for 16 shards, and the shared server's 100 serve every other test too), the
 simulator in this process (a thread), the nodes' API over their Unix sockets.
 
     throughput      for N = 1, 2, 3 nodes, each on a fresh log: ``operations`` live

@@ -45,8 +45,9 @@ API = (
 )
 
 
-#: Each node keeps about 2.6 connections per shard, held or followed (measured: 42 for 16
-#: shards), so 3-4 nodes on 16 shards pass PostgreSQL's default of 100.
+#: A node keeps about 24 connections for 16 shards (a lease pool, a follow pool, one LISTEN,
+#: the relay's and the quota exchange's; 42 before the runtime shared them), and the shared
+#: server's 100 serve every other test running beside these.
 MAX_CONNECTIONS = 400
 
 
