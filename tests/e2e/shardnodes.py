@@ -209,18 +209,24 @@ class Cluster:
         until(balanced, timeout, f"the shards divided among {', '.join(names)}")
         return dict(got)
 
-    def moves(self, before: dict[int, tuple[str, int]]) -> list[Move]:
+    def moves(self, before: dict[int, tuple[str, int]], timeout: float = 30.0) -> list[Move]:
         """The shards whose holder changed since ``before`` (a :meth:`holders` reading), each
-        with when its old term's last record and its new term's first were committed."""
+        with when its old term's last record and its new term's first were committed (waited
+        for: a lease is taken before its holder's replay and takeover record)."""
+        changed = {k: got for k, got in self.holders().items() if got[1] != before[k][1]}
+        spans: dict[int, dict[int, tuple[float, float]]] = {}
+
+        def recorded() -> bool:
+            for k, (_, epoch) in changed.items():
+                spans[k] = epoch_spans(self.shard_dsns[k])
+            return all(epoch in spans[k] for k, (_, epoch) in changed.items())
+
+        until(recorded, timeout, "each moved shard's first record under its new holder")
         out: list[Move] = []
-        for k, (holder, epoch) in self.holders().items():
+        for k, (holder, epoch) in sorted(changed.items()):
             was, old = before[k]
-            if epoch == old:
-                continue
-            spans = epoch_spans(self.shard_dsns[k])
-            released = spans[old][1] if old in spans else float("nan")
-            taken = spans[epoch][0] if epoch in spans else float("nan")
-            out.append(Move(k, was, holder, old, epoch, released, taken))
+            released = spans[k][old][1] if old in spans[k] else float("nan")
+            out.append(Move(k, was, holder, old, epoch, released, spans[k][epoch][0]))
         return out
 
     def register(self, name: str, ops: Sequence[tuple[str, str]], workers: int = 8) -> list[str]:
