@@ -217,7 +217,7 @@ class Cluster:
         spans: dict[int, dict[int, tuple[float, float]]] = {}
 
         def recorded() -> bool:
-            for k, (_, epoch) in changed.items():
+            for k in changed:
                 spans[k] = epoch_spans(self.shard_dsns[k])
             return all(epoch in spans[k] for k, (_, epoch) in changed.items())
 
