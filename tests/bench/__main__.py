@@ -1,5 +1,6 @@
 """``python -m tests.bench [--quick]
-[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|retention|archive] [--seconds S]
+[--only append|verify|replay|scale|api|http|goals|pg|pg-cpu|retention|archive|shards]
+[--seconds S]
 [--records N] [--replay-records N] [--scale 1000,10000,100000] [--rate 2000,100]
 [--window S] [--concurrency C] [--repeat N] [--dsn DSN] [--ended 1000,100000] [--traced]``.
 
@@ -10,6 +11,9 @@ the default run: ``pg-cpu`` is the daemon's CPU per status request with the log 
 against the file store and the bare httpx loop, ``--repeat`` times (``tests.bench.bench_pg_cpu``).
 ``--only retention`` is issue 38's churn: memory, snapshot and restart against the operations
 that ever ended, the live count fixed (``--ended``; ``tests.bench.bench_retention``).
+``--only shards`` is issue 39's: 1, 2 and 3 ``bide run`` nodes on a 16-shard log in a private
+PostgreSQL cluster (initdb), registrations through a non-holder, shard move times
+(``tests.bench.bench_shards``); not part of the default run.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             "pg-cpu",
             "retention",
             "archive",
+            "shards",
         ],
         help="one benchmark; 'goals' is issue 17's table (10,000 operations "
         "saturated, appends, the 1M-event replay), not part of the default run",
@@ -218,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         results["pg_cpu"] = table
         bench_pg_cpu.print_table(table)
+    if args.only == "shards":  # a private PostgreSQL cluster (initdb): not in the default run
+        from tests.bench import bench_shards
+
+        shards = bench_shards.run(out, args.quick, args.window)
+        results["shards"] = shards
+        bench_shards.print_table(shards)
     if args.only == "retention":
         default = "1000,10000" if args.quick else "1000,10000,100000,200000"
         ended = [int(x) for x in (args.ended or default).split(",")]
