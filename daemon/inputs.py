@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -140,3 +141,12 @@ def seconds_arg(
             raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
 
     return parse
+
+
+def until_of(args: argparse.Namespace) -> tuple[int | None, float | None]:
+    """``--until``: a record number, or a time (RFC 3339 or relative) read as of now."""
+    if not args.until:
+        return None, None
+    if args.until.isdigit():
+        return int(args.until), None
+    return None, parse_time(args.until, "--until", time.time())

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 import msgspec
 
 from daemon.commands.status import op_line, op_summary
 from daemon.config import add_config_flag, load_config
-from daemon.inputs import parse_time
+from daemon.inputs import until_of
 from daemon.pgconfig import add_dsn_flags, add_shard_flag, sharded_node
 from daemon.readers import load_log, open_keyring
 from replay.check import check
@@ -59,14 +58,6 @@ def add_parser(sub: Any) -> None:
     add_shard_flag(p, what="read the log from the database: the shards to replay")
     add_config_flag(p)
     p.set_defaults(func=run)
-
-
-def until_of(args: argparse.Namespace) -> tuple[int | None, float | None]:
-    if not args.until:
-        return None, None
-    if args.until.isdigit():
-        return int(args.until), None
-    return None, parse_time(args.until, "--until", time.time())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -78,7 +78,7 @@ def replay_shard(
     keyring: KeyRing,
     args: argparse.Namespace,
 ) -> ShardReplay:
-    from daemon.commands.replay import until_of
+    from daemon.inputs import until_of
     from daemon.pgconfig import naming_shard
     from eventlog.pgstore import PgLogStore
 

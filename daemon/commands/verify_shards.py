@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from daemon.commands.verify import (
+from daemon.commands.verify_report import (
     Judged,
     check_epochs,
     judge,
