@@ -293,7 +293,7 @@ def run(out: Path, quick: bool = False, window: float | None = None) -> dict[str
     the parts after it still run."""
     operations = 500 if quick else OPERATIONS
     window = window or (4.0 if quick else WINDOW)
-    root = out / f"shards-{os.getpid()}"
+    root = out.resolve() / f"shards-{os.getpid()}"  # the nodes run in their own directory
     result: dict[str, Any] = {"shards": SHARDS, "window_s": window, "cores": os.cpu_count()}
     with roomy_cluster() as server:
         rows: list[dict[str, Any]] = []
