@@ -345,6 +345,7 @@ class Poller:
                 kind="not_sent",
                 detail=f"not sent: {exc}"[:200],
             )
+        self.faults.fire("send", op.operation_id)
         fact = await client.fetch(
             operation_id=op.operation_id,
             url=url,
