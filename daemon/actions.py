@@ -89,6 +89,9 @@ class ActionPorts:
     #: by this node's clock; None when it has not (the call is not sent). Without a lease,
     #: the timeout as it is.
     lease_room: Callable[[float, bool], Awaitable[float | None]]
+    #: The lease's room asked again as a call's first byte is written (``daemon.http``'s
+    #: ``gate``; a paused process past its lease sends nothing); None without a lease.
+    send_gate: Callable[[float], bool] | None = None
     #: Fetches: the rate per principal and what ``results/`` keeps (``[fetch]``).
     fetch_limits: FetchConfig = field(default_factory=FetchConfig)
     #: A retired operation's tombstone (``[retention]``): its id stays held by its owner.
@@ -489,6 +492,7 @@ class ActionRunner:
             cap=ANSWER_CAP,
             body=intent.body or None,
             headers=headers,
+            gate=ports.send_gate,
         )
         spec = profile.submit_spec
         if isinstance(result, NoAnswer):
@@ -630,7 +634,13 @@ class ActionRunner:
             if seconds is None:
                 return self._not_sent(intent)
             result = await client.call(
-                "GET", intent.url, seconds=seconds, cap=cap, sink=sink, headers={"Accept": "*/*"}
+                "GET",
+                intent.url,
+                seconds=seconds,
+                cap=cap,
+                sink=sink,
+                headers={"Accept": "*/*"},
+                gate=ports.send_gate,
             )
             if isinstance(result, Answer) and 200 <= result.status < 300 and not result.truncated:
                 os.fsync(fd)

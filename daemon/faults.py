@@ -2,15 +2,18 @@
 
 ``BIDE_FAULT_INJECT=STAGE:KEY[,STAGE:KEY...]`` makes the daemon raise a ``RuntimeError`` at
 that stage for that key, every time it gets there: stages ``poll`` (before the intent),
-``request`` (the intent durable, before the request), ``decide`` (the answer in, before its
-decision), ``action`` (an action id), ``ingest`` (a spool file name) and ``archive`` (a stage
+``request`` (the intent durable, before the request), ``send`` (the poller's own checks of
+the deadline and the lease passed, just before the status client is asked to send),
+``decide`` (the answer in, before its decision), ``action`` (an action id), ``ingest`` (a
+spool file name) and ``archive`` (a stage
 of ``bide log archive``: ``segments``, ``manifest``, ``boundary``, ``removing``). The
 end-to-end tests use it to prove that a bug in one operation stops that operation alone (and
 that an interrupted archive loses nothing); a daemon that reads it says so loudly at start.
 Nothing else reads the variable.
 
 ``STAGE:KEY:stop`` instead stops the whole process there (SIGSTOP to itself), the first time
-only: the multi-node tests pause a node exactly between a durable intent and its request.
+only: the multi-node tests pause a node exactly between a durable intent and its request
+(``request``), or after the last check the poller makes before sending it (``send``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from daemon import logfmt
 
 ENV = "BIDE_FAULT_INJECT"
-STAGES = ("poll", "request", "decide", "action", "ingest", "archive")
+STAGES = ("poll", "request", "send", "decide", "action", "ingest", "archive")
 
 
 #: Stops taken in this process (a node builds a daemon, and its faults, once per term).

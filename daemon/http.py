@@ -9,10 +9,13 @@ Foreign errors are translated here, at the boundary (STYLE.md §5):
     delivery ambiguous: read_timeout, write_timeout, connection_reset, protocol_error
 
 ``not_sent`` is a request refused before it left: a URL that does not parse or is not the
-provider's own, a header value the HTTP layer will not send. Whatever a provider or an agent
-put into a request, it becomes a recorded failure, never an exception out of the poll; and no
-error text that could quote a request header (the credential) is ever recorded. A status code
-outside 100-599 is a protocol error, not a response.
+provider's own, a header value the HTTP layer will not send, or a caller's ``gate`` (the lease)
+that no longer allows it as its first byte is to be written (:func:`daemon.connections.gated`:
+after the credential command, the pool's slot and the connection, whatever they took).
+Whatever a provider or an agent put into a request, it becomes a recorded failure, never an
+exception out of the poll; and no error text that could quote a request header (the
+credential) is ever recorded. A status code outside 100-599 is a protocol error, not a
+response.
 
 Every request is one counted request: no transport retries, no redirects followed (a 3xx is
 recorded like any status the contract does not explain, so a credential never crosses to
@@ -129,6 +132,7 @@ class StatusClient:
         self.profile = profile
         self._credentials_dir = credentials_dir
         self._tls = tls_context()
+        self._unwired: set[httpx.AsyncHTTPTransport] = set()
         self._transport = self._build()
         # Requests in flight per transport: one retired by ``rebuild`` is closed only once its
         # last request is done, so one operation's slow provider never cuts off another's.
@@ -156,7 +160,8 @@ class StatusClient:
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
             retries=0,
         )
-        connections.install(transport)
+        if not connections.install(transport):
+            self._unwired.add(transport)  # no stream of ours: the gate is checked before it
         return transport
 
     async def aclose(self) -> None:
@@ -179,6 +184,7 @@ class StatusClient:
         self._users.pop(transport, None)
         if transport in self._retired:
             self._retired.discard(transport)
+            self._unwired.discard(transport)
             with anyio.CancelScope(shield=True):
                 await transport.aclose()
 
@@ -252,8 +258,15 @@ class StatusClient:
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
         sink: Callable[[bytes], None] | None = None,
+        gate: Callable[[float], bool] | None = None,
     ) -> Answer | NoAnswer:
         """Make exactly one request. With ``sink`` the body goes there instead of memory.
+
+        ``gate(seconds)`` is asked as the request's first byte is to be written, with the
+        seconds the exchange may still take: False and the request is not sent
+        (``not_sent``). The lease passes its gate here, so a request whose node lost the
+        lease while it waited for its credential, its connection or its pool slot never
+        leaves.
 
         ``seconds`` bounds the whole exchange. It is handed to httpx as its timeouts, so httpx
         usually gives up by itself; but those bound each socket operation, and a provider that
@@ -281,7 +294,7 @@ class StatusClient:
         self._users[transport] = self._users.get(transport, 0) + 1
         try:
             result = await self._exchange(
-                transport, method, url, request_headers, body, budget, cap, sink
+                transport, method, url, request_headers, body, budget, cap, sink, gate
             )
         finally:
             await self._release(transport, 1)
@@ -300,6 +313,7 @@ class StatusClient:
         budget: float,
         cap: int,
         sink: Callable[[bytes], None] | None,
+        gate: Callable[[float], bool] | None = None,
     ) -> Answer | NoAnswer:
         answer: Answer | None = None
         headed = False
@@ -322,8 +336,11 @@ class StatusClient:
             return NoAnswer(
                 "not_sent", f"not sent: the request could not be built ({type(exc).__name__})"
             )
+        check = None if gate is None else _until(gate, time.monotonic() + budget)
         try:
-            with anyio.move_on_after(budget):
+            if check is not None and transport in self._unwired and not check():
+                raise connections.Unsent  # no stream of ours to check at the first write
+            with anyio.move_on_after(budget), connections.gated(check):
                 resp = await transport.handle_async_request(request)
                 async with contextlib.aclosing(resp):
                     resp.request = request
@@ -354,6 +371,12 @@ class StatusClient:
                 )
             return NoAnswer(
                 "read_timeout", f"no complete response head within {budget:.3g}s (slow response)"
+            )
+        except connections.Unsent:
+            return NoAnswer(
+                "not_sent",
+                "not sent: the lease would not outlive the request once its connection was "
+                "ready (nothing of it was written)",
             )
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
             # The HTTP layer refused to write it (e.g. an illegal header value): never sent.
@@ -396,9 +419,10 @@ class StatusClient:
         time_left: float,
         clock: Callable[[], float],
         job_id: str = "",
+        gate: Callable[[float], bool] | None = None,
     ) -> StatusResponseReceived | TransportFailed:
         """The one status request of a poll, as the fact the model reads (``job_id`` fills a
-        POST read's body, daemon/readpost.py)."""
+        POST read's body, daemon/readpost.py; ``gate`` as in :meth:`call`)."""
         status = self.profile.status
         refused = _url_refused.get((url, self.profile.origin, self.profile.status_path_prefix))
         if refused is not None:  # S22: only the profile's own status resources
@@ -415,6 +439,7 @@ class StatusClient:
             seconds=min(status.timeout_seconds, time_left),
             cap=status.max_body_bytes,
             body=self.profile.status_body(job_id),
+            gate=gate,
         )
         if isinstance(result, NoAnswer):
             return TransportFailed(
@@ -477,6 +502,11 @@ class NoAnswer:
 
     kind: TransportKind
     detail: str
+
+
+def _until(gate: Callable[[float], bool], ends: float) -> Callable[[], bool]:
+    """``gate`` asked about the seconds left until ``ends`` (monotonic), when it is asked."""
+    return lambda: gate(ends - time.monotonic())
 
 
 def _capped(value: str | None) -> str | None:

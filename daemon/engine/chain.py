@@ -72,6 +72,9 @@ class RequestGate(Protocol):
 
     def allows(self, request_seconds: float) -> bool: ...
 
+    def remaining(self) -> float:
+        """Seconds the lease has left by this node's clock (negative once it ran out)."""
+
     @property
     def longest_request(self) -> float: ...
 
@@ -564,6 +567,36 @@ class Chain:
             seconds = min(seconds, self.lease.longest_request)
         await self.lease.wait_allows(seconds)
         return seconds if self.lease.allows(seconds) else None
+
+    @property
+    def send_gate(self) -> Callable[[float], bool] | None:
+        """The last look before a request's first byte is written (``daemon.http``'s
+        ``gate``): None without a lease."""
+        return None if self.lease is None else self.may_send
+
+    def may_send(self, seconds: float) -> bool:
+        """Whether a request that may take ``seconds`` more can leave now: the lease still
+        outlives it, by this node's clock. Asked as the request is written, after every await
+        on its way (credential, pool, connection): a process paused there past its lease
+        finds it here, its request is not sent, and its term ends as fenced (another node may
+        hold the lease by now)."""
+        lease = self.lease
+        if lease is None or lease.allows(seconds):
+            return True
+        left = lease.remaining()
+        logfmt.warn(
+            "a request not sent: the lease ran out on its way"
+            if left <= 0
+            else "a request not sent: the lease would not outlive it",
+            left=f"{left:.3f}s",
+            needed=f"{seconds:.3f}s",
+        )
+        if left <= 0:
+            lease.fenced(
+                "the lease ran out by this node's clock while a request was on its way "
+                "(not sent); back to standby"
+            )
+        return False
 
 
 def _log_problem(message: str) -> None:

@@ -345,6 +345,7 @@ class Poller:
                 kind="not_sent",
                 detail=f"not sent: {exc}"[:200],
             )
+        self.faults.fire("send", op.operation_id)
         fact = await client.fetch(
             operation_id=op.operation_id,
             url=url,
@@ -352,6 +353,7 @@ class Poller:
             time_left=time_left,
             clock=self.clock,
             job_id=op.provider_job_id,
+            gate=self.chain.send_gate,  # the lease, checked again as the request is written
         )
         self.metrics.requests_sent += 1
         return fact

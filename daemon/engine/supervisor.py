@@ -152,6 +152,7 @@ class Supervisor:
                 faults=self.faults,
                 count_internal_error=self._count_internal_error,
                 lease_room=chain.lease_room,
+                send_gate=chain.send_gate,
                 fetch_limits=config.fetch,
             )
         )

@@ -27,7 +27,12 @@ import pytest
 
 from daemon.spool import Spool
 from eventlog.store import local_head
-from replay.events import StatusRequestIntended
+from replay.events import (
+    RequestOutcomeUnknown,
+    StatusRequestIntended,
+    StatusResponseReceived,
+    TransportFailed,
+)
 from tests.e2e.harness import (
     BIDE,
     LeaseTimes,
@@ -429,17 +434,21 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+@pytest.mark.parametrize("stage", ["request", "send"])
 def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
-    pg_dsn: str, node_dsn: str, tmp_path: Path
+    pg_dsn: str, node_dsn: str, tmp_path: Path, stage: str
 ) -> None:
-    """Node a stops itself right after the intent of a request to job long-0 is durable and
-    before the request leaves. Node b takes over, polls, and hands the lease back by a
-    graceful stop, so after SIGCONT nothing but a itself could reach the provider: until a
-    holds the lease again (a new epoch), the provider sees nothing at all."""
+    """Node a stops itself after the intent of a request to job long-0 is durable and before
+    the request leaves: right after the intent (``request``), or after the poller's last
+    check of the deadline and the lease, on the way into the HTTP client (``send``: only the
+    check as the request's first byte is written can stop it there). Node b takes over,
+    polls, and hands the lease back by a graceful stop, so after SIGCONT nothing but a itself
+    could reach the provider: until a holds the lease again (a new epoch), the provider sees
+    nothing at all, and the intent a held is recorded as not sent or its outcome unknown."""
     with workspace(tmp_path, jobs=JOBS) as ws:
         write_status_profile(ws, "sim", contract=CONTRACT, timeout_seconds=0.5)
         a, b = node_config(ws, "a", node_dsn), node_config(ws, "b", node_dsn)
-        start(ws, a, env={"BIDE_FAULT_INJECT": "request:op-long-0:stop"})
+        start(ws, a, env={"BIDE_FAULT_INJECT": f"{stage}:op-long-0:stop"})
         wait_active([a])
         start(ws, b)
         assert a.daemon is not None
@@ -468,8 +477,23 @@ def test_a_node_paused_between_its_intent_and_its_request_never_sends_it(
         early = [r for r in ws.sim.requests(kind="status") if resumed <= r.wall < retaken]
         assert not early, f"node a sent {len(early)} request(s) before it held the lease again"
         assert a.daemon.stop() == 0
-        _check_run(ws, pg_dsn, "paused-intent")
+        _check_run(ws, pg_dsn, f"paused-{stage}")
         _replay_check(ws, a)
+        # The request a held when it stopped: answered by nothing, recorded as never sent
+        # (a's own record, if it landed) or its outcome unknown (the next term's recovery).
+        _, log = loaded(pg_dsn, ws, f"paused-{stage}-log")
+        mine = [e for _, e in log.events if e.operation_id == "op-long-0"]
+        first = next(e for e in mine if isinstance(e, StatusRequestIntended)).request_number
+        ends = [
+            e
+            for e in mine
+            if isinstance(e, TransportFailed | RequestOutcomeUnknown | StatusResponseReceived)
+            and e.request_number == first
+        ]
+        assert len(ends) == 1, ends
+        assert not isinstance(ends[0], StatusResponseReceived), ends[0]
+        gated = "not sent: the lease ran out on its way" in daemon_a.output()
+        print(f"\npaused at {stage}: recorded as {ends[0]!r}; refused as written: {gated}")
 
 
 @pytest.mark.parametrize("how", ["cut", "stall"])
