@@ -14,6 +14,11 @@ socket with them:
   node follows every shard, so an agent waits on the daemon of its own host. **Writes** go
   to ``handler(k)`` when this node holds ``k``, else through the relay
   (:mod:`daemon.shards.relay`) to the shard's holder.
+- **Read your writes.** A relayed write answered 2xx is answered to the agent only once this
+  node's copy of the shard has folded the holder's head as of that answer (so the record
+  the write made), at most :attr:`ShardRouter.catch_up` seconds: an agent that registers
+  here and at once waits here finds its operation, not a 404. Past the bound the answer
+  goes anyway (the write is recorded; the copy is late, and a read may lag it).
 - **Lists** (``GET /v1/operations``, ``GET /v1/escalations``) are merged over every shard's
   handler, in the order one node gives them. A page of operations is a k-way merge of
   each shard's page by (registered_at, id); its ``next_cursor`` is *shard-aware*
@@ -63,12 +68,16 @@ class ShardHost(Protocol):
     def name(self) -> str: ...
     def held(self) -> set[int]: ...
     def handler(self, shard: int) -> Handler: ...
+    async def folded(self, shard: int, seq: int) -> None:
+        """Return once this node's answers for ``shard`` show record ``seq`` (at once
+        while it holds the shard)."""
+        ...
 
 
 class Forwarder(Protocol):
     """What the router takes from the relay (:class:`daemon.shards.relay.Relay`)."""
 
-    async def forward(self, shard: int, request: Request) -> Response: ...
+    async def forward_at(self, shard: int, request: Request) -> tuple[Response, int]: ...
 
 
 class _Key(msgspec.Struct):
@@ -97,10 +106,14 @@ class _EscalationKeys(msgspec.Struct):
 
 
 class ShardRouter:
-    def __init__(self, layout: Layout, node: ShardHost, relay: Forwarder) -> None:
+    def __init__(
+        self, layout: Layout, node: ShardHost, relay: Forwarder, *, catch_up: float = 10.0
+    ) -> None:
         self.layout = layout
         self.node = node
         self.relay = relay
+        #: The longest a relayed write's answer waits for this node's copy to show it.
+        self.catch_up = catch_up
 
     async def handle(self, request: Request) -> Response:
         path, method = request.path, request.method
@@ -138,7 +151,11 @@ class ShardRouter:
     async def _to(self, shard: int, request: Request) -> Response:
         if request.method in _READS or shard in self.node.held():
             return await self.node.handler(shard)(request)
-        return await self.relay.forward(shard, request)
+        response, head = await self.relay.forward_at(shard, request)
+        if head >= 0 and 200 <= response.status < 300:
+            with anyio.move_on_after(self.catch_up):  # read your writes (module docstring)
+                await self.node.folded(shard, head)
+        return response
 
     async def _registration(self, request: Request) -> Response:
         """A registration or a submit: to its id's shard (an id chosen here when the body

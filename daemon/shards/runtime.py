@@ -338,6 +338,7 @@ class ShardNode:
         self._plan_lock = anyio.Lock()
         self._claimed: set[int] = set()  # takes in flight (a claim granted, not yet settled)
         self._handlers: dict[int, Handler] = {}
+        self._reads: dict[int, StandbyReads] = {}  # each followed shard's copy, read
         self._active: dict[int, Supervisor] = {}
         self._release: dict[int, anyio.Event] = {}
         self._stopping = anyio.Event()  # take nothing more
@@ -353,6 +354,15 @@ class ShardNode:
     def held(self) -> set[int]:
         """The shards this node is active on now."""
         return set(self._active)
+
+    async def folded(self, shard: int, seq: int) -> None:
+        """Return once this node's answers for ``shard`` show record ``seq``: at once while
+        it holds the shard (its engine replayed the log before answering), else once its
+        copy has folded ``seq`` (or stopped being read: the node took the shard or stops)."""
+        reads = self._reads.get(shard)
+        if shard in self._active or reads is None:
+            return
+        await reads.folded(seq)
 
     def supervisors(self) -> dict[int, Supervisor]:
         """Each active shard's engine supervisor."""
@@ -492,7 +502,13 @@ class ShardNode:
                     self.name,
                 )
                 self._handlers[shard] = reads.handle
-                epoch = await self._standby(lease, reads)
+                self._reads[shard] = reads
+                try:
+                    epoch = await self._standby(lease, reads)
+                finally:
+                    if self._reads.get(shard) is reads:
+                        del self._reads[shard]
+                    reads.end()
                 if epoch is None:
                     return
                 await self._term(shard, scfg, lease, log_store, epoch)

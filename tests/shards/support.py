@@ -158,6 +158,15 @@ class Node:
     def handler(self, shard: int) -> Handler:
         return self.handlers[shard]
 
+    async def folded(self, shard: int, seq: int) -> None:
+        reads = self.standbys.get(shard)
+        if shard in self.engines or reads is None:
+            return
+        # What the lease's follow does on a node (here the copy is the holder's own log):
+        # read what it gained, then the copy's own wait.
+        await reads.refresh()
+        await reads.folded(seq)
+
     @property
     def router(self) -> ShardRouter:
         return ShardRouter(self.layout, self, self.relay)
