@@ -105,6 +105,9 @@ class ShardBuild(Protocol):
 
 
 Router = Callable[["ShardNode"], Handler]
+#: A spool file for a shard held elsewhere waits this many lease lengths for this node to
+#: take the shard, then is rejected with the way to send it (:mod:`daemon.shards.spool`).
+SPOOL_GRACE_LEASES = 2
 #: How old the live nodes may be when a standby finds its shard free and not in its plan.
 NODES_FRESH = 0.05
 TermTask = Callable[[int, Handler], Coroutine[Any, Any, None]]
@@ -330,7 +333,13 @@ class ShardNode:
             renew_seconds=pg.renew_seconds,
         )
         self.links = NodeLinks(settings, layout, poll=pg.standby_poll_seconds)
-        self.spool = NodeSpool(Spool(cfg.spool_dir), layout.shard_of, self.supervisors)
+        self.spool = NodeSpool(
+            Spool(cfg.spool_dir),
+            layout.shard_of,
+            self.supervisors,
+            grace=SPOOL_GRACE_LEASES * pg.lease_seconds,
+            holder_of=self._holder_of,
+        )
         self.view: View | None = None
         self._view_at = float("-inf")
         #: How often a claim reads the live nodes again (the holders are the links' scan).
@@ -363,6 +372,11 @@ class ShardNode:
         if shard in self._active or reads is None:
             return
         await reads.folded(seq)
+
+    def _holder_of(self, shard: int) -> str | None:
+        """The node holding ``shard``'s unexpired lease, as of the links' last scan."""
+        holder = (self.links.holders or {}).get(shard)
+        return self._owner(holder) if holder else None
 
     def supervisors(self) -> dict[int, Supervisor]:
         """Each active shard's engine supervisor."""
