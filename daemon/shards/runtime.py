@@ -373,6 +373,11 @@ class ShardNode:
             return
         await reads.folded(seq)
 
+    async def caught_up(self, shard: int) -> None:
+        """Return once this node's answers for ``shard`` show the shard's head in the
+        database as of the links' last scan (at once while it holds the shard)."""
+        await self.folded(shard, self.links.head_seen(shard))
+
     def _holder_of(self, shard: int) -> str | None:
         """The node holding ``shard``'s unexpired lease, as of the links' last scan."""
         holder = (self.links.holders or {}).get(shard)

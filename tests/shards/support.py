@@ -167,6 +167,12 @@ class Node:
         await reads.refresh()
         await reads.folded(seq)
 
+    async def caught_up(self, shard: int) -> None:
+        reads = self.standbys.get(shard)
+        if shard in self.engines or reads is None:
+            return
+        await reads.refresh()  # the copy is the holder's own log: read to its head
+
     @property
     def router(self) -> ShardRouter:
         return ShardRouter(self.layout, self, self.relay)

@@ -142,6 +142,29 @@ def test_an_agent_reads_its_relayed_write_at_once_through_the_node_it_asked(
     anyio.run(main)
 
 
+def test_a_read_of_an_operation_the_copy_does_not_know_yet_waits_for_the_copy(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """An operation registered at its holder (another agent, another node's API) and read
+    at once through a node whose copy is behind is found, not a 404; one that does not
+    exist is still a 404."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (theirs,) = shard_ids(layout, 1, 1)  # node b holds shard 1
+    (never,) = shard_ids(layout, 1, 1, prefix="never")
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            got = await b.router.handle(request("POST", "/v1/operations", _watch(theirs)))
+            assert got.status == 201, got.body
+            view = await a.router.handle(request("GET", f"/v1/operations/{theirs}"))
+            assert (view.status, answer(view)["phase"]) == (200, "live"), view.body
+            missing = await a.router.handle(request("GET", f"/v1/operations/{never}"))
+            assert (missing.status, answer(missing)["error"]) == (404, "not_found")
+
+    anyio.run(main)
+
+
 def test_a_registration_without_an_id_gets_one_and_is_recorded_in_its_shard(
     tmp_path: Path, pg_dsn: str
 ) -> None:
@@ -318,6 +341,9 @@ def test_a_shard_that_cannot_answer_yet_is_named_in_the_nodes_health() -> None:
             return loading if shard == 2 else ready
 
         async def folded(self, shard: int, seq: int) -> None:
+            raise AssertionError("not asked")
+
+        async def caught_up(self, shard: int) -> None:
             raise AssertionError("not asked")
 
     class NoRelay:
