@@ -74,6 +74,8 @@ class StandbyReads:
         self.ready = False
         self.broken: str | None = None  # the copy cannot be read by this bide (a newer one)
         self._news = anyio.Event()
+        self._advanced = anyio.Event()  # set (and replaced) whenever the folded head moves
+        self.ended = False  # these reads answer no more (the node took the shard, or stopped)
         self._reset()
 
     def _reset(self) -> None:
@@ -156,7 +158,25 @@ class StandbyReads:
                 self.active = read.takeover
             if read.head is not None:
                 self.head = read.head
+                if self.ready:
+                    self._advance()
         self.ready = True
+        self._advance()
+
+    def _advance(self) -> None:
+        self._advanced.set()
+        self._advanced = anyio.Event()
+
+    def end(self) -> None:
+        """These reads answer no more: wake every :meth:`folded` waiting on them."""
+        self.ended = True
+        self._advance()
+
+    async def folded(self, seq: int) -> None:
+        """Return once the copy is read and folded to record ``seq`` (or these reads
+        ended)."""
+        while not self.ended and not (self.ready and self.head is not None and self.head[0] >= seq):
+            await self._advanced.wait()
 
     def _read(self) -> _Read | None:
         """The next records copied since the last read, at most a segment's (in a worker

@@ -168,7 +168,8 @@ def report(
     decision: bool = False,
 ) -> int:
     """Wait (bounded) for the receipt and print it; shared with ``bide decide``."""
-    alive = writer_alive(cfg.log_dir)
+    sharded = (cfg.state_dir / "shards").is_dir()
+    alive = None if sharded else writer_alive(cfg.log_dir)  # a shard's log is under shards/
     if alive is False:
         return print_result(
             as_json,
@@ -177,6 +178,13 @@ def report(
             EXIT_QUEUED,
         )
     receipt = anyio.run(wait_receipt, spool, rid, wait_seconds, decision)
+    if receipt is None and sharded:
+        return print_result(
+            as_json,
+            {"status": "queued", "operation_id": op_id, "request_id": rid, "sharded": True},
+            sharded_spool_note(cfg, op_id, wait_seconds),
+            EXIT_QUEUED,
+        )
     if receipt is None:
         return print_result(
             as_json,
@@ -190,6 +198,22 @@ def report(
             as_json, msgspec.to_builtins(receipt), f"{receipt.status}: {receipt.reason}", 1
         )
     return print_result(as_json, msgspec.to_builtins(receipt), receipt.operation_id or op_id, 0)
+
+
+def sharded_spool_note(cfg: Config, op_id: str, wait_seconds: float) -> str:
+    """What happens to a spool file on a node of a sharded log (daemon/shards/spool.py)."""
+    pg = cfg.postgres
+    grace = (
+        f"{2 * pg.lease_seconds:g}s (two lease lengths)" if pg is not None else "two lease lengths"
+    )
+    return (
+        f"queued {op_id} in this node's spool, with no answer within {wait_seconds:g}s. This "
+        f"node runs a sharded log: its daemon takes a spool file only for a shard it holds; a "
+        f"file for a shard another node holds waits {grace} with the daemon running, then "
+        f"is moved to spool/rejected with the reason (the spool is not relayed between "
+        f"nodes). Nothing answered on {cfg.socket_path}: once the daemon answers there, run "
+        f"this command again, and the API relays the request to the shard's holder"
+    )
 
 
 async def wait_receipt(

@@ -28,7 +28,7 @@ class Doors:
 
     def router(self, node: ShardHost) -> Handler:
         """The door's handler for ``node`` (a ``Router`` of :mod:`daemon.shards.runtime`)."""
-        return ShardRouter(self.layout, node, self.relay).handle
+        return ShardRouter(self.layout, node, self.relay, catch_up=self.relay.timeout).handle
 
 
 def node_doors(

@@ -156,6 +156,12 @@ class NodeLinks:
         event, self._events[shard] = self._events[shard], anyio.Event()
         event.set()
 
+    def head_seen(self, shard: int) -> int:
+        """``shard``'s head seq in the database as of the last scan (fresh after every
+        notification); -1 when empty or not read yet."""
+        seen = self._seen[shard]
+        return -1 if seen is None or seen[0] is None else int(seen[0])
+
     async def scan(self) -> None:
         """Read every shard's head and lease row (who holds it, whether it has run out, by
         the database's clock); wake the shards where either moved."""

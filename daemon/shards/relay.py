@@ -42,7 +42,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -106,6 +106,10 @@ class _Answer(msgspec.Struct, frozen=True):
     body: bytes
     headers: list[tuple[str, str]]
     content_type: str
+    #: The holder's head of the shard's log once it answered a write 2xx (so at or after
+    #: the record it committed for it): the forwarder's copy has the write once it folded
+    #: this far. -1: not known (a read, a refusal, a holder before this field).
+    head: int = -1
 
 
 _forwarded = msgspec.msgpack.Decoder(_Forwarded)
@@ -322,6 +326,12 @@ class Relay:
         """Relay ``request`` to shard ``shard``'s holder and answer with what it answered;
         ``503`` with ``Retry-After`` when it does not answer in time (or the database is
         away)."""
+        return (await self.forward_at(shard, request))[0]
+
+    async def forward_at(self, shard: int, request: Request) -> tuple[Response, int]:
+        """:meth:`forward`, with the holder's head of the shard's log as of a write it
+        answered 2xx (-1 when not known): what this node's copy must have folded before its
+        agent reads its own write here."""
         bound = self.timeout + self._wait_of(request)
         rid = secrets.token_hex(16)
         peer = request.peer
@@ -370,14 +380,14 @@ class Relay:
                         self.counts["answered"] += 1
                         return self._opened_answer(shard, rid, bytes(got[0]))
             self.counts["unanswered"] += 1
-            return await self._unanswered(shard, rid, bound)
+            return await self._unanswered(shard, rid, bound), -1
         except StoreError as exc:
             self.counts["unavailable"] += 1
             logfmt.warn("relay: the database failed a relayed request", error=str(exc)[:200])
             return _unavailable(
                 f"this node cannot reach the database to relay the request to shard "
                 f"{shard}'s holder ({exc}); send it again"
-            )
+            ), -1
         except anyio.get_cancelled_exc_class():
             # The agent left: take the row back (one left is pruned within the hour).
             with anyio.move_on_after(5.0, shield=True), contextlib.suppress(StoreError):
@@ -408,7 +418,7 @@ class Relay:
             )
         return _unavailable(detail)
 
-    def _opened_answer(self, shard: int, rid: str, blob: bytes) -> Response:
+    def _opened_answer(self, shard: int, rid: str, blob: bytes) -> tuple[Response, int]:
         try:
             plain = open_blob(
                 self.keyring,
@@ -423,13 +433,14 @@ class Relay:
             return _unavailable(
                 f"shard {shard}'s answer could not be authenticated; it was not used: "
                 f"send the request again"
-            )
-        return Response(
+            ), -1
+        response = Response(
             answer.status,
             answer.body,
             headers=list(answer.headers),
             content_type=answer.content_type,
         )
+        return response, answer.head
 
     @staticmethod
     def _wait_of(request: Request) -> float:
@@ -515,12 +526,13 @@ class Relay:
         limiter: anyio.Semaphore,
     ) -> None:
         try:
-            response = await self._answer_of(shard, handler, rid, blob)
+            response, head = await self._answer_of(shard, handler, rid, blob)
             answer = _Answer(
                 status=response.status,
                 body=response.body,
                 headers=list(response.headers),
                 content_type=response.content_type,
+                head=head,
             )
             sealed = seal_blob(
                 self.keyring, ANSWER_DOMAIN, _bound(self.layout.base, shard, rid), _encode(answer)
@@ -541,9 +553,12 @@ class Relay:
         finally:
             limiter.release()
 
-    async def _answer_of(self, shard: int, handler: Handler, rid: str, blob: bytes) -> Response:
-        """The handler's answer to the row's request; a row that does not open is refused
-        and never handed to the handler."""
+    async def _answer_of(
+        self, shard: int, handler: Handler, rid: str, blob: bytes
+    ) -> tuple[Response, int]:
+        """The handler's answer to the row's request, and the shard's head once it answered
+        a write 2xx (-1 otherwise); a row that does not open is refused and never handed to
+        the handler."""
         try:
             plain = open_blob(
                 self.keyring,
@@ -561,7 +576,7 @@ class Relay:
                 "relay_refused",
                 "the relayed request failed authentication (not sealed with this log's data "
                 "key for this shard and row); it was not executed",
-            )
+            ), -1
         request = Request(
             method=asked.method,
             path=asked.path,
@@ -582,15 +597,37 @@ class Relay:
                 "internal_error",
                 f"bide failed answering ({type(exc).__name__}) on shard {shard}'s holder; "
                 f"see its journal",
-            )
+            ), -1
         if response.file is not None:
             return error(
                 503,
                 "relay_no_files",
                 "a file cannot be relayed; ask the node holding the shard",
                 headers=[("Retry-After", "1")],
+            ), -1
+        if request.method in ("GET", "HEAD") or not 200 <= response.status < 300:
+            return response, -1
+        return response, await self._head_after(handler, request)
+
+    @staticmethod
+    async def _head_after(handler: Handler, request: Request) -> int:
+        """The shard's head as the holder's engine gives it (its health), asked as the
+        write's agent after the write was answered: at or after the write's record."""
+        health = await handler(
+            replace(
+                request, method="GET", path="/v1/health", raw_path="/v1/health", query={}, body=b""
             )
-        return response
+        )
+        if health.status != 200:
+            return -1
+        try:
+            return msgspec.json.decode(health.body, type=_Head).log_head_sequence
+        except msgspec.DecodeError:
+            return -1
+
+
+class _Head(msgspec.Struct):
+    log_head_sequence: int = -1
 
 
 def _kind(request: Request) -> str:

@@ -14,6 +14,15 @@ socket with them:
   node follows every shard, so an agent waits on the daemon of its own host. **Writes** go
   to ``handler(k)`` when this node holds ``k``, else through the relay
   (:mod:`daemon.shards.relay`) to the shard's holder.
+- **Read your writes.** A relayed write answered 2xx is answered to the agent only once this
+  node's copy of the shard has folded the holder's head as of that answer (so the record
+  the write made), at most :attr:`ShardRouter.catch_up` seconds: an agent that registers
+  here and at once waits here finds its operation, not a 404. Past the bound the answer
+  goes anyway (the write is recorded; the copy is late, and a read may lag it). And a read
+  of an operation this node's copy does not know (404) while it does not hold the shard
+  (written through another node, say) is asked again once the copy has folded the
+  shard's head in the database, at most :data:`UNKNOWN_CATCH_UP` seconds: a 404 from a copy
+  that is behind is not an answer.
 - **Lists** (``GET /v1/operations``, ``GET /v1/escalations``) are merged over every shard's
   handler, in the order one node gives them. A page of operations is a k-way merge of
   each shard's page by (registered_at, id); its ``next_cursor`` is *shard-aware*
@@ -52,6 +61,8 @@ _OP_PATH = re.compile(r"^/v1/operations/([^/]+)(?:/story|/withdrawal|/decision|/
 _FETCH_PATH = re.compile(r"^/v1/fetches/([^/]+)(?:/content)?$")
 _READS = ("GET", "HEAD")
 _CURSOR_PREFIX = "s1."
+#: The longest a read of an unknown operation waits for this node's copy to catch up.
+UNKNOWN_CATCH_UP = 2.0
 
 T = TypeVar("T")
 
@@ -63,12 +74,21 @@ class ShardHost(Protocol):
     def name(self) -> str: ...
     def held(self) -> set[int]: ...
     def handler(self, shard: int) -> Handler: ...
+    async def folded(self, shard: int, seq: int) -> None:
+        """Return once this node's answers for ``shard`` show record ``seq`` (at once
+        while it holds the shard)."""
+        ...
+
+    async def caught_up(self, shard: int) -> None:
+        """Return once this node's answers for ``shard`` show the shard's head in the
+        database as this node last saw it (at once while it holds the shard)."""
+        ...
 
 
 class Forwarder(Protocol):
     """What the router takes from the relay (:class:`daemon.shards.relay.Relay`)."""
 
-    async def forward(self, shard: int, request: Request) -> Response: ...
+    async def forward_at(self, shard: int, request: Request) -> tuple[Response, int]: ...
 
 
 class _Key(msgspec.Struct):
@@ -97,10 +117,14 @@ class _EscalationKeys(msgspec.Struct):
 
 
 class ShardRouter:
-    def __init__(self, layout: Layout, node: ShardHost, relay: Forwarder) -> None:
+    def __init__(
+        self, layout: Layout, node: ShardHost, relay: Forwarder, *, catch_up: float = 10.0
+    ) -> None:
         self.layout = layout
         self.node = node
         self.relay = relay
+        #: The longest a relayed write's answer waits for this node's copy to show it.
+        self.catch_up = catch_up
 
     async def handle(self, request: Request) -> Response:
         path, method = request.path, request.method
@@ -136,9 +160,22 @@ class ShardRouter:
         return min(held) if held else 0
 
     async def _to(self, shard: int, request: Request) -> Response:
-        if request.method in _READS or shard in self.node.held():
+        if shard in self.node.held():
             return await self.node.handler(shard)(request)
-        return await self.relay.forward(shard, request)
+        if request.method in _READS:
+            response = await self.node.handler(shard)(request)
+            if response.status != 404:
+                return response
+            with anyio.move_on_after(UNKNOWN_CATCH_UP) as bound:  # a copy behind (docstring)
+                await self.node.caught_up(shard)
+            if bound.cancelled_caught:
+                return response
+            return await self.node.handler(shard)(request)  # a wait waits its own time
+        response, head = await self.relay.forward_at(shard, request)
+        if head >= 0 and 200 <= response.status < 300:
+            with anyio.move_on_after(self.catch_up):  # read your writes (module docstring)
+                await self.node.folded(shard, head)
+        return response
 
     async def _registration(self, request: Request) -> Response:
         """A registration or a submit: to its id's shard (an id chosen here when the body

@@ -105,6 +105,9 @@ class ShardBuild(Protocol):
 
 
 Router = Callable[["ShardNode"], Handler]
+#: A spool file for a shard held elsewhere waits this many lease lengths for this node to
+#: take the shard, then is rejected with the way to send it (:mod:`daemon.shards.spool`).
+SPOOL_GRACE_LEASES = 2
 #: How old the live nodes may be when a standby finds its shard free and not in its plan.
 NODES_FRESH = 0.05
 TermTask = Callable[[int, Handler], Coroutine[Any, Any, None]]
@@ -330,7 +333,13 @@ class ShardNode:
             renew_seconds=pg.renew_seconds,
         )
         self.links = NodeLinks(settings, layout, poll=pg.standby_poll_seconds)
-        self.spool = NodeSpool(Spool(cfg.spool_dir), layout.shard_of, self.supervisors)
+        self.spool = NodeSpool(
+            Spool(cfg.spool_dir),
+            layout.shard_of,
+            self.supervisors,
+            grace=SPOOL_GRACE_LEASES * pg.lease_seconds,
+            holder_of=self._holder_of,
+        )
         self.view: View | None = None
         self._view_at = float("-inf")
         #: How often a claim reads the live nodes again (the holders are the links' scan).
@@ -338,6 +347,7 @@ class ShardNode:
         self._plan_lock = anyio.Lock()
         self._claimed: set[int] = set()  # takes in flight (a claim granted, not yet settled)
         self._handlers: dict[int, Handler] = {}
+        self._reads: dict[int, StandbyReads] = {}  # each followed shard's copy, read
         self._active: dict[int, Supervisor] = {}
         self._release: dict[int, anyio.Event] = {}
         self._stopping = anyio.Event()  # take nothing more
@@ -353,6 +363,25 @@ class ShardNode:
     def held(self) -> set[int]:
         """The shards this node is active on now."""
         return set(self._active)
+
+    async def folded(self, shard: int, seq: int) -> None:
+        """Return once this node's answers for ``shard`` show record ``seq``: at once while
+        it holds the shard (its engine replayed the log before answering), else once its
+        copy has folded ``seq`` (or stopped being read: the node took the shard or stops)."""
+        reads = self._reads.get(shard)
+        if shard in self._active or reads is None:
+            return
+        await reads.folded(seq)
+
+    async def caught_up(self, shard: int) -> None:
+        """Return once this node's answers for ``shard`` show the shard's head in the
+        database as of the links' last scan (at once while it holds the shard)."""
+        await self.folded(shard, self.links.head_seen(shard))
+
+    def _holder_of(self, shard: int) -> str | None:
+        """The node holding ``shard``'s unexpired lease, as of the links' last scan."""
+        holder = (self.links.holders or {}).get(shard)
+        return self._owner(holder) if holder else None
 
     def supervisors(self) -> dict[int, Supervisor]:
         """Each active shard's engine supervisor."""
@@ -492,7 +521,13 @@ class ShardNode:
                     self.name,
                 )
                 self._handlers[shard] = reads.handle
-                epoch = await self._standby(lease, reads)
+                self._reads[shard] = reads
+                try:
+                    epoch = await self._standby(lease, reads)
+                finally:
+                    if self._reads.get(shard) is reads:
+                        del self._reads[shard]
+                    reads.end()
                 if epoch is None:
                     return
                 await self._term(shard, scfg, lease, log_store, epoch)

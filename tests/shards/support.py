@@ -158,6 +158,21 @@ class Node:
     def handler(self, shard: int) -> Handler:
         return self.handlers[shard]
 
+    async def folded(self, shard: int, seq: int) -> None:
+        reads = self.standbys.get(shard)
+        if shard in self.engines or reads is None:
+            return
+        # What the lease's follow does on a node (here the copy is the holder's own log):
+        # read what it gained, then the copy's own wait.
+        await reads.refresh()
+        await reads.folded(seq)
+
+    async def caught_up(self, shard: int) -> None:
+        reads = self.standbys.get(shard)
+        if shard in self.engines or reads is None:
+            return
+        await reads.refresh()  # the copy is the holder's own log: read to its head
+
     @property
     def router(self) -> ShardRouter:
         return ShardRouter(self.layout, self, self.relay)

@@ -48,7 +48,7 @@ def test_the_shard_of_an_action_or_a_scoped_id_is_its_operations() -> None:
             raise AssertionError("not asked")
 
     class NoRelay:
-        async def forward(self, shard: int, request: Request) -> Response:
+        async def forward_at(self, shard: int, request: Request) -> tuple[Response, int]:
             raise AssertionError("not asked")
 
     router = ShardRouter(layout, Nowhere(), NoRelay())  # type: ignore[arg-type]
@@ -75,8 +75,8 @@ def test_writes_reach_the_holder_and_reads_and_waits_any_nodes_copy(
                 assert got.status == 201, got.body
             assert set(a.engines[0].ops) == {mine}
             assert set(b.engines[1].ops) == {theirs}
-            # Node a answers a read of b's operation from its copy once it has read it.
-            await _copies_read(a)
+            # Node a answers a read of b's operation from its copy, which has it: a's answer
+            # to the relayed registration waited for that.
             view = await a.router.handle(request("GET", f"/v1/operations/{theirs}"))
             assert (view.status, answer(view)["phase"]) == (200, "live")
             # A wait through a: it ends when a's copy shows the end, not before.
@@ -100,15 +100,67 @@ def test_writes_reach_the_holder_and_reads_and_waits_any_nodes_copy(
                     "withdrawn": True,
                 }
                 assert b.engines[1].ops[theirs].phase == "closed"  # recorded by the holder
+                # a answered the withdrawal once its copy showed it: the wait there has ended.
                 await anyio.wait_all_tasks_blocked()
-                assert not waited  # a's copy does not show it yet
-                await _copies_read(a)
+                assert waited
             ended = answer(waited[0])
             assert (ended["done"], ended["phase"], ended["stop_reason"]) == (
                 True,
                 "closed",
                 "withdrawn_by_owner",
             )
+
+    anyio.run(main)
+
+
+def test_an_agent_reads_its_relayed_write_at_once_through_the_node_it_asked(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """Read your writes: a registration relayed to the holder is answered only once the
+    asking node's copy shows it, so the agent's next read there finds it (not a 404), and
+    so does a wait, which then sees the withdrawal relayed the same way."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    theirs = shard_ids(layout, 1, 3)  # node b holds shard 1; the agent asks node a
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, _):
+            for op in theirs:
+                got = await a.router.handle(request("POST", "/v1/operations", _watch(op)))
+                assert got.status == 201, got.body
+                view = await a.router.handle(request("GET", f"/v1/operations/{op}"))
+                assert (view.status, answer(view)["phase"]) == (200, "live"), view.body
+            gone = await a.router.handle(
+                request("POST", f"/v1/operations/{theirs[0]}/withdrawal", {"note": "done"})
+            )
+            assert gone.status == 200, gone.body
+            view = await a.router.handle(
+                request("GET", f"/v1/operations/{theirs[0]}", query={"wait": "0s"})
+            )
+            assert (view.status, answer(view)["phase"]) == (200, "closed"), view.body
+
+    anyio.run(main)
+
+
+def test_a_read_of_an_operation_the_copy_does_not_know_yet_waits_for_the_copy(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """An operation registered at its holder (another agent, another node's API) and read
+    at once through a node whose copy is behind is found, not a 404; one that does not
+    exist is still a 404."""
+    prepare(tmp_path)
+    layout = catalog(pg_dsn, 2)
+    (theirs,) = shard_ids(layout, 1, 1)  # node b holds shard 1
+    (never,) = shard_ids(layout, 1, 1, prefix="never")
+
+    async def main() -> None:
+        async with two_nodes(tmp_path, pg_dsn, layout) as (a, b):
+            got = await b.router.handle(request("POST", "/v1/operations", _watch(theirs)))
+            assert got.status == 201, got.body
+            view = await a.router.handle(request("GET", f"/v1/operations/{theirs}"))
+            assert (view.status, answer(view)["phase"]) == (200, "live"), view.body
+            missing = await a.router.handle(request("GET", f"/v1/operations/{never}"))
+            assert (missing.status, answer(missing)["error"]) == (404, "not_found")
 
     anyio.run(main)
 
@@ -288,8 +340,14 @@ def test_a_shard_that_cannot_answer_yet_is_named_in_the_nodes_health() -> None:
         def handler(self, shard: int) -> Handler:
             return loading if shard == 2 else ready
 
+        async def folded(self, shard: int, seq: int) -> None:
+            raise AssertionError("not asked")
+
+        async def caught_up(self, shard: int) -> None:
+            raise AssertionError("not asked")
+
     class NoRelay:
-        async def forward(self, shard: int, request: Request) -> Response:
+        async def forward_at(self, shard: int, request: Request) -> tuple[Response, int]:
             raise AssertionError("not asked")
 
     router = ShardRouter(layout, Host(), NoRelay())

@@ -520,3 +520,77 @@ def test_an_agent_registers_and_waits_through_a_node_not_holding_the_shard(
             assert n.daemon is not None
             assert n.daemon.stop(30) == 0, n.daemon.output()
         _verify_every_shard(ws, dsn)
+
+
+def test_a_spool_file_for_a_shard_held_elsewhere_is_rejected_with_the_way_to_send_it(
+    tmp_path: Path, sharded_dsn: str
+) -> None:
+    """A registration dropped in the spool of a node not holding its shard is not lost: it
+    waits two lease lengths for this node to take the shard, then is moved to
+    spool/rejected with a receipt that says how to send it (the API relays it); one for a
+    held shard is registered as before. ``bide watch`` with no daemon answering on a
+    sharded node says what will happen to the file."""
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a, b = (node_config(ws, name, dsn, lease=LEASE) for name in ("a", "b"))
+        start(ws, a)
+        start(ws, b)
+        until(lambda: _loads(dsn) == {"a": 2, "b": 2}, 30, "a and b to hold two shards each")
+        until(lambda: len(_taken_since(a, 0)) + len(_taken_since(b, 0)) >= 4, 20, "shards up")
+        layout = _layout(dsn)
+        holders = _holders(dsn)
+        elsewhere = next(
+            f"op-{i}" for i in range(100) if holders[layout.shard_of(f"op-{i}")] == "b"
+        )
+        here = next(f"op-{i}" for i in range(100) if holders[layout.shard_of(f"op-{i}")] == "a")
+        spool = Spool(a.state / "spool")
+        dropped = time.monotonic()
+        lost = drop_registration(ws, elsewhere, "job-0", spool=spool, max_status_requests=60)
+        kept = drop_registration(ws, here, "job-1", spool=spool, max_status_requests=60)
+
+        until(lambda: spool.read_receipt(lost) is not None, 20, "the file held elsewhere answered")
+        waited = time.monotonic() - dropped
+        receipt = spool.read_receipt(lost)
+        assert receipt is not None
+        assert receipt.status == "rejected", receipt
+        assert waited >= 2 * LEASE.seconds - 0.5, waited  # it waited for the shard first
+        reason = receipt.reason or ""
+        shard = layout.shard_of(elsewhere)
+        assert f"shard {shard}, held by node b" in reason, reason
+        assert "bide watch" in reason, reason
+        assert "relays the request" in reason, reason
+        assert (spool.rejected / f"{lost}.json").exists()
+        kept_reason = (spool.rejected / f"{lost}.json.reason").read_text()
+        assert kept_reason.strip() == reason
+        assert (_phase(a, elsewhere), _phase(b, elsewhere)) == ("", "")  # nothing recorded
+        got = spool.read_receipt(kept)
+        assert got is not None
+        assert (got.status, got.operation_id) == ("registered", here)
+
+        # Through the API of the same node the same registration is relayed and recorded.
+        with _api(a) as api:
+            body = {"operation_id": elsewhere, "provider": "sim", "job_id": "job-0"}
+            answer = api.post("/v1/operations", json=body)
+        assert answer.status_code == 201, answer.text
+        assert _phase(a, elsewhere) == "live"
+
+        for n in (a, b):
+            assert n.daemon is not None
+            assert n.daemon.stop(30) == 0, n.daemon.output()
+        # No daemon answers: bide watch drops the file and says what a sharded node does.
+        out = subprocess.run(
+            [
+                *BIDE,
+                *("watch", "--provider", "sim", "--job", "job-2", "--operation", "later"),
+                *("--wait-seconds", "0.5", "--config", str(a.config)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ws.root,
+        )
+        assert out.returncode == 75, out.stdout + out.stderr
+        said = out.stdout + out.stderr
+        assert "sharded log" in said, said
+        assert "spool/rejected" in said, said
+        assert "run this command again" in said, said
