@@ -126,6 +126,15 @@ class RateQuota:
         wait = tat - self._tolerance - now
         return wait if wait > 1e-9 else 0.0  # float noise in (B - 1) * interval is no wait
 
+    def seed(self, sent: list[float]) -> None:
+        """Count requests sent before this quota existed (monotonic times, by the previous
+        process or node), so a restart or a takeover does not open a fresh burst on top of
+        what the provider saw in the last window."""
+        tat = self._tat
+        for at in sorted(sent):
+            tat = max(tat, at) + self.interval
+        self._tat = max(self._tat, tat)
+
     def release(self) -> None:
         """Give back a slot that was reserved but not used (the poll was not sent)."""
         self._tat = max(self._monotonic(), self._tat - self.interval)

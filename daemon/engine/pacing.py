@@ -154,6 +154,14 @@ class Pacing:
         self.turns[provider] = Slots(max_in_flight)
         self.generations[provider] = self.generations.get(provider, 0) + 1
 
+    def seed(self, provider: str, sent: list[float]) -> None:
+        """Requests to ``provider`` sent before this process took over (monotonic times):
+        counted in its quota, so the window the provider sees holds across a restart or a
+        takeover (:meth:`daemon.timers.RateQuota.seed`)."""
+        for quota in (self.quotas.get(provider), self.pacers.get(provider)):
+            if quota is not None:
+                quota.seed(sent)
+
     def set_limits(self, provider: str, limits: Limits) -> None:
         """Change a configured provider's limits while running (see the module's rules).
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -41,6 +42,9 @@ from replay.state import Operation
 #: A request is not sent this close to its deadline: it could arrive after it.
 SEND_MARGIN = MIN_TIMEOUT
 MAX_POLLS = 1024  # poll tasks alive at once; more due operations wait their turn
+#: How far back a start counts the log's requests in the quotas: the widest window a provider's
+#: quota is judged over (bide_alerts and the tests check 1 s and 2 s windows).
+QUOTA_SEED_SECONDS = 2.0
 
 
 class Poller:
@@ -130,6 +134,20 @@ class Poller:
         return Path(creds) if creds else None
 
     # -- timers --------------------------------------------------------------------------------
+
+    def seed_quotas(self, ops: Iterable[Operation], now: float) -> None:
+        """Count the requests the log shows were answered in the last seconds (by the
+        process or node before this one) in each provider's quota: a restart or a takeover
+        starts with that much of the window spent, not with a fresh burst. The answer's time
+        stands for the request's (a little later: the safe side)."""
+        monotonic = self.pacing.monotonic()
+        recent: dict[str, list[float]] = {}
+        for op in ops:
+            for at in (op.last_http_at, op.last_transport_failure_at):
+                if at is not None and 0.0 <= now - at < QUOTA_SEED_SECONDS:
+                    recent.setdefault(op.provider, []).append(monotonic - (now - at))
+        for provider, sent in recent.items():
+            self.pacing.seed(provider, sent)
 
     def schedule(self, op_id: str) -> None:
         """Arm the operation's one timer: at the end of the wait its last ``PollScheduled``

@@ -363,6 +363,7 @@ class Supervisor:
                 seconds=f"{time.monotonic() - started:.3f}",
                 log_sync=log.sync_mode,
             )
+            poller.seed_quotas(self.ops.values(), self.clock())
             async with anyio.create_task_group() as polls:
                 self.polls = poller.polls = polls
                 chain.spawn = self.spawn_task

@@ -63,3 +63,43 @@ def test_a_slot_given_back_is_reused() -> None:
     assert quota.reserve() > 0.9
     quota.release()
     assert 0.9 < quota.reserve() < 1.1  # the released slot, not one further out
+
+
+@given(
+    rate=st.sampled_from([1.0, 3.0, 8.0, 50.0]),
+    burst=st.integers(1, 10),
+    before=st.lists(st.floats(0.0, 0.5), min_size=1, max_size=30),
+    after=st.lists(st.floats(0.0, 0.5), min_size=1, max_size=30),
+    pause=st.floats(0.0, 1.5),
+)
+def test_a_new_quota_seeded_with_what_the_last_one_sent_keeps_every_window(
+    rate: float, burst: int, before: list[float], after: list[float], pause: float
+) -> None:
+    """A restart or a takeover: the new process's quota counts the requests the log shows in
+    the last seconds, so the provider's windows hold across the change of hands."""
+    clock = Clock()
+    old = RateQuota(rate, burst, monotonic=clock)
+    sent = []
+    for gap in before:
+        clock.now += gap
+        sent.append(clock.now + old.reserve())
+    clock.now = max(clock.now, max(sent)) + pause
+    new = RateQuota(rate, burst, monotonic=clock)
+    new.seed([t for t in sent if clock.now - t < 2.0])
+    for gap in after:
+        clock.now += gap
+        sent.append(clock.now + new.reserve())
+    times = sorted(sent)
+    for length in (1.0, 2.0):
+        assert most_in(times, length) <= burst - 1 + math.ceil(rate * length)
+
+
+def test_a_fresh_quota_without_the_seed_opens_a_second_burst() -> None:
+    """What the seed prevents: the old process's burst and the new one's in one window."""
+    clock = Clock()
+    old = RateQuota(8.0, 5, monotonic=clock)
+    sent = [clock.now + old.reserve() for _ in range(12)]
+    clock.now = max(sent) + 0.01
+    fresh = RateQuota(8.0, 5, monotonic=clock)
+    sent += [clock.now + fresh.reserve() for _ in range(5)]
+    assert most_in(sorted(sent), 1.0) > 4 + 8
