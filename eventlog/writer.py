@@ -300,26 +300,34 @@ class LogWriter:
                 if self._failed is None:
                     await self._enqueue_checkpoint(final=True)
         finally:
-            self._closing = True
-            assert self._tg is not None
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            await self._drained()
-            with self._cv:
-                self._stopping = True
-                self._cv.notify()
-            if self._thread is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._thread.join)
-            if self._ring is not None:
-                assert self._loop is not None
-                self._loop.remove_reader(self._ring.fileno())
-                self._ring.close()
-                self._ring = None
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-            self._lock.release()
+            # A close in a cancelled scope (a fenced term) takes the cancellation at the group's
+            # exit when a round was still in flight in it (the group waits for its tasks, then
+            # raises it): the rest must run anyway, or the thread, the file and the lock stay
+            # held by this process (its next writer on the log refused as "locked by" itself).
+            try:
+                self._closing = True
+                assert self._tg is not None
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+            finally:
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self._drained()
+                        with self._cv:
+                            self._stopping = True
+                            self._cv.notify()
+                        if self._thread is not None:
+                            await anyio.to_thread.run_sync(self._thread.join)
+                finally:
+                    if self._ring is not None:
+                        assert self._loop is not None
+                        self._loop.remove_reader(self._ring.fileno())
+                        self._ring.close()
+                        self._ring = None
+                    if self._fd >= 0:
+                        os.close(self._fd)
+                        self._fd = -1
+                    self._lock.release()
         return None
 
     @property

@@ -7,7 +7,9 @@ stop counting it in the fair share (:mod:`daemon.shards.assign`). Its shards are
 own until their leases run out: liveness moves the shares, only the leases move shards.
 
 A graceful stop marks the row ``leaving`` (the others stop counting it at once and take its
-shards as it hands them over), then deletes it once every shard is released.
+shards as it hands them over), then deletes it once every shard is released. A crashed node's
+row is never deleted by that node: every node, at its heartbeat, deletes the rows expired for
+more than :data:`PRUNE_AFTER` seconds, at most :data:`PRUNE_BATCH` at a time.
 
 The statements run on one connection of their own, in a worker thread, never on the log
 writer's or the lease's: a slow catalog must not delay an append or a renewal.
@@ -29,6 +31,12 @@ if TYPE_CHECKING:
 
     from eventlog.pgstore import PgSettings
     from eventlog.shards import Layout
+
+
+#: How long a node's row is kept once its heartbeat has expired (a node crashed, or renamed).
+PRUNE_AFTER = 86_400.0
+#: The most rows one heartbeat deletes (the rest go at the next ones).
+PRUNE_BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,26 @@ class Membership:
                 await self.beat(held())
             except StoreError as exc:
                 logfmt.warn("node heartbeat failed; retrying", error=exc)
+            else:
+                try:
+                    pruned = await self.prune()
+                except StoreError as exc:
+                    logfmt.warn("could not prune the rows of long-gone nodes", error=exc)
+                else:
+                    if pruned:
+                        logfmt.info("rows of long-gone nodes pruned", rows=pruned)
             await anyio.sleep(self.renew_seconds)
+
+    async def prune(self) -> int:
+        """Delete up to :data:`PRUNE_BATCH` rows of nodes whose heartbeat expired more than
+        :data:`PRUNE_AFTER` seconds ago (by the database's clock), oldest first; how many."""
+        rows = await self._run(
+            "DELETE FROM bide_nodes WHERE node IN (SELECT node FROM bide_nodes "
+            "WHERE expires_at < now() - make_interval(secs => %s) "
+            "ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING node",
+            (PRUNE_AFTER, PRUNE_BATCH),
+        )
+        return len(rows)
 
     async def leave(self) -> None:
         """Delete this node's row (after its shards are released)."""

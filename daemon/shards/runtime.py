@@ -219,6 +219,13 @@ class _FirstPoll:
         pass
 
 
+def _described(exc: BaseException) -> str:
+    """An error for the log: each error an exception group holds, by type and message."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_described(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def _yes() -> bool:
     return True
 
@@ -530,7 +537,19 @@ class ShardNode:
                     reads.end()
                 if epoch is None:
                     return
-                await self._term(shard, scfg, lease, log_store, epoch)
+                try:
+                    await self._term(shard, scfg, lease, log_store, epoch)
+                except Exception as exc:  # the barrier: one shard's failure never ends the node
+                    # Requests may still be at the provider: the lease runs out, not handed over.
+                    lease.valid_until = float("-inf")
+                    logfmt.error(
+                        "shard term failed; back to standby for this shard (its lease runs out)",
+                        shard=shard,
+                        epoch=epoch,
+                        node=self.name,
+                        error=_described(exc),
+                    )
+                    await anyio.sleep(pg.standby_poll_seconds)
         finally:
             self._handlers.pop(shard, None)
             with anyio.CancelScope(shield=True):

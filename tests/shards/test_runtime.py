@@ -594,3 +594,58 @@ def test_a_spool_file_for_a_shard_held_elsewhere_is_rejected_with_the_way_to_sen
         assert "sharded log" in said, said
         assert "spool/rejected" in said, said
         assert "run this command again" in said, said
+
+
+def test_a_shard_whose_term_fails_does_not_end_the_node(tmp_path: Path, sharded_dsn: str) -> None:
+    """The barrier: one shard's term failing on something else than fencing (here its local
+    log locked by another process, as a fenced term's writer left it before the writer's close
+    was fixed) is logged, that shard goes back to standby, and the node carries on with the
+    others; once the cause is gone the shard is taken like any other."""
+    dsn = sharded_dsn
+    with workspace(tmp_path, JOBS) as ws:
+        a = node_config(ws, "a", dsn, lease=LEASE)
+        log = a.state / "shards" / "001" / "log"
+        log.mkdir(mode=0o700, parents=True)
+        holder = subprocess.Popen(
+            [
+                "python3",
+                "-c",
+                "import fcntl, os, sys\n"
+                f"fd = os.open({str(log / 'LOCK')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "print('held', flush=True)\n"
+                "sys.stdin.read()\n",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "held"
+            start(ws, a)
+            until(lambda: "shard term failed" in _output(a), 30, "shard 1's term to fail")
+            assert "shard=1 " in next(
+                line for line in _output(a).splitlines() if "shard term failed" in line
+            )
+            assert "LockedError" in _output(a)
+            until(
+                lambda: {k for k, who in _holders(dsn).items() if who == "a"} >= {0, 2, 3},
+                30,
+                "a to hold the other shards",
+            )
+            assert a.daemon is not None
+            assert a.daemon.proc.poll() is None, a.daemon.output()
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(10)
+            assert holder.stdout is not None
+            holder.stdout.close()
+        # The lock gone: shard 1 is taken once the failed term's lease has run out.
+        until(lambda: ("shard taken", 1) in {m[:2] for m in _moves(a)}, 30, "a to take shard 1 too")
+        assert _loads(dsn) == {"a": SHARDS}
+        op = "op-barrier"
+        _register([a], op, "job-0")
+        assert a.daemon.stop(30) == 0, a.daemon.output()
+        assert _holders(dsn) == {}
