@@ -107,6 +107,14 @@ def require_enrolled(cfg: Config) -> None:
         ) from None
 
 
+def check_profiles_fit(cfg: Config) -> None:
+    """Before anything connects: every profile's requests fit in the configured lease (the
+    longest a request may take is :attr:`daemon.lease.Lease.longest_request`'s figure)."""
+    pg = cfg.postgres
+    assert pg is not None
+    _check_profiles_fit(cfg, pg.lease_seconds - pg.renew_seconds - pg.request_margin_seconds)
+
+
 def _check_profiles_fit(cfg: Config, longest: float) -> None:
     """Refuse to start where a profile's requests could never be sent under the lease (the
     supervisor also refuses such a profile on a reload, keeping the last good one)."""

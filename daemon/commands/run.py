@@ -178,12 +178,13 @@ def run(args: argparse.Namespace) -> int:
         logfmt.warn(unreachable)
     if cfg.postgres is not None:
         # psycopg only where the log is in PostgreSQL
-        from daemon.node import run_node
+        from daemon.node import check_profiles_fit, run_node
         from daemon.pgconfig import config_settings
         from eventlog.shards import layout_of
 
         settings = config_settings(cfg)
         assert settings is not None
+        check_profiles_fit(cfg)  # a profile that could never be sent is named before connecting
         layout = layout_of(settings)
         if layout.sharded:
             from daemon.shards.runtime import run_shard_node
