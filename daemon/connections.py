@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar, Token
 from typing import Any
 
+import anyio.lowlevel
 import httpcore
 import httpx
 
@@ -136,8 +137,28 @@ class _Stream(httpcore.AsyncNetworkStream):
         return await self._inner.read(max_bytes, timeout)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        _may_write()  # the last look before the request's first byte (gated)
+        gate = _GATE.get()
+        if gate is None or gate.passed:
+            await self._inner.write(buffer, timeout)
+            return
+        # anyio's send yields to the event loop before the bytes go; on a busy loop that is
+        # long enough for a pause (SIGSTOP, a frozen VM) to land between the check and the
+        # bytes, which then leave on resume under a lease that ran out meanwhile. So: yield
+        # first, then check and hand the bytes to the transport with no await between.
+        await anyio.lowlevel.checkpoint()
+        transport = self._plain_transport()
+        _may_write()  # the last look before the request's first byte
+        if transport is not None and not transport.is_closing():
+            transport.write(buffer)  # asyncio sends at once when nothing is queued before it
+            return
         await self._inner.write(buffer, timeout)
+
+    def _plain_transport(self) -> asyncio.WriteTransport | None:
+        """The asyncio transport under a plain TCP stream (None under TLS or another
+        backend: there the check stays before anyio's send, a yield earlier)."""
+        stream = getattr(self._inner, "_stream", None)
+        transport = getattr(stream, "_transport", None)
+        return transport if isinstance(transport, asyncio.WriteTransport) else None
 
     async def aclose(self) -> None:
         self._forget_fd()
