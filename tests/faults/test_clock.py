@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.events import OperationStopped, StatusRequestIntended
+from replay.events import OperationStopped, PollScheduled, StatusRequestIntended
 from tests.e2e.harness import STATES, Workspace, until, workspace
 
 LIBFAKETIME = next(
@@ -85,6 +85,13 @@ def _stops(ws: Workspace) -> dict[str, OperationStopped]:
     return {e.operation_id: e for _, e in ws.log().events if isinstance(e, OperationStopped)}
 
 
+def _waiting(ws: Workspace, op: str) -> bool:
+    """Whether ``op`` is between polls: its last event schedules the next one (no request of
+    its is in flight, so the next one is decided against a wait that spans a jump made now)."""
+    mine = [e for _, e in ws.log().events if e.operation_id == op]
+    return bool(mine) and isinstance(mine[-1], PollScheduled)
+
+
 def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
     jobs: dict[str, str | list[object]] = dict.fromkeys([*SHORT, LONG[0]], "running")
     with workspace(tmp_path, jobs) as ws:
@@ -134,6 +141,9 @@ def test_wall_clock_jumps_forward_and_back(tmp_path: Path) -> None:
 
         # Backward one hour (from +2h to +1h): never a burst, and no wait stretched by the
         # hour either: the wait between two polls is an interval (issue 14).
+        # The jump lands while the operation waits (waits are 0.5-1.0 s, a poll a few ms): a
+        # jump during a request would leave no wait for the timer to measure across it.
+        until(lambda: _waiting(ws, LONG[1]), timeout=10, what="the long operation between polls")
         long_before = _requests(ws, LONG[0])
         _jump(offset_file, "+1h")
         time.sleep(window)
