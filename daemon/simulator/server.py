@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 import http
 import ipaddress
-import socket
-import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -36,12 +34,13 @@ import anyio
 import anyio.abc
 import h11
 import msgspec
-from anyio.abc import SocketAttribute
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from daemon.simulator import stamped
 from daemon.simulator.provider import Provider, Reply, Request
 from daemon.simulator.requestlog import RequestLog, RequestRecord
 from daemon.simulator.script import Job, Script, Step
+from daemon.simulator.stamped import StampedStream
 
 __all__ = ["Limits", "Simulator", "SimulatorHandle", "is_loopback", "run_in_thread"]
 
@@ -80,12 +79,6 @@ def is_loopback(host: str) -> bool:
 
 def _origin(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _reset(stream: anyio.abc.SocketStream) -> None:
-    # SO_LINGER on with a zero timeout: close() discards unsent data and sends RST.
-    sock = stream.extra(SocketAttribute.raw_socket)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @dataclass
@@ -196,20 +189,16 @@ class Simulator:
         """
         self.log.open()
         try:
-            listener = await anyio.create_tcp_listener(
-                local_host=self._host, local_port=self._port, reuse_port=False
-            )
-            async with listener:
-                bound = listener.extra(SocketAttribute.local_address)
-                assert not isinstance(bound, str), "a TCP listener has an IP address"
-                self._address = (bound[0], bound[1])
-                self.provider.base_url = self.base_url
-                task_status.started(self._address)
-                await listener.serve(self._connection)
+            listener = stamped.listen(self._host, self._port)
+            bound = listener.getsockname()
+            self._address = (str(bound[0]), int(bound[1]))
+            self.provider.base_url = self.base_url
+            task_status.started(self._address)
+            await stamped.serve(listener, self._connection)
         finally:
             self.log.close()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _connection(self, stream: StampedStream) -> None:
         if self._connections >= self._limits.max_connections:
             await stream.aclose()
             return
@@ -228,7 +217,7 @@ class Simulator:
             self._connections -= 1
             await stream.aclose()
 
-    async def _converse(self, stream: anyio.abc.SocketStream) -> None:
+    async def _converse(self, stream: StampedStream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         while True:
             try:
@@ -258,7 +247,7 @@ class Simulator:
                 return
             conn.start_next_cycle()
 
-    async def _read(self, conn: h11.Connection, stream: anyio.abc.SocketStream) -> _Incoming | None:
+    async def _read(self, conn: h11.Connection, stream: StampedStream) -> _Incoming | None:
         incoming: _Incoming | None = None
         body = bytearray()
         with anyio.move_on_after(self._limits.read_timeout):
@@ -280,8 +269,7 @@ class Simulator:
                                 for k, v in event.headers.raw_items()
                             ),
                         ),
-                        wall=self._clock(),
-                        monotonic=time.monotonic(),
+                        *self._arrival(stream),
                     )
                     # h11 bounds only a head still arriving; one that came whole is checked here.
                     size = len(event.target) + sum(
@@ -307,9 +295,16 @@ class Simulator:
                     return None
         return None  # read timeout
 
-    async def _refuse(
-        self, conn: h11.Connection, stream: anyio.abc.SocketStream, status: int
-    ) -> None:
+    def _arrival(self, stream: StampedStream) -> tuple[float, float]:
+        """When the request's head reached this host: the kernel's stamp of the bytes that
+        completed it (:mod:`daemon.simulator.stamped`), unless a test set the clock."""
+        wall, monotonic = self._clock(), time.monotonic()
+        if stream.arrived is not None and self._clock is time.time:
+            waited = max(0.0, wall - stream.arrived)
+            return wall - waited, monotonic - waited
+        return wall, monotonic
+
+    async def _refuse(self, conn: h11.Connection, stream: StampedStream, status: int) -> None:
         """Answer a request h11 could not parse (400, or 431 for oversized headers), and log it."""
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
@@ -320,14 +315,14 @@ class Simulator:
             await self._send(conn, stream, reply, head=False)
 
     async def _send(
-        self, conn: h11.Connection, stream: anyio.abc.SocketStream, reply: Reply, *, head: bool
+        self, conn: h11.Connection, stream: StampedStream, reply: Reply, *, head: bool
     ) -> bool:
         """Carry out a reply; returns False if the connection was reset or closed."""
         if reply.delay > 0:
             await anyio.sleep(reply.delay)
         if reply.fault is not None:
             if reply.fault == "reset":
-                _reset(stream)
+                stream.reset_on_close()
             await stream.aclose()
             return False
         headers = list(reply.headers)
@@ -350,7 +345,7 @@ class Simulator:
         return True
 
 
-async def _drain(stream: anyio.abc.SocketStream) -> None:
+async def _drain(stream: StampedStream) -> None:
     """Read and drop what the client is still sending, briefly, so closing does not RST it.
 
     Closing a socket with unread data sends RST, which can destroy the response before the

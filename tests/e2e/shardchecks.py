@@ -29,6 +29,7 @@ as for many:
 from __future__ import annotations
 
 import bisect
+import collections
 import json
 import math
 import subprocess
@@ -172,29 +173,47 @@ def attribute(shards: Sequence[ShardLog], requests: Iterable[RequestRecord]) -> 
     return out
 
 
-def most_in_window(arrivals: Sequence[float], length: float) -> int:
-    """The most arrivals in any half-open window ``[t, t + length)`` that starts at one."""
+def busiest_window(arrivals: Sequence[float], length: float) -> tuple[int, float]:
+    """The most arrivals in any half-open window ``[t, t + length)`` that starts at one, and
+    that window's start (0.0 without arrivals)."""
     ordered = sorted(arrivals)
-    most, end = 0, 0
+    most, at, end = 0, 0.0, 0
     for start, t in enumerate(ordered):
         end = max(end, start)
         while end < len(ordered) and ordered[end] < t + length:
             end += 1
-        most = max(most, end - start)
-    return most
+        if end - start > most:
+            most, at = end - start, t
+    return most, at
+
+
+def most_in_window(arrivals: Sequence[float], length: float) -> int:
+    """The most arrivals in any half-open window ``[t, t + length)`` that starts at one."""
+    return busiest_window(arrivals, length)[0]
 
 
 def check_quota(
-    arrivals: Sequence[float], rate: float, burst: int, lengths: Sequence[float] = (1.0,)
+    arrivals: Sequence[float],
+    rate: float,
+    burst: int,
+    lengths: Sequence[float] = (1.0,),
+    senders: Sequence[str] = (),
 ) -> dict[float, int]:
-    """The quota across every node, at the provider; the most seen in a window per length."""
+    """The quota across every node, at the provider; the most seen in a window per length.
+    ``senders`` (one per arrival, if given) name who sent what in a window over the quota."""
     seen: dict[float, int] = {}
     for length in lengths:
         allowed = burst - 1 + math.ceil(rate * length)
-        seen[length] = most_in_window(arrivals, length)
-        assert seen[length] <= allowed, (
+        seen[length], at = busiest_window(arrivals, length)
+        if seen[length] <= allowed:
+            continue
+        inside = collections.Counter(
+            who for t, who in zip(arrivals, senders, strict=True) if at <= t < at + length
+        )
+        raise AssertionError(
             f"{seen[length]} requests at the provider within {length:g} s "
-            f"(quota {rate:g}/s, burst {burst}: at most {allowed})"
+            f"(quota {rate:g}/s, burst {burst}: at most {allowed}), from {at:.3f}; by sender: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(inside.items())) or "not known")
         )
     return seen
 

@@ -93,9 +93,15 @@ def _all_checks(
     ws: Workspace, dsn: str, name: str, ops: list[str], rate: float, burst: int
 ) -> tuple[list[ShardLog], list[Attributed], dict[str, int]]:
     received = ws.sim.requests(kind="status")
-    check_quota([r.wall for r in received], rate, burst, (1.0, 2.0))
     shards = read_shards(ws.root, dsn, name)
     polled = attribute(shards, received)
+    check_quota(
+        [a.record.wall for a in polled],
+        rate,
+        burst,
+        (1.0, 2.0),
+        [a.node for a in polled],
+    )
     assert check_intents(shards, received) == len(ops)
     per_node = check_fencing(shards, polled)
     check_ended(shards, ops)

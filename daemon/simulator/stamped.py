@@ -1,0 +1,138 @@
+"""The simulator's sockets, each received chunk stamped by the kernel as it arrived.
+
+The simulator is the provider's witness: a request's ``wall`` is when its head reached the
+provider's host, and the tests judge quotas and lease terms by it. Stamped when the
+simulator's own code got round to it, that time would include the simulator's scheduling:
+in a test process whose other threads hold the GIL, on a machine whose cores are all busy,
+tens to hundreds of milliseconds; enough to move a request sent inside a quota window or a
+lease term out of it. The kernel stamps each segment as it lands (``SO_TIMESTAMPNS``) and
+``recvmsg`` hands the stamp over with the bytes; this module reads sockets that way.
+
+Where the kernel gives no stamp (not Linux), :attr:`StampedStream.arrived` stays None and
+the simulator reads its clock as it parses, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import struct
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+#: ``SO_TIMESTAMPNS`` (``SO_TIMESTAMPNS_OLD``: a native ``struct timespec``), which Python's
+#: socket module does not name; the value of the architectures CPython runs on under Linux.
+_SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+#: Accepting failed for want of descriptors or memory: wait this long and try again.
+_ACCEPT_BACKOFF = 0.1
+
+
+class StampedStream:
+    """A connected TCP socket read with ``recvmsg``; ``arrived`` is the kernel's wall-clock
+    time of the last chunk :meth:`receive` returned (None without one)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._stamped = False
+        if _SO_TIMESTAMPNS is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self._stamped = True
+            except OSError:
+                pass
+        self.sock = sock
+        self.arrived: float | None = None
+
+    async def receive(self, max_bytes: int) -> bytes:
+        """The next bytes (at most ``max_bytes``); :class:`anyio.EndOfStream` at the end."""
+        room = _ANCILLARY if self._stamped else 0
+        while True:
+            try:
+                data, ancillary, _flags, _address = self.sock.recvmsg(max_bytes, room)
+            except (BlockingIOError, InterruptedError):
+                await _wait(anyio.wait_readable, self.sock)
+                continue
+            except ConnectionError:
+                raise
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            if not data:
+                raise anyio.EndOfStream
+            for level, kind, raw in ancillary:
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                    seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
+                    self.arrived = seconds + nanoseconds / 1e9
+            return data
+
+    async def send(self, data: bytes) -> None:
+        """All of ``data``, waiting while the peer's window is full."""
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self.sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                await _wait(anyio.wait_writable, self.sock)
+                continue
+            except ConnectionError:
+                raise
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            view = view[sent:]
+
+    def reset_on_close(self) -> None:
+        """``SO_LINGER`` on with a zero timeout: closing discards unsent data and sends RST."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async def aclose(self) -> None:
+        self.sock.close()
+        await anyio.lowlevel.checkpoint()
+
+
+async def _wait(wait: Callable[[socket.socket], Awaitable[None]], sock: socket.socket) -> None:
+    if sock.fileno() < 0:
+        raise anyio.ClosedResourceError
+    await wait(sock)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP listening socket on ``host`` (an address or ``localhost``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=128)
+    listener.setblocking(False)
+    if _SO_TIMESTAMPNS is not None:
+        # Turns the kernel's stamping on before the first connection, whose bytes may land
+        # before it is accepted; accepted sockets inherit the option.
+        with contextlib.suppress(OSError):
+            listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    return listener
+
+
+async def serve(
+    listener: socket.socket, handler: Callable[[StampedStream], Coroutine[Any, Any, None]]
+) -> None:
+    """Accept on ``listener`` until cancelled, each connection handled in its own task; the
+    listener is closed on the way out."""
+    try:
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.wait_readable(listener)
+                try:
+                    sock, _peer = listener.accept()
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        raise
+                    await anyio.sleep(_ACCEPT_BACKOFF)
+                    continue
+                tg.start_soon(handler, StampedStream(sock))
+    finally:
+        listener.close()
