@@ -3,7 +3,8 @@
 
 Each shard: its lease (holder, epoch, seconds left), its head and its record count (the head
 plus one: records are numbered from 0 and ``bide_append`` admits no gap). Each node: its
-heartbeat row in ``bide_nodes`` (live while ``expires_at`` is ahead), whether it is leaving,
+heartbeat row in ``bide_nodes`` (live while ``expires_at`` is ahead), whether it is joining
+(its copies still catching up) or leaving,
 how many shards it says it holds; and which shards a live lease names it the holder of.
 
 A lease's holder is ``NODE/PID/TOKEN`` (:class:`daemon.lease.Lease`: unique per process); a
@@ -79,6 +80,7 @@ class NodeRow:
     remaining: float  # seconds until the heartbeat expires (negative: expired)
     leaving: bool
     held_reported: int  # what the node last wrote in bide_nodes.held
+    joining: bool = False  # its copies still catching up: not counted in the fair share yet
 
     @property
     def live(self) -> bool:
@@ -89,6 +91,7 @@ class NodeRow:
             "node": self.node,
             "live": self.live,
             "heartbeat_remaining_seconds": round(self.remaining, 3),
+            "joining": self.joining,
             "leaving": self.leaving,
             "held_reported": self.held_reported,
             "holding": holding,
@@ -158,8 +161,10 @@ def _node_rows(conn: psycopg.Connection[Any]) -> list[NodeRow]:
         cur.execute(
             "SELECT node, to_char(started_at AT TIME ZONE 'UTC', "
             '\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\'), '
-            "EXTRACT(EPOCH FROM (expires_at - now()))::float8, leaving, held "
+            "EXTRACT(EPOCH FROM (expires_at - now()))::float8, leaving, held, joining "
             "FROM bide_nodes ORDER BY node"
         )
         found = cur.fetchall()
-    return [NodeRow(str(n), str(s), float(r), bool(lv), int(h)) for n, s, r, lv, h in found]
+    return [
+        NodeRow(str(n), str(s), float(r), bool(lv), int(h), bool(j)) for n, s, r, lv, h, j in found
+    ]

@@ -57,6 +57,9 @@ CREATE TABLE IF NOT EXISTS bide_nodes (
     leaving boolean NOT NULL DEFAULT false,
     held integer NOT NULL DEFAULT 0
 );
+-- Joining: the node's copies of the shards are still catching up with the database; nobody
+-- counts it in the fair share yet (daemon/shards/membership.py).
+ALTER TABLE bide_nodes ADD COLUMN IF NOT EXISTS joining boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS bide_intake (
     id bigserial PRIMARY KEY,
     shard integer NOT NULL CHECK (shard >= 0),

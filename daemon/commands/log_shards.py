@@ -16,9 +16,10 @@ EPILOG = """\
 Each shard: the node whose live lease holds it (the holder is NODE/PID/TOKEN, one per
 process), the lease's epoch, the seconds the lease has left by the database's clock, the
 sequence number of its last record and how many records it holds. Then each node in
-bide_nodes: live while its heartbeat has not expired, leaving while it hands its shards over,
-the count it reports, and the shards a live lease names it the holder of. A log made before
-shards is one shard, its own schema, with no nodes table.
+bide_nodes: live while its heartbeat has not expired; its state: joining while its copies of
+the shards catch up (nobody hands it a shard yet), counted (in the fair share), or leaving
+while it hands its shards over; the count it reports, and the shards a live lease names it
+the holder of. A log made before shards is one shard, its own schema, with no nodes table.
 
 examples:
   bide log shards --dsn postgresql://audit@db.example/bide
@@ -99,14 +100,14 @@ def view_lines(view: ShardView) -> list[str]:
             lines.append("nodes: none has registered (no node runs, or none has started yet)")
         else:
             lines.append("nodes:")
-            table = [("node", "heartbeat", "leaving", "reports", "holding")]
+            table = [("node", "heartbeat", "state", "reports", "holding")]
             for n in view.nodes:
                 holding = view.holding(n.node)
                 table.append(
                     (
                         n.node,
                         node_text(n),
-                        "leaving" if n.leaving else "-",
+                        "leaving" if n.leaving else "joining" if n.joining else "counted",
                         f"{n.held_reported} held",
                         _shard_list(holding),
                     )

@@ -31,6 +31,7 @@ def run_sharded_node(cfg: Config, settings: PgSettings, args: argparse.Namespace
                     "node": name,
                     "registered": row is not None,
                     "live": row is not None and row.live,
+                    "joining": row is not None and row.joining,
                     "leaving": row is not None and row.leaving,
                     "heartbeat_remaining_seconds": round(row.remaining, 3) if row else None,
                     "held": held,
@@ -43,7 +44,9 @@ def run_sharded_node(cfg: Config, settings: PgSettings, args: argparse.Namespace
     if row is None:
         beat = "not in bide_nodes (not running, or not started yet)"
     elif row.live:
-        beat = f"live (heartbeat {row.remaining:.1f}s left)" + (", leaving" if row.leaving else "")
+        state = ", leaving" if row.leaving else ""
+        state = ", joining (copying the shards)" if row.joining else state
+        beat = f"live (heartbeat {row.remaining:.1f}s left){state}"
     else:
         beat = f"heartbeat expired {-row.remaining:.1f}s ago"
     shown = ", ".join(str(k) for k in held) if held else "none"

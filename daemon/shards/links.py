@@ -151,6 +151,11 @@ class NodeLinks:
                 await self._events[shard].wait()
         return self.generation[shard]
 
+    def wake_all(self) -> None:
+        """Wake every shard's standby (the node's place in the plan changed)."""
+        for k in range(len(self._events)):
+            self._wake(k)
+
     def _wake(self, shard: int) -> None:
         self.generation[shard] += 1
         event, self._events[shard] = self._events[shard], anyio.Event()

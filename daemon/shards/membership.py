@@ -6,7 +6,10 @@ is written every ``renew_seconds``; a node whose row has expired is not live, an
 stop counting it in the fair share (:mod:`daemon.shards.assign`). Its shards are still its
 own until their leases run out: liveness moves the shares, only the leases move shards.
 
-A graceful stop marks the row ``leaving`` (the others stop counting it at once and take its
+A node starting marks its row ``joining`` until its copies of the shards have caught up
+with the database (or no other node is counted): nobody counts it meanwhile, so no shard is
+handed to a node that would first have to copy the shard's log, and the row still claims its
+name. A graceful stop marks the row ``leaving`` (the others stop counting it at once and take its
 shards as it hands them over), then deletes it once every shard is released. A crashed node's
 row is never deleted by that node: every node, at its heartbeat, deletes the rows expired for
 more than :data:`PRUNE_AFTER` seconds, at most :data:`PRUNE_BATCH` at a time.
@@ -39,12 +42,16 @@ PRUNE_AFTER = 86_400.0
 PRUNE_BATCH = 100
 
 
+#: The live nodes, each with whether the fair share leaves it out.
+_LIVE_NODES = "SELECT node, leaving OR joining FROM bide_nodes WHERE expires_at > now()"
+
+
 @dataclass(frozen=True)
 class View:
     """One read of the catalog and the shards' lease rows, all on the database's clock.
 
-    ``nodes``: live node name -> leaving. ``holders``: shard -> the holder string of its
-    unexpired lease (absent: free, or run out)."""
+    ``nodes``: live node name -> not counted (leaving, or still joining). ``holders``:
+    shard -> the holder string of its unexpired lease (absent: free, or run out)."""
 
     nodes: dict[str, bool]
     holders: dict[int, str]
@@ -68,6 +75,7 @@ class Membership:
         self.lease_seconds = lease_seconds
         self.renew_seconds = renew_seconds
         self.leaving = False
+        self.joining = False
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = anyio.Lock()
         self._view_sql = self._leases_statement()
@@ -118,13 +126,13 @@ class Membership:
 
     async def beat(self, held: int) -> None:
         """Write this node's row: alive for another lease length, its held count and whether
-        it is leaving."""
+        it is joining or leaving."""
         await self._run(
-            "INSERT INTO bide_nodes (node, expires_at, leaving, held) "
-            "VALUES (%s, now() + make_interval(secs => %s), %s, %s) "
+            "INSERT INTO bide_nodes (node, expires_at, leaving, held, joining) "
+            "VALUES (%s, now() + make_interval(secs => %s), %s, %s, %s) "
             "ON CONFLICT (node) DO UPDATE SET expires_at = EXCLUDED.expires_at, "
-            "leaving = EXCLUDED.leaving, held = EXCLUDED.held",
-            (self.name, self.lease_seconds, self.leaving, held),
+            "leaving = EXCLUDED.leaving, held = EXCLUDED.held, joining = EXCLUDED.joining",
+            (self.name, self.lease_seconds, self.leaving, held, self.joining),
         )
 
     async def keep(self, held: Callable[[], int]) -> None:
@@ -167,12 +175,13 @@ class Membership:
     # -- what the database says ---------------------------------------------------------------
 
     async def nodes(self) -> dict[str, bool]:
-        """The live nodes (heartbeat not expired, by the database's clock) -> leaving."""
-        rows = await self._run("SELECT node, leaving FROM bide_nodes WHERE expires_at > now()")
+        """The live nodes (heartbeat not expired, by the database's clock) -> not counted in
+        the fair share (leaving, or still joining)."""
+        rows = await self._run(_LIVE_NODES)
         return {str(n): bool(leaving) for n, leaving in rows}
 
     async def view(self) -> View:
-        nodes = await self._run("SELECT node, leaving FROM bide_nodes WHERE expires_at > now()")
+        nodes = await self._run(_LIVE_NODES)
         leases = await self._run(self._view_sql)
         return View(
             nodes={str(n): bool(leaving) for n, leaving in nodes},

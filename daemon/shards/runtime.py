@@ -105,6 +105,9 @@ class ShardBuild(Protocol):
 
 
 Router = Callable[["ShardNode"], Handler]
+#: A node joins (is counted in the fair share) once its copies caught up, or after this many
+#: lease lengths at most.
+JOIN_WAIT_LEASES = 10
 #: A spool file for a shard held elsewhere waits this many lease lengths for this node to
 #: take the shard, then is rejected with the way to send it (:mod:`daemon.shards.spool`).
 SPOOL_GRACE_LEASES = 2
@@ -357,6 +360,8 @@ class ShardNode:
         self._reads: dict[int, StandbyReads] = {}  # each followed shard's copy, read
         self._active: dict[int, Supervisor] = {}
         self._release: dict[int, anyio.Event] = {}
+        self._copied: set[int] = set()  # shards whose copy has caught up once
+        self._copies_ready = anyio.Event()  # every shard's has
         self._stopping = anyio.Event()  # take nothing more
         self._leave = anyio.Event()  # hand everything over (once marked leaving)
 
@@ -530,7 +535,7 @@ class ShardNode:
                 self._handlers[shard] = reads.handle
                 self._reads[shard] = reads
                 try:
-                    epoch = await self._standby(lease, reads)
+                    epoch = await self._standby(shard, lease, reads)
                 finally:
                     if self._reads.get(shard) is reads:
                         del self._reads[shard]
@@ -555,9 +560,14 @@ class ShardNode:
             with anyio.CancelScope(shield=True):
                 await lease.aclose()
 
-    async def _standby(self, lease: ShardLease, reads: StandbyReads) -> int | None:
+    async def _standby(self, shard: int, lease: ShardLease, reads: StandbyReads) -> int | None:
         """The shard's epoch once taken; None once the node stops first."""
         got: list[int] = []
+
+        def followed() -> None:
+            reads.poke()
+            self._copy_caught_up(shard)
+
         async with anyio.create_task_group() as tg:
 
             async def take() -> None:
@@ -568,7 +578,7 @@ class ShardNode:
                 await self._stopping.wait()
                 tg.cancel_scope.cancel()
 
-            lease.followed = reads.poke
+            lease.followed = followed
             tg.start_soon(reads.run)
             tg.start_soon(take)
             tg.start_soon(stop)
@@ -750,6 +760,62 @@ class ShardNode:
                 systemd.notify(*messages)
             await anyio.sleep(period)
 
+    def _copy_caught_up(self, shard: int) -> None:
+        if shard not in self._copied:
+            self._copied.add(shard)
+            if len(self._copied) == self.layout.count:
+                self._copies_ready.set()
+
+    async def _join(self) -> None:
+        """Be counted in the fair share once every shard's copy has caught up with the
+        database, then beat until cancelled. A shard handed to a node still copying its log
+        waits for the copy (seconds on a large log, the shard polled by nobody); handed to a
+        node whose copy is current it waits for a replay of the tail. A node that finds no
+        other node counted joins at once: there is nobody to wait for, and each shard is
+        taken as its own copy catches up. Joining waits at most ``JOIN_WAIT_LEASES`` lease
+        lengths (a shard that cannot be copied must not keep the node out); meanwhile the
+        row, marked joining, is kept alive (it holds the node's name)."""
+        pg = self.config.postgres
+        assert pg is not None
+        started = time.monotonic()
+        with anyio.move_on_after(JOIN_WAIT_LEASES * pg.lease_seconds) as waited:
+            while not self._copies_ready.is_set():
+                try:
+                    await self.membership.beat(0)
+                    nodes = await self.membership.nodes()
+                except StoreError as exc:
+                    logfmt.warn("node heartbeat failed; retrying", error=exc)
+                else:
+                    if all(out for n, out in nodes.items() if n != self.name):
+                        break  # nobody else counted: nobody to wait for
+                with anyio.move_on_after(self.membership.renew_seconds):
+                    await self._copies_ready.wait()
+        copied = len(self._copied)
+        if waited.cancelled_caught:
+            logfmt.warn(
+                "joining before every shard's copy caught up",
+                copied=copied,
+                shards=self.layout.count,
+            )
+        self.membership.joining = False
+        while True:
+            try:
+                await self.membership.beat(len(self._active))
+                break
+            except StoreError as exc:
+                logfmt.warn("node heartbeat failed; retrying", error=exc)
+                await anyio.sleep(self.membership.renew_seconds)
+        self.view = None  # the next claim reads the nodes again: this node is counted now
+        self.links.wake_all()
+        logfmt.info(
+            "node joined",
+            node=self.name,
+            shards=self.layout.count,
+            copied=copied,
+            copy_seconds=f"{time.monotonic() - started:.3f}",
+        )
+        await self.membership.keep(lambda: len(self._active))
+
     async def _named(self) -> bool:
         """:meth:`_wait_for_name`, or False on SIGTERM/SIGINT first (nothing held yet)."""
         named: list[bool] = []
@@ -800,8 +866,10 @@ class ShardNode:
         if not await self._named():
             self.membership.close()
             return
-        await self.membership.beat(0)  # counted by the others before taking anything
-        logfmt.info("node joined", node=self.name, shards=self.layout.count)
+        # The name claimed at once; counted by the others once the copies caught up (_join).
+        self.membership.joining = True
+        await self.membership.beat(0)
+        logfmt.info("node starting: copying the shards", node=self.name, shards=self.layout.count)
         try:
             self.spool.spool.create(cfg.spool.agents_group, cfg.spool.approvers_group)
         except SpoolPermissionError as exc:
@@ -825,7 +893,7 @@ class ShardNode:
                 edges.start_soon(self.links.news)
                 for task in self.node_tasks:
                     edges.start_soon(task)
-                edges.start_soon(self.membership.keep, lambda: len(self._active))
+                edges.start_soon(self._join)
                 edges.start_soon(self._planner)
                 edges.start_soon(self._status_and_watchdog)
                 async with anyio.create_task_group() as shards:

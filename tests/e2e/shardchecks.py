@@ -207,8 +207,9 @@ def check_quota(
         seen[length], at = busiest_window(arrivals, length)
         if seen[length] <= allowed:
             continue
+        named = senders or ["?"] * len(arrivals)
         inside = collections.Counter(
-            who for t, who in zip(arrivals, senders, strict=True) if at <= t < at + length
+            who for t, who in zip(arrivals, named, strict=True) if at <= t < at + length
         )
         raise AssertionError(
             f"{seen[length]} requests at the provider within {length:g} s "

@@ -51,6 +51,14 @@ def test_heartbeats_leaving_and_leases_as_the_database_sees_them(pg_dsn: str) ->
                 ("c/456/abcdef",),
             )
         assert (await a.view()).holders == {1: "b/123/abcdef"}
+        # Joining (its copies catching up): live, its name taken, not counted in the share.
+        a.joining = True
+        await a.beat(0)
+        assert (await a.view()).nodes == {"a": True}
+        assert await a.nodes() == {"a": True}
+        a.joining = False
+        await a.beat(2)
+        assert (await a.view()).nodes == {"a": False}
         a.leaving = True
         await a.beat(2)
         assert (await a.view()).nodes == {"a": True}

@@ -101,6 +101,15 @@ def _moves(node: Node) -> list[tuple[str, int, float, str]]:
     return out
 
 
+def _joined(node: Node) -> tuple[float, dict[str, str]]:
+    """When the node was counted in the fair share ("node joined"), and that line's fields."""
+    assert node.daemon is not None
+    found = re.search(r'ts=(\S+) level=info msg="node joined" (.*)', node.daemon.output())
+    assert found is not None, node.daemon.output()
+    when = datetime.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+    return when, dict(re.findall(r"(\w+)=(\S+)", found.group(2)))
+
+
 def _register(nodes: list[Node], op: str, job: str) -> None:
     """Through the API of the node that holds the operation's shard (the others' standby
     reads refuse a write with 503; so does a holder still opening the shard)."""
@@ -224,6 +233,11 @@ def test_nodes_split_hand_over_take_a_dead_nodes_shards_and_leave_gracefully(
         handover_seconds = taken[0][2] - released[0][2]
         assert 0 <= handover_seconds < 1.5, handover_seconds
         assert [m for m in _moves(a) if m[2] >= joined] == []  # a moved nothing
+        # c was counted (and so handed a shard) only once its copy of every shard had caught
+        # up: the taker replays a tail, it does not copy a whole log while nobody polls.
+        counted_at, fields = _joined(c)
+        assert fields["copied"] == "4", fields
+        assert released[0][2] >= counted_at, (released, counted_at)
 
         # SIGKILL c: its shard is b's again, once c's lease on it has run out.
         assert c.daemon is not None
