@@ -20,7 +20,8 @@ import socket
 import struct
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -30,6 +31,7 @@ import anyio.lowlevel
 _SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 _TIMESPEC = struct.Struct("@ll")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+_T = TypeVar("_T")
 #: Accepting failed for want of descriptors or memory: wait this long and try again.
 _ACCEPT_BACKOFF = 0.1
 
@@ -54,38 +56,40 @@ class StampedStream:
     async def receive(self, max_bytes: int) -> bytes:
         """The next bytes (at most ``max_bytes``); :class:`anyio.EndOfStream` at the end."""
         room = _ANCILLARY if self._stamped else 0
-        while True:
-            try:
-                data, ancillary, _flags, _address = self.sock.recvmsg(max_bytes, room)
-            except (BlockingIOError, InterruptedError):
-                await _wait(anyio.wait_readable, self.sock)
-                continue
-            except ConnectionError:
-                raise
-            except OSError as exc:
-                raise anyio.BrokenResourceError(str(exc)) from exc
-            if not data:
-                raise anyio.EndOfStream
-            for level, kind, raw in ancillary:
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-                    seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
-                    self.arrived = seconds + nanoseconds / 1e9
-            return data
+        data, ancillary, _flags, _address = await self._io(
+            lambda: self.sock.recvmsg(max_bytes, room), anyio.wait_readable
+        )
+        if not data:
+            raise anyio.EndOfStream
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
+                self.arrived = seconds + nanoseconds / 1e9
+        return data
 
     async def send(self, data: bytes) -> None:
         """All of ``data``, waiting while the peer's window is full."""
         view = memoryview(data)
         while view:
+            sent = await self._io(partial(self.sock.send, view), anyio.wait_writable)
+            view = view[sent:]
+
+    async def _io(
+        self, call: Callable[[], _T], wait: Callable[[socket.socket], Awaitable[None]]
+    ) -> _T:
+        """``call()`` on the non-blocking socket, waiting with ``wait`` until it can go; a
+        reset is a :class:`ConnectionError`, any other failure a broken resource."""
+        while True:
+            if self.sock.fileno() < 0:
+                raise anyio.ClosedResourceError
             try:
-                sent = self.sock.send(view)
+                return call()
             except (BlockingIOError, InterruptedError):
-                await _wait(anyio.wait_writable, self.sock)
-                continue
+                await wait(self.sock)
             except ConnectionError:
                 raise
             except OSError as exc:
                 raise anyio.BrokenResourceError(str(exc)) from exc
-            view = view[sent:]
 
     def reset_on_close(self) -> None:
         """``SO_LINGER`` on with a zero timeout: closing discards unsent data and sends RST."""
@@ -94,12 +98,6 @@ class StampedStream:
     async def aclose(self) -> None:
         self.sock.close()
         await anyio.lowlevel.checkpoint()
-
-
-async def _wait(wait: Callable[[socket.socket], Awaitable[None]], sock: socket.socket) -> None:
-    if sock.fileno() < 0:
-        raise anyio.ClosedResourceError
-    await wait(sock)
 
 
 def listen(host: str, port: int) -> socket.socket:
