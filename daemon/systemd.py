@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
+
+import anyio
 
 
 def _address() -> str | None:
@@ -67,3 +70,20 @@ def listen_fds() -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+async def report_status(status_line: Callable[[], str]) -> None:
+    """Until cancelled: ping the watchdog (when the unit has one) and send ``STATUS=`` when the
+    line changed; every :func:`watchdog_interval`, and at least every 5 s."""
+    interval = watchdog_interval()
+    period = min(interval, 5.0) if interval else 5.0
+    last = ""
+    while True:
+        line = status_line()
+        messages = ["WATCHDOG=1"] if interval else []
+        if line != last:
+            messages.append(f"STATUS={line}")
+            last = line
+        if messages:
+            notify(*messages)
+        await anyio.sleep(period)

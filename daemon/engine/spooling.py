@@ -152,19 +152,7 @@ class SpoolDoor:
                 except FencedError:
                     raise  # left in the spool for the next active node
                 except Exception as exc:  # the barrier: one file, not all
-                    logfmt.error(
-                        "internal error while ingesting a spool file; rejected",
-                        file=path.name,
-                        error=type(exc).__name__,
-                        trace=frames(exc),
-                    )
-                    self.spool.reject(
-                        path,
-                        spool_request_id(path),
-                        f"internal error ({type(exc).__name__}) while ingesting; "
-                        f"the daemon went on without it",
-                        decision=directory == self.spool.decisions,
-                    )
+                    reject_broken(self.spool, path, exc, decision=directory == self.spool.decisions)
 
     async def ingest_incoming(self, path: Path) -> None:
         """One file from ``spool/incoming``: a registration, a submit or a fetch request."""
@@ -232,3 +220,20 @@ class SpoolDoor:
         self.spool.write_receipt(Receipt(rid, "recorded", df.operation_id), decision=True)
         self.spool.done(path)
         logfmt.info("decision recorded", op=df.operation_id, option=df.option, approver=approver)
+
+
+def reject_broken(spool: Spool, path: Path, exc: Exception, *, decision: bool) -> None:
+    """A file whose ingestion failed inside the daemon (a bug, not the file's fault) goes to
+    ``spool/rejected`` with a receipt saying so, and the daemon goes on without it."""
+    logfmt.error(
+        "internal error while ingesting a spool file; rejected",
+        file=path.name,
+        error=type(exc).__name__,
+        trace=frames(exc),
+    )
+    spool.reject(
+        path,
+        spool_request_id(path),
+        f"internal error ({type(exc).__name__}) while ingesting; the daemon went on without it",
+        decision=decision,
+    )

@@ -246,20 +246,6 @@ class Supervisor:
             f"sent{alarm_text}"
         )
 
-    async def _status_and_watchdog(self) -> None:
-        interval = systemd.watchdog_interval()
-        period = min(interval, 5.0) if interval else 5.0
-        last = ""
-        while True:
-            line = self.status_line()
-            messages = ["WATCHDOG=1"] if interval else []
-            if line != last:
-                messages.append(f"STATUS={line}")
-                last = line
-            if messages:
-                systemd.notify(*messages)
-            await anyio.sleep(period)
-
     async def _retire_ended(self) -> None:
         """Every ``[retention] check_seconds``: record the retirements due (a full batch is
         followed at once by the next, so a backlog, after an upgrade, drains in minutes)."""
@@ -388,7 +374,7 @@ class Supervisor:
                         logfmt.info("ready", live=len(live), log=cfg.log_dir)
                         if self.edges:
                             systemd.notify("READY=1", f"STATUS={self.status_line()}")
-                            tg.start_soon(self._status_and_watchdog)
+                            tg.start_soon(systemd.report_status, self.status_line)
                         tg.start_soon(self._retire_ended)
                         task_status.started()
                 # Draining: no new requests; those in flight get a bounded time to finish.

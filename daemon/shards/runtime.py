@@ -746,20 +746,6 @@ class ShardNode:
         ):
             self.reload_profiles()
 
-    async def _status_and_watchdog(self) -> None:
-        interval = systemd.watchdog_interval()
-        period = min(interval, 5.0) if interval else 5.0
-        last = ""
-        while True:
-            line = self.status_line()
-            messages = ["WATCHDOG=1"] if interval else []
-            if line != last:
-                messages.append(f"STATUS={line}")
-                last = line
-            if messages:
-                systemd.notify(*messages)
-            await anyio.sleep(period)
-
     def _copy_caught_up(self, shard: int) -> None:
         if shard not in self._copied:
             self._copied.add(shard)
@@ -895,7 +881,7 @@ class ShardNode:
                     edges.start_soon(task)
                 edges.start_soon(self._join)
                 edges.start_soon(self._planner)
-                edges.start_soon(self._status_and_watchdog)
+                edges.start_soon(systemd.report_status, self.status_line)
                 async with anyio.create_task_group() as shards:
                     for k in range(self.layout.count):
                         shards.start_soon(self._shard, k)

@@ -34,7 +34,7 @@ import msgspec
 import watchfiles
 
 from daemon import logfmt
-from daemon.engine.chain import frames
+from daemon.engine.spooling import reject_broken
 from daemon.errors import Refused
 from daemon.spool import (
     DecisionFile,
@@ -122,19 +122,7 @@ class NodeSpool:
                 except FencedError:
                     continue  # that shard's term ended: left for its next holder
                 except Exception as exc:  # the barrier: one file, not all
-                    logfmt.error(
-                        "internal error while ingesting a spool file; rejected",
-                        file=path.name,
-                        error=type(exc).__name__,
-                        trace=frames(exc),
-                    )
-                    self.spool.reject(
-                        path,
-                        request_id_of(path),
-                        f"internal error ({type(exc).__name__}) while ingesting; "
-                        f"the daemon went on without it",
-                        decision=decision,
-                    )
+                    reject_broken(self.spool, path, exc, decision=decision)
         for gone in set(self._waiting) - seen:  # ingested, rejected or taken away
             del self._waiting[gone]
         if first is not None:
