@@ -36,12 +36,9 @@ translation layer forgets the old blocks; the operator's guide (deploy/README.md
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import os
 import re
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,7 +66,7 @@ from eventlog.envelope import (
 )
 from eventlog.errors import DamagedLogError, KeyFileError
 from eventlog.fsync import fsync_dir
-from eventlog.keys import KEY_BYTES, Signer, VerifyKey
+from eventlog.keys import Signer, VerifyKey, read_seed_file
 from eventlog.position import LogPosition
 from eventlog.signing import CheckpointSigning, SingleKey, b64
 
@@ -127,24 +124,8 @@ def write_epoch_key(directory: Path, log_id: str, epoch: int, private: Ed25519Pr
 
 def read_epoch_key(path: Path) -> tuple[str, int, Signer]:
     """(log id, epoch, signer) of an epoch key file; errors name the file, never the key."""
-    try:
-        st = path.stat()
-        data = path.read_bytes()
-    except OSError as exc:
-        raise KeyFileError(f"cannot read epoch key {path}: {exc.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KeyFileError(
-            f"epoch key {path} is accessible by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
-        )
-    try:
-        kf = msgspec.json.decode(data, type=_KeyFile)
-        seed = base64.b64decode(kf.seed, validate=True)
-        if len(seed) != KEY_BYTES:
-            raise ValueError
-    except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error, ValueError):
-        raise KeyFileError(f"{path} is not a bide epoch key file") from None
-    return kf.log, kf.epoch, Signer(Ed25519PrivateKey.from_private_bytes(seed))
+    kf, signer = read_seed_file(path, "epoch key", _KeyFile)
+    return kf.log, kf.epoch, signer
 
 
 def destroy_key_file(path: Path) -> None:

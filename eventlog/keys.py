@@ -29,7 +29,9 @@ import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol, TypeVar
 
+import msgspec
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -263,3 +265,35 @@ def generate(directory: Path, *, rotate: bool = False) -> Generated:
         created.append(directory / name)
     fsync_dir(directory)
     return Generated(directory, created, key_id(data), signer.fingerprint)
+
+
+class _Seeded(Protocol):
+    @property
+    def seed(self) -> str: ...
+
+
+_S = TypeVar("_S", bound=_Seeded)
+
+
+def read_seed_file(path: Path, what: str, kind: type[_S]) -> tuple[_S, Signer]:
+    """A private key file of ``kind`` (JSON with a base64 Ed25519 ``seed``) and its signer.
+    Refused when group or others may read it; errors name the file and ``what`` it should
+    be, never the key."""
+    try:
+        st = path.stat()
+        data = path.read_bytes()
+    except OSError as exc:
+        raise KeyFileError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise KeyFileError(
+            f"{what} {path} is accessible by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
+        )
+    try:
+        kf = msgspec.json.decode(data, type=kind)
+        seed = base64.b64decode(kf.seed, validate=True)
+        if len(seed) != KEY_BYTES:
+            raise ValueError
+    except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error, ValueError):
+        raise KeyFileError(f"{path} is not a bide {what} file") from None
+    return kf, Signer(Ed25519PrivateKey.from_private_bytes(seed))

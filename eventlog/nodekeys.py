@@ -44,7 +44,6 @@ import base64
 import binascii
 import os
 import re
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from eventlog.envelope import NodeCert, NodeLink, node_cert_message, node_link_message
 from eventlog.errors import KeyFileError
 from eventlog.fsync import fsync_dir
-from eventlog.keys import KEY_BYTES, Signer, VerifyKey, fingerprint
+from eventlog.keys import KEY_BYTES, Signer, VerifyKey, fingerprint, read_seed_file
 
 NODE_DIR = "node"
 CERT_FILE = "node.cert"
@@ -234,24 +233,8 @@ def _write_key(directory: Path, node: str, index: int, private: Ed25519PrivateKe
 
 
 def _read_key(path: Path) -> tuple[str, int, Signer]:
-    try:
-        st = path.stat()
-        data = path.read_bytes()
-    except OSError as exc:
-        raise KeyFileError(f"cannot read node key {path}: {exc.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KeyFileError(
-            f"node key {path} is accessible by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
-        )
-    try:
-        kf = msgspec.json.decode(data, type=_NodeKeyFile)
-        seed = base64.b64decode(kf.seed, validate=True)
-        if len(seed) != KEY_BYTES:
-            raise ValueError
-    except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error, ValueError):
-        raise KeyFileError(f"{path} is not a bide node key file") from None
-    return kf.node, kf.index, Signer(Ed25519PrivateKey.from_private_bytes(seed))
+    kf, signer = read_seed_file(path, "node key", _NodeKeyFile)
+    return kf.node, kf.index, signer
 
 
 # -- the node's own chain (where the node runs) -----------------------------------------------
