@@ -10,6 +10,7 @@ connection of its own. Appends do not use it: the log writer's thread owns its o
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,24 @@ from eventlog import pgstore
 from eventlog.errors import StoreError
 from eventlog.logstore import Head, NewsWait, Term
 from eventlog.store import StoredLine
+
+
+@asynccontextmanager
+async def pooled(
+    pool: AsyncConnectionPool[Any] | None, closed: str
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection from ``pool`` (``closed``: the error while there is none); a database
+    error becomes :class:`StoreError`, and a broken connection goes back to the pool, which
+    replaces it."""
+    if pool is None:
+        raise StoreError(closed)
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except PoolTimeout:
+        raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
+    except pgstore.DatabaseError as exc:
+        raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
 
 
 class PgLink:
@@ -59,20 +78,8 @@ class PgLink:
             await self._pool.close()
             self._pool = None
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection (autocommit: each statement is its own transaction); a
-        database error becomes :class:`StoreError`, and a broken connection goes back to the
-        pool, which replaces it."""
-        if self._pool is None:
-            raise StoreError("the lease's connection pool is not open")
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
-        except pgstore.DatabaseError as exc:
-            raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        return pooled(self._pool, "the lease's connection pool is not open")
 
     async def _row(self, statement: str, params: tuple[object, ...]) -> tuple[Any, ...] | None:
         async with self._connection() as conn:

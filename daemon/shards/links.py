@@ -25,6 +25,7 @@ Each shard's side is a :class:`ShardLink`, the :class:`~eventlog.logstore.Follow
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -33,12 +34,13 @@ import anyio
 import anyio.abc
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from daemon import logfmt
 from eventlog import pgstore
 from eventlog.errors import StoreError
 from eventlog.logstore import Head, NewsWait, Term
+from eventlog.pglink import pooled
 from eventlog.store import StoredLine
 
 if TYPE_CHECKING:
@@ -116,19 +118,10 @@ class NodeLinks:
 
     # -- statements on a shard ---------------------------------------------------------------
 
-    @asynccontextmanager
-    async def connection(
+    def connection(
         self, pool: AsyncConnectionPool[Any] | None
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if pool is None:
-            raise StoreError("the node's connection pools are not open")
-        try:
-            async with pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
-        except pgstore.DatabaseError as exc:
-            raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
+    ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        return pooled(pool, "the node's connection pools are not open")
 
     async def rows(
         self, shard: int, statement: str, params: tuple[object, ...], *, lease: bool

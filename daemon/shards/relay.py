@@ -50,7 +50,7 @@ import anyio.abc
 import msgspec
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from daemon import logfmt
 from daemon.api.peer import Peer, user_name
@@ -61,6 +61,7 @@ from daemon.inputs import parse_duration
 from eventlog import pgstore
 from eventlog.errors import DecryptError, StoreError
 from eventlog.keys import KeyRing
+from eventlog.pglink import pooled
 from eventlog.sealed import open_blob, seal_blob
 from eventlog.shards import Layout
 
@@ -305,15 +306,8 @@ class Relay:
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await self._opened.wait()
-        if self._pool is None:
-            raise StoreError("the relay's connection pool is closed")
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreError("no connection to PostgreSQL (the pool is still trying)") from None
-        except pgstore.DatabaseError as exc:
-            raise StoreError(f"PostgreSQL failed: {pgstore.reason(exc)}") from None
+        async with pooled(self._pool, "the relay's connection pool is closed") as conn:
+            yield conn
 
     async def _row(self, statement: str, params: tuple[object, ...]) -> tuple[Any, ...] | None:
         async with self._connection() as conn:
