@@ -84,6 +84,25 @@ def until(predicate: Callable[[], object], timeout: float = 15.0, what: str = ""
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
+def verify_dsn(root: Path, dsn: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """``bide verify --dsn DSN`` as an auditor runs it: ``root``'s ``keys/verify.pub`` alone."""
+    return subprocess.run(
+        [
+            *BIDE,
+            "verify",
+            "--dsn",
+            dsn,
+            *options,
+            "--verify-key",
+            str(root / "keys" / "verify.pub"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
 @dataclass
 class Daemon:
     proc: subprocess.Popen[bytes]

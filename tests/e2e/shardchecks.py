@@ -47,7 +47,7 @@ from eventlog.shards import Layout, layout_of
 from eventlog.store import write_segments
 from replay.events import OperationRegistered, StatusRequestIntended
 from replay.retention import ENDED_PHASES
-from tests.e2e.harness import BIDE, assert_provider_invariants, config_text
+from tests.e2e.harness import BIDE, assert_provider_invariants, config_text, verify_dsn
 from tests.e2e.pgnodes import epoch_starts, epochs_of
 
 
@@ -90,21 +90,7 @@ def shard_dsns(dsn: str) -> tuple[Layout, list[str]]:
 def verify_shard(root: Path, dsn: str) -> dict[int, str]:
     """``bide verify --dsn`` on one shard with ``verify.pub`` alone (it must pass); the holder
     of each epoch, from the chain's takeover records."""
-    out = subprocess.run(
-        [
-            *BIDE,
-            "verify",
-            "--dsn",
-            dsn,
-            "--json",
-            "--verify-key",
-            str(root / "keys" / "verify.pub"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    out = verify_dsn(root, dsn, "--json")
     assert out.returncode == 0, f"bide verify --dsn {dsn}:\n{out.stdout}{out.stderr}"
     takeovers = json.loads(out.stdout)["takeovers"]
     return {int(t["lease_epoch"]): str(t["holder"]).split("/")[0] for t in takeovers}

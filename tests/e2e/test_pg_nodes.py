@@ -41,6 +41,7 @@ from tests.e2e.harness import (
     drop_registration,
     init_log,
     until,
+    verify_dsn,
     workspace,
     write_status_profile,
 )
@@ -122,21 +123,7 @@ def _requests_by_epoch(ws: Workspace, dsn: str, name: str) -> list[tuple[float, 
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    out = subprocess.run(
-        [
-            *BIDE,
-            "verify",
-            "--dsn",
-            dsn,
-            "--json",
-            "--verify-key",
-            str(ws.root / "keys" / "verify.pub"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    out = verify_dsn(ws.root, dsn, "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     epochs, starts = epochs_of(dsn), epoch_starts(dsn)
     # Every term began with a signed takeover record naming its epoch, committed under it.
@@ -353,20 +340,7 @@ def test_a_graceful_stop_hands_over_at_once_and_standbys_follow_each_commit(
                 "FROM bide_records) RETURNING seq"
             ).fetchone()
         assert row is not None
-        out = subprocess.run(
-            [
-                *BIDE,
-                "verify",
-                "--dsn",
-                pg_dsn,
-                "--verify-key",
-                str(ws.root / "keys" / "verify.pub"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
+        out = verify_dsn(ws.root, pg_dsn)
         assert out.returncode == 1, out.stdout + out.stderr
         assert f"record {row[0]}" in out.stdout
         assert "epoch column was altered" in out.stdout

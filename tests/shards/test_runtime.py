@@ -33,6 +33,7 @@ from tests.e2e.harness import (
     drop_registration,
     exported,
     until,
+    verify_dsn,
     workspace,
 )
 from tests.e2e.pgnodes import Node, epoch_starts, epochs_of, loaded, node_config, start
@@ -164,20 +165,7 @@ def _verify_every_shard(ws: Workspace, dsn: str) -> None:
     layout = _layout(dsn)
     for k in range(layout.count):
         shard_dsn = layout.settings(PgSettings(dsn), k).dsn
-        out = subprocess.run(
-            [
-                *BIDE,
-                "verify",
-                "--dsn",
-                shard_dsn,
-                "--verify-key",
-                str(ws.root / "keys" / "verify.pub"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
+        out = verify_dsn(ws.root, shard_dsn)
         assert out.returncode == 0, f"shard {k}: {out.stdout}{out.stderr}"
 
 
