@@ -59,6 +59,8 @@ from eventlog.envelope import (
     ZERO_HASH,
     Checkpoint,
     Genesis,
+    NodeCert,
+    NodeLink,
     Takeover,
     checkpoint_message_v2,
     genesis_message_v3,
@@ -311,9 +313,9 @@ class EpochSigning(CheckpointSigning):
     # -- creating and opening ------------------------------------------------------------------
 
     def genesis(self, log_id: str, t_us: int, checkpoint_every: int) -> Genesis:
-        if self.node is not None:
-            return self._node_genesis(log_id, t_us, checkpoint_every)
-        if self._root is None:
+        """The genesis of a new log: its first epoch key made and certified, by the enrolled
+        node's key where there is one, else by the root key (which must then be here)."""
+        if self.node is None and self._root is None:
             raise KeyFileError(
                 "creating a new log needs the root signing key (signing.key): it certifies the "
                 "log's first epoch key in the genesis record, once. Make it readable for the "
@@ -322,32 +324,18 @@ class EpochSigning(CheckpointSigning):
         first = Ed25519PrivateKey.generate()
         path = write_epoch_key(self.key_dir, log_id, 1, first)
         signer = Signer(first)
-        fp = self._root.fingerprint
-        msg = genesis_message_v3(log_id, fp, t_us, checkpoint_every, signer.public_bytes)
-        self._log_id = log_id
-        self._legacy = None
-        self._s = _State(signer, path, 1, t_us, 0)
-        return Genesis(
-            0,
-            ZERO_HASH,
-            FORMAT_VERSION,
-            log_id,
-            fp,
-            t_us,
-            checkpoint_every,
-            b64(self._root.sign(msg)),
-            _public_b64(signer),
-        )
-
-    def _node_genesis(self, log_id: str, t_us: int, checkpoint_every: int) -> Genesis:
-        """A log made by an enrolled node: the genesis signed by its node key."""
-        assert self.node is not None
-        first = Ed25519PrivateKey.generate()
-        path = write_epoch_key(self.key_dir, log_id, 1, first)
-        signer = Signer(first)
-        fp = self.verify_key.fingerprint
-        msg = genesis_message_v3(log_id, fp, t_us, checkpoint_every, signer.public_bytes)
-        sig, cert, links = self.node.sign(msg)
+        node, root = self.node, self._root
+        cert: NodeCert | None = None
+        links: tuple[NodeLink, ...] = ()
+        if node is not None:
+            fp = self.verify_key.fingerprint
+            msg = genesis_message_v3(log_id, fp, t_us, checkpoint_every, signer.public_bytes)
+            sig, cert, links = node.sign(msg)
+        else:
+            assert root is not None
+            fp = root.fingerprint
+            msg = genesis_message_v3(log_id, fp, t_us, checkpoint_every, signer.public_bytes)
+            sig = root.sign(msg)
         self._log_id, self._legacy, self._next = log_id, None, None
         self._s = _State(signer, path, 1, t_us, 0)
         return Genesis(
