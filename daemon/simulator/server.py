@@ -36,11 +36,10 @@ import h11
 import msgspec
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from daemon.simulator import stamped
 from daemon.simulator.provider import Provider, Reply, Request
 from daemon.simulator.requestlog import RequestLog, RequestRecord
 from daemon.simulator.script import Job, Script, Step
-from daemon.simulator.stamped import StampedStream
+from daemon.simulator.stamped import StampedStream, listen, serve_stamped
 
 __all__ = ["Limits", "Simulator", "SimulatorHandle", "is_loopback", "run_in_thread"]
 
@@ -189,12 +188,12 @@ class Simulator:
         """
         self.log.open()
         try:
-            listener = stamped.listen(self._host, self._port)
+            listener = listen(self._host, self._port)
             bound = listener.getsockname()
             self._address = (str(bound[0]), int(bound[1]))
             self.provider.base_url = self.base_url
             task_status.started(self._address)
-            await stamped.serve(listener, self._connection)
+            await serve_stamped(listener, self._connection)
         finally:
             self.log.close()
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import select
 import socket
 import struct
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
@@ -32,6 +34,8 @@ _SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 _TIMESPEC = struct.Struct("@ll")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
 _T = TypeVar("_T")
+#: How long :func:`listen` waits for the kernel to stamp arriving segments.
+_STAMPING_WAIT = 2.0
 #: Accepting failed for want of descriptors or memory: wait this long and try again.
 _ACCEPT_BACKOFF = 0.1
 
@@ -106,14 +110,39 @@ def listen(host: str, port: int) -> socket.socket:
     listener = socket.create_server((host, port), family=family, backlog=128)
     listener.setblocking(False)
     if _SO_TIMESTAMPNS is not None:
-        # Turns the kernel's stamping on before the first connection, whose bytes may land
-        # before it is accepted; accepted sockets inherit the option.
+        # Accepted sockets inherit the option, and the bytes of a connection not accepted yet
+        # are stamped too once the kernel stamps at all (below).
         with contextlib.suppress(OSError):
             listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            _wait_until_stamping(listener)
     return listener
 
 
-async def serve(
+def _wait_until_stamping(listener: socket.socket) -> None:
+    """Return once the kernel stamps arriving segments (at most :data:`_STAMPING_WAIT` s).
+
+    The first socket to ask turns stamping on through deferred work in the kernel, and the
+    last one closed turns it off the same way: a request sent in the first moments after
+    ``listen`` would land unstamped, and be stamped when parsed instead. So: send a byte to
+    the listener from a probe connection until the byte comes with a stamp."""
+    address = listener.getsockname()[:2]
+    deadline = time.monotonic() + _STAMPING_WAIT
+    while time.monotonic() < deadline:
+        with socket.create_connection(address, timeout=1.0) as probe:
+            readable, _, _ = select.select([listener], [], [], 1.0)
+            if not readable:
+                continue
+            accepted, _peer = listener.accept()
+            with accepted:
+                accepted.settimeout(1.0)
+                probe.sendall(b".")
+                _data, ancillary, _flags, _address = accepted.recvmsg(1, _ANCILLARY)
+        if any(kind == _SO_TIMESTAMPNS for _level, kind, _raw in ancillary):
+            return
+        time.sleep(0.005)
+
+
+async def serve_stamped(
     listener: socket.socket, handler: Callable[[StampedStream], Coroutine[Any, Any, None]]
 ) -> None:
     """Accept on ``listener`` until cancelled, each connection handled in its own task; the
