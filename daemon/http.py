@@ -336,7 +336,8 @@ class StatusClient:
             return NoAnswer(
                 "not_sent", f"not sent: the request could not be built ({type(exc).__name__})"
             )
-        check = None if gate is None else _until(gate, time.monotonic() + budget)
+        ends = time.monotonic() + budget
+        check = None if gate is None else _until(gate, ends)
         try:
             if check is not None and transport in self._unwired and not check():
                 raise connections.Unsent  # no stream of ours to check at the first write
@@ -373,6 +374,12 @@ class StatusClient:
                 "read_timeout", f"no complete response head within {budget:.3g}s (slow response)"
             )
         except connections.Unsent:
+            if check is not None and time.monotonic() >= ends:
+                return NoAnswer(
+                    "not_sent",
+                    f"not sent: its {budget:.3g}s ran out before its first byte was written "
+                    f"(the process was paused or starved on its way; nothing of it was written)",
+                )
             return NoAnswer(
                 "not_sent",
                 "not sent: the lease would not outlive the request once its connection was "
@@ -505,8 +512,18 @@ class NoAnswer:
 
 
 def _until(gate: Callable[[float], bool], ends: float) -> Callable[[], bool]:
-    """``gate`` asked about the seconds left until ``ends`` (monotonic), when it is asked."""
-    return lambda: gate(ends - time.monotonic())
+    """``gate`` asked about the seconds left until ``ends`` (monotonic), when it is asked; no
+    once ``ends`` has passed, without asking. A process paused on the request's way (SIGSTOP,
+    a frozen VM) resumes with both its lease and the request's own time run out, the
+    request's by more: asked about a negative time, a lease that ran out would still seem
+    to outlive it, and the bytes would leave (the request's cancellation comes a loop pass
+    later than its first write)."""
+
+    def check() -> bool:
+        left = ends - time.monotonic()
+        return left > 0 and gate(left)
+
+    return check
 
 
 def _capped(value: str | None) -> str | None:

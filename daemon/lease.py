@@ -171,7 +171,10 @@ class Lease:
         return self.valid_until - now()
 
     def allows(self, request_seconds: float) -> bool:
-        return self.remaining() >= request_seconds + self.margin
+        """Whether a request that may take ``request_seconds`` can leave: the lease outlives
+        it by ``margin`` (never less than the margin itself: a negative time asked about is
+        a request whose own time ran out, not a lease with room to spare)."""
+        return self.remaining() >= max(0.0, request_seconds) + self.margin
 
     @property
     def longest_request(self) -> float:
