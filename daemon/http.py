@@ -513,15 +513,17 @@ class NoAnswer:
 
 def _until(gate: Callable[[float], bool], ends: float) -> Callable[[], bool]:
     """``gate`` asked about the seconds left until ``ends`` (monotonic), when it is asked; no
-    once ``ends`` has passed, without asking. A process paused on the request's way (SIGSTOP,
-    a frozen VM) resumes with both its lease and the request's own time run out, the
-    request's by more: asked about a negative time, a lease that ran out would still seem
-    to outlive it, and the bytes would leave (the request's cancellation comes a loop pass
-    later than its first write)."""
+    once ``ends`` has passed, whatever the gate says. A process paused on the request's way
+    (SIGSTOP, a frozen VM) resumes with both its lease and the request's own time run out,
+    the request's by more: asked about a negative time, a lease that ran out would still
+    seem to outlive it, and the bytes would leave (the request's cancellation comes a loop
+    pass later than its first write). So the gate is asked about zero at least (a lease
+    found run out still ends the term there and then) and the answer is no regardless."""
 
     def check() -> bool:
         left = ends - time.monotonic()
-        return left > 0 and gate(left)
+        allowed = gate(max(0.0, left))
+        return allowed and left > 0
 
     return check
 
