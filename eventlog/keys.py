@@ -142,6 +142,15 @@ def _check_directory(directory: Path) -> None:
         )
 
 
+def _owner_only(path: Path, st: os.stat_result, what: str) -> None:
+    """Refuse a secret file that group or others may open, naming the fix."""
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise KeyFileError(
+            f"{what} {path} is accessible by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
+        )
+
+
 def _read_secret(path: Path) -> bytes:
     _check_directory(path.parent)
     try:
@@ -152,11 +161,7 @@ def _read_secret(path: Path) -> bytes:
         ) from None
     except OSError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KeyFileError(
-            f"key file {path} is accessible by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
-        )
+    _owner_only(path, st, "key file")
     uid = os.geteuid()
     if st.st_uid not in (uid, 0):
         raise KeyFileError(
@@ -284,11 +289,7 @@ def read_seed_file(path: Path, what: str, kind: type[_S]) -> tuple[_S, Signer]:
         data = path.read_bytes()
     except OSError as exc:
         raise KeyFileError(f"cannot read {what} {path}: {exc.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KeyFileError(
-            f"{what} {path} is accessible by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); fix: chmod 600 {path}"
-        )
+    _owner_only(path, st, what)
     try:
         kf = msgspec.json.decode(data, type=kind)
         seed = base64.b64decode(kf.seed, validate=True)
