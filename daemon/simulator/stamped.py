@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import platform
 import select
 import socket
 import struct
@@ -29,8 +30,16 @@ import anyio
 import anyio.lowlevel
 
 #: ``SO_TIMESTAMPNS`` (``SO_TIMESTAMPNS_OLD``: a native ``struct timespec``), which Python's
-#: socket module does not name; the value of the architectures CPython runs on under Linux.
-_SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
+#: socket module does not name: 35 where Linux uses the generic socket options (elsewhere,
+#: alpha, mips, parisc, sparc, other numbers mean other options: no stamps there).
+_GENERIC_SOCKET_OPTIONS = {"x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "riscv64"}
+_MACHINE = platform.machine().lower()
+_SO_TIMESTAMPNS = (
+    35
+    if sys.platform.startswith("linux")
+    and (_MACHINE in _GENERIC_SOCKET_OPTIONS or _MACHINE.startswith("arm"))
+    else None
+)
 _TIMESPEC = struct.Struct("@ll")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
 _T = TypeVar("_T")

@@ -8,12 +8,18 @@ import socket
 import time
 
 import anyio
+import pytest
 
-from daemon.simulator import RequestRecord, Script, Simulator
+from daemon.simulator import RequestRecord, Script, Simulator, stamped
 
 HELD = 0.4  # seconds the simulator's event loop is kept from running
 
 
+@pytest.mark.skipif(
+    stamped._SO_TIMESTAMPNS is None,
+    reason="the kernel's receive stamps (SO_TIMESTAMPNS) are read on Linux with the generic "
+    "socket options only",
+)
 def test_a_request_read_late_is_stamped_when_its_bytes_arrived(script: Script) -> None:
     async def scenario() -> tuple[float, float, RequestRecord]:
         simulator = Simulator(script)
